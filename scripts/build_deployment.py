@@ -1,0 +1,177 @@
+#!/usr/bin/env python3
+"""Build the example Worker's deployment bundle offline and check it.
+
+    python3 scripts/build_deployment.py [--outdir DIR]
+
+1. Vendors the pinned `workers-runtime-sdk` (the exact `==` pin in
+   pyproject.toml's dev group) into python_modules/ next to wrangler.toml,
+   laid out like `pywrangler sync` does it (the wheel's files at the top
+   level plus an empty pyvenv.cfg). `pywrangler sync` itself needs the
+   internet, so uv installs the pure-Python wheel there directly.
+2. Runs `wrangler deploy --dry-run --outdir DIR` (wrangler from node_modules,
+   so run `npm ci` first). Wrangler writes every module it would upload into
+   DIR: the entry module as entry.py, the other .py files of src/ at their
+   paths relative to src/, and the vendored files under python_modules/.
+3. Checks DIR holds the entry module, every .py file of src/ (so the
+   `durability` library), and the SDK at the pinned version.
+
+Needs only the standard library, uv and node_modules/ (from `npm ci`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+SDK = "workers-runtime-sdk"
+SDK_DIST = "workers_runtime_sdk"
+
+
+def fail(message: str) -> None:
+    print(f"\nbuild_deployment: ERROR: {message}", file=sys.stderr)
+    sys.exit(1)
+
+
+def run(cmd: list[str], **kwargs) -> None:
+    print("+ " + " ".join(cmd), flush=True)
+    result = subprocess.run(cmd, cwd=ROOT, **kwargs)
+    if result.returncode != 0:
+        fail(f"command failed with exit code {result.returncode}: {' '.join(cmd)}")
+
+
+def uv_command() -> list[str]:
+    """uv as installed by .ci/run (`python3 -m pip install uv`), else on PATH."""
+    if importlib.util.find_spec("uv") is not None:
+        return [sys.executable, "-m", "uv"]
+    found = shutil.which("uv")
+    if found is None:
+        fail("uv not found: install it with `python3 -m pip install uv==<pin in .ci/run>`")
+    return [found]
+
+
+def sdk_pin() -> str:
+    """The exact version of the SDK pinned in pyproject.toml's dev group."""
+    with open(ROOT / "pyproject.toml", "rb") as f:
+        groups = tomllib.load(f).get("dependency-groups", {})
+    for requirement in groups.get("dev", []):
+        if not isinstance(requirement, str):
+            continue
+        match = re.fullmatch(r"\s*workers[-_.]runtime[-_.]sdk\s*==\s*([^\s;,]+)\s*", requirement, re.I)
+        if match:
+            return match.group(1)
+    fail(f"pyproject.toml [dependency-groups] dev has no exact pin `{SDK}==X.Y.Z`")
+
+
+def installed_version(site: Path) -> str:
+    """The SDK version recorded in the dist-info under `site`."""
+    dist_infos = sorted(site.glob(f"{SDK_DIST}-*.dist-info"))
+    if len(dist_infos) != 1:
+        fail(f"expected exactly one {SDK_DIST}-*.dist-info in {site}, found {[p.name for p in dist_infos]}")
+    metadata = dist_infos[0] / "METADATA"
+    if not metadata.is_file():
+        fail(f"{metadata} is missing")
+    for line in metadata.read_text(encoding="utf-8").splitlines():
+        if line.startswith("Version:"):
+            return line.split(":", 1)[1].strip()
+    fail(f"no Version: field in {metadata}")
+
+
+def vendor_sdk(pin: str) -> None:
+    vendor = ROOT / "python_modules"
+    if vendor.exists():
+        shutil.rmtree(vendor)
+    run(
+        uv_command()
+        + [
+            "pip", "install",
+            "--target", str(vendor),
+            "--no-deps",
+            "--link-mode", "copy",
+            f"{SDK}=={pin}",
+        ]
+    )
+    # uv leaves its lock file in the target; wrangler would upload it.
+    (vendor / ".lock").unlink(missing_ok=True)
+    # pywrangler sync marks python_modules as a venv with an empty pyvenv.cfg.
+    (vendor / "pyvenv.cfg").touch()
+    version = installed_version(vendor)
+    if version != pin:
+        fail(f"vendored {SDK} is {version} but pyproject.toml pins {pin}")
+    print(f"Vendored {SDK}=={version} into python_modules/")
+
+
+def wrangler_dry_run(outdir: Path) -> None:
+    wrangler = ROOT / "node_modules" / ".bin" / "wrangler"
+    if not wrangler.exists():
+        fail("node_modules/.bin/wrangler not found: run `npm ci` first")
+    if outdir.exists():
+        shutil.rmtree(outdir)
+    env = dict(os.environ, WRANGLER_SEND_METRICS="false")
+    run([str(wrangler), "deploy", "--dry-run", "--outdir", str(outdir)], env=env)
+
+
+def check_bundle(outdir: Path, pin: str) -> None:
+    with open(ROOT / "wrangler.toml", "rb") as f:
+        main = ROOT / tomllib.load(f)["main"]
+    module_root = main.parent
+    problems = []
+
+    expected = [main.name]  # wrangler names the entry module by its file name
+    expected += sorted(
+        p.relative_to(module_root).as_posix()
+        for p in module_root.rglob("*.py")
+        if p != main and "__pycache__" not in p.parts
+    )
+    if "durability/__init__.py" not in expected:
+        problems.append("src/durability/__init__.py does not exist")
+    src_modules = len(expected)
+    expected.append("python_modules/workers/__init__.py")
+    for name in expected:
+        if not (outdir / name).is_file():
+            problems.append(f"missing from the bundle: {name}")
+
+    bundled_entry = outdir / main.name
+    if bundled_entry.is_file() and bundled_entry.read_bytes() != main.read_bytes():
+        problems.append(f"{main.name} in the bundle differs from {main.relative_to(ROOT)}")
+
+    if (outdir / "python_modules").is_dir():
+        version = installed_version(outdir / "python_modules")
+        if version != pin:
+            problems.append(f"bundled {SDK} is {version} but pyproject.toml pins {pin}")
+
+    if problems:
+        fail("the deployment bundle in " + str(outdir) + " is incomplete:\n  " + "\n  ".join(problems))
+    count = sum(1 for p in outdir.rglob("*") if p.is_file())
+    print(
+        f"Bundle OK: {outdir} has {count} files, including the {src_modules} "
+        f"Python modules of src/ and {SDK}=={pin} under python_modules/"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--outdir",
+        type=Path,
+        default=ROOT / "build" / "deployment",
+        help="where wrangler writes the bundle (default: build/deployment)",
+    )
+    args = parser.parse_args()
+    outdir = args.outdir.resolve()
+
+    pin = sdk_pin()
+    vendor_sdk(pin)
+    wrangler_dry_run(outdir)
+    check_bundle(outdir, pin)
+
+
+if __name__ == "__main__":
+    main()

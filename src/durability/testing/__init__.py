@@ -1,0 +1,45 @@
+"""An embedded Durable Objects runtime for CPython: run a Worker module in tests.
+
+Lives here: the public face of the test double (``Runtime``, ``Faults`` and
+the JavaScript-shaped values user code meets). Importing this package puts
+a CPython stand-in for the ``workers`` SDK module in ``sys.modules``, so a
+Worker module that does ``from workers import DurableObject`` imports.
+
+    from durability.testing import Runtime
+
+    with Runtime.from_wrangler("wrangler.toml", seed=1) as runtime:
+        async def scenario():
+            stub = runtime.env.COUNTER.getByName("a")
+            return await stub.add(1)
+        assert runtime.run(scenario()) == 1
+
+Must not be imported by a deployed Worker: production is Cloudflare's runtime.
+"""
+
+from ._clock import DEFAULT_EPOCH_MS, Deadlock, VirtualClockLoop
+from ._faults import Faults
+from ._host import ALARM_MAX_RETRIES, ObjectHost, ObjectStats
+from ._runtime import DurableObjectNamespace, DurableObjectStub, Runtime, load_worker_module
+from ._storage import DurableObjectId
+from ._values import JsDict, JsException
+from ._workers_standin import install_workers_standin
+
+install_workers_standin()
+
+__all__ = [
+    "ALARM_MAX_RETRIES",
+    "DEFAULT_EPOCH_MS",
+    "Deadlock",
+    "DurableObjectId",
+    "DurableObjectNamespace",
+    "DurableObjectStub",
+    "Faults",
+    "JsDict",
+    "JsException",
+    "ObjectHost",
+    "ObjectStats",
+    "Runtime",
+    "VirtualClockLoop",
+    "install_workers_standin",
+    "load_worker_module",
+]

@@ -1,0 +1,97 @@
+"""A virtual clock: an asyncio event loop whose time jumps to the next timer.
+
+Lives here: the loop, and the patch that makes ``time.time()`` read it.
+Must not know: Durable Objects, SQL, RPC. It is a clock and nothing more.
+
+When every task is waiting and a timer is due later, the loop moves its
+clock straight to that timer instead of sleeping, so an hour of simulated
+traffic costs only the CPU it takes. A loop with nothing ready and no timer
+can never make progress; that is a deadlock and it is reported as one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import selectors
+import time
+from collections.abc import Iterator
+
+# 2026-01-01T00:00:00Z: a fixed epoch so that every run sees the same dates.
+DEFAULT_EPOCH_MS = 1_767_225_600_000
+
+
+class Deadlock(RuntimeError):
+    """Every task waits on something that no timer or event will ever bring."""
+
+
+class _VirtualSelector(selectors.BaseSelector):
+    """A selector with no file descriptors: waiting means advancing the clock."""
+
+    def __init__(self) -> None:
+        self._map: dict[object, selectors.SelectorKey] = {}
+        self.loop: VirtualClockLoop | None = None
+
+    def register(self, fileobj, events, data=None):
+        key = selectors.SelectorKey(fileobj, id(fileobj), events, data)
+        self._map[fileobj] = key
+        return key
+
+    def unregister(self, fileobj):
+        return self._map.pop(fileobj)
+
+    def select(self, timeout=None):
+        loop = self.loop
+        assert loop is not None
+        if timeout is None:
+            raise Deadlock(
+                "every task is waiting and no timer is scheduled: nothing can happen"
+            )
+        if timeout > 0:
+            # Jump exactly to the earliest timer (its handle is at the heap head).
+            loop._virtual_now = max(loop._virtual_now, loop._scheduled[0]._when)
+        return []
+
+    def get_map(self):
+        return self._map
+
+    def close(self) -> None:
+        self._map.clear()
+
+
+class VirtualClockLoop(asyncio.SelectorEventLoop):
+    """An event loop on virtual time. ``loop.time()`` starts at 0 seconds."""
+
+    def __init__(self, epoch_ms: int = DEFAULT_EPOCH_MS) -> None:
+        selector = _VirtualSelector()
+        self._virtual_now = 0.0
+        self.epoch_ms = epoch_ms
+        super().__init__(selector=selector)
+        selector.loop = self
+
+    def time(self) -> float:
+        return self._virtual_now
+
+    def now_ms(self) -> float:
+        """Wall-clock milliseconds since the Unix epoch, as ``Date.now()`` gives."""
+        return self.epoch_ms + self._virtual_now * 1000.0
+
+    def loop_time_for(self, epoch_ms: float) -> float:
+        """The loop time at which wall-clock ``epoch_ms`` is reached."""
+        return (epoch_ms - self.epoch_ms) / 1000.0
+
+
+@contextlib.contextmanager
+def patched_wall_clock(loop: VirtualClockLoop) -> Iterator[None]:
+    """Make ``time.time()`` and ``time.time_ns()`` read the virtual clock.
+
+    Code that bound ``from time import time`` before the patch keeps the real
+    clock; the library and the example Worker always call ``time.time()``.
+    """
+    real_time, real_time_ns = time.time, time.time_ns
+    time.time = lambda: loop.now_ms() / 1000.0
+    time.time_ns = lambda: int(loop.now_ms() * 1_000_000)
+    try:
+        yield
+    finally:
+        time.time, time.time_ns = real_time, real_time_ns

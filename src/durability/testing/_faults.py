@@ -1,0 +1,108 @@
+"""Which faults to inject, decided from the runtime's seeded random source.
+
+Lives here: the fault settings and every yes/no or delay the runtime asks
+for. The same seed and the same sequence of questions give the same answers,
+so a failing run replays exactly.
+Must not know: how a fault is carried out; the runtime and the host do that.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ._host import ObjectHost
+
+
+@dataclass
+class CallPlan:
+    """What happens to one RPC call on its way and back."""
+
+    request_delay_ms: float = 0.0
+    reply_delay_ms: float = 0.0
+    lose_request: bool = False
+    lose_reply: bool = False
+    duplicate: bool = False
+    evict_after_ms: float | None = None
+
+
+@dataclass
+class Faults:
+    """Fault rates for a run; every rate is a probability from 0 to 1.
+
+    Calls between objects are subject to faults; calls from the test that
+    drives the runtime are too when ``external`` is true. ``targets`` limits
+    faults to calls into the named classes (all classes when empty).
+    """
+
+    lost_request: float = 0.0  #: the call never reaches the callee; the caller sees an error
+    lost_reply: float = 0.0  #: the callee runs and commits; the caller sees an error
+    duplicate: float = 0.0  #: the callee receives the call twice
+    latency_ms: tuple[float, float] = (0.0, 0.0)  #: each way, uniform; unequal delays reorder calls
+    evict: float = 0.0  #: the callee is evicted at a random moment while serving the call
+    evict_window_ms: float = 50.0  #: how soon after delivery that eviction may come
+    crash_before_commit: float = 0.0  #: a write batch is lost with its instance, before commit
+    alarm_failure: float = 0.0  #: an alarm invocation fails after its handler ran
+    duplicate_alarm: float = 0.0  #: a successful alarm is delivered once more
+    external: bool = False
+    targets: frozenset[str] = field(default_factory=frozenset)
+
+    def __post_init__(self) -> None:
+        for name in ("lost_request", "lost_reply", "duplicate", "evict",
+                     "crash_before_commit", "alarm_failure", "duplicate_alarm"):
+            rate = getattr(self, name)
+            if not 0.0 <= rate <= 1.0:
+                raise ValueError(f"Faults.{name} must be a probability from 0 to 1, not {rate!r}")
+        low, high = self.latency_ms
+        if not 0 <= low <= high:
+            raise ValueError(f"Faults.latency_ms must be (low, high) with 0 <= low <= high, not {self.latency_ms!r}")
+        self.targets = frozenset(self.targets)
+
+
+class FaultPlanner:
+    """Answers the runtime's questions about faults, from one seeded source."""
+
+    def __init__(self, faults: Faults | None, rng: random.Random) -> None:
+        self.faults = faults or Faults()
+        self.rng = rng
+        self.enabled = faults is not None
+        self.paused = 0
+
+    def _applies(self, class_name: str, from_object: bool) -> bool:
+        f = self.faults
+        if not self.enabled or self.paused:
+            return False
+        if not from_object and not f.external:
+            return False
+        return not f.targets or class_name in f.targets
+
+    def _chance(self, rate: float) -> bool:
+        return rate > 0 and self.rng.random() < rate
+
+    def plan_call(self, class_name: str, from_object: bool) -> CallPlan:
+        if not self._applies(class_name, from_object):
+            return CallPlan()
+        f = self.faults
+        low, high = f.latency_ms
+        plan = CallPlan(
+            request_delay_ms=self.rng.uniform(low, high) if high else 0.0,
+            reply_delay_ms=self.rng.uniform(low, high) if high else 0.0,
+        )
+        plan.lose_request = self._chance(f.lost_request)
+        if not plan.lose_request:
+            plan.lose_reply = self._chance(f.lost_reply)
+            plan.duplicate = self._chance(f.duplicate)
+            if self._chance(f.evict):
+                plan.evict_after_ms = self.rng.uniform(0, f.evict_window_ms)
+        return plan
+
+    def crash_before_commit(self, host: "ObjectHost") -> bool:
+        return self._applies(host.class_name, True) and self._chance(self.faults.crash_before_commit)
+
+    def alarm_fails(self, host: "ObjectHost") -> bool:
+        return self._applies(host.class_name, True) and self._chance(self.faults.alarm_failure)
+
+    def duplicate_alarm(self, host: "ObjectHost") -> bool:
+        return self._applies(host.class_name, True) and self._chance(self.faults.duplicate_alarm)

@@ -1,0 +1,352 @@
+"""One Durable Object in the embedded runtime: durable storage, live instance, events.
+
+Lives here: the object's life (instance created on the first event, dropped
+on eviction while its storage stays), the input gate, the implicit write
+batch and the output gate, the one alarm and its retries, and how an event
+(an RPC call, an alarm) runs against the live instance.
+Must not know: how calls travel between objects or which faults to inject;
+the runtime decides that and asks the host to act.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import contextvars
+import inspect
+import random
+import traceback
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Awaitable, Callable
+
+from ._sql import SqlDatabase
+from ._storage import DurableObjectId, DurableObjectState
+from ._values import JsDict, JsException, rpc_copy
+
+if TYPE_CHECKING:
+    from ._runtime import Runtime
+
+# Production's alarm retries: 6 after the first attempt, from 2 s doubling,
+# with up to 25% jitter (workerd's alarm scheduler).
+ALARM_MAX_RETRIES = 6
+ALARM_FIRST_BACKOFF_MS = 2_000
+ALARM_JITTER = 0.25
+
+# What a caller sees when the object it called was reset under it.
+RESET_MESSAGE = "Network connection lost."
+
+# The object whose code is running now (None for the test driving the runtime).
+current_host: contextvars.ContextVar["ObjectHost | None"] = contextvars.ContextVar(
+    "durability_current_host", default=None
+)
+
+_UNSET = object()
+
+
+def reset_error(reason: str = RESET_MESSAGE) -> JsException:
+    error = JsException(reason)
+    error.durableObjectReset = True  # as workerd marks it
+    error.retryable = True
+    return error
+
+
+def python_error(error: BaseException) -> JsException:
+    """A Python exception as a remote caller receives it: a PythonError whose
+    message is the formatted traceback (the stack itself does not travel)."""
+    text = "".join(traceback.format_exception(type(error), error, error.__traceback__))
+    return JsException(text, name="PythonError")
+
+
+@dataclass
+class ObjectStats:
+    """What this object would be billed for, counted as production bills it."""
+
+    requests: int = 0
+    alarm_invocations: int = 0
+    alarm_writes: int = 0
+    evictions: int = 0
+    instances_created: int = 0
+
+
+class ObjectHost:
+    def __init__(self, runtime: "Runtime", cls: type, class_name: str,
+                 object_id: DurableObjectId) -> None:
+        self.runtime = runtime
+        self.cls = cls
+        self.class_name = class_name
+        self.object_id = object_id
+        self.db = SqlDatabase(on_batch_open=self._batch_opened)
+        self.stats = ObjectStats()
+        self.generation = 0
+        self.instance: Any = None
+        self._tasks: set[asyncio.Task] = set()
+        self._gate_depth = 0
+        self._gate_waiters: list[asyncio.Future] = []
+        self._commit_handle: asyncio.Handle | None = None
+        self._commit_waiters: list[asyncio.Future] = []
+        # The alarm: committed value, the value staged in the open batch, and
+        # the timer that will deliver it.
+        self.alarm_at: float | None = None
+        self._staged_alarm: Any = _UNSET
+        self._alarm_timer: asyncio.TimerHandle | None = None
+        self._alarm_retry = 0
+        self._alarm_running = False
+
+    @property
+    def loop(self):
+        return self.runtime.loop
+
+    @property
+    def rng(self) -> random.Random:
+        return self.runtime.rng
+
+    # -- tasks that belong to the live instance ------------------------
+    def spawn(self, awaitable: Awaitable[Any], *, background: bool = True) -> asyncio.Task:
+        """Run ``awaitable`` as this instance's work: eviction cancels it.
+
+        A background task's failure (``waitUntil``) is reported to the
+        runtime; an event's failure goes to whoever delivered the event.
+        """
+        context = contextvars.copy_context()
+        context.run(current_host.set, self)
+        task = self.loop.create_task(_as_coroutine(awaitable), context=context)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        task.add_done_callback(self._report if background else _silence)
+        return task
+
+    def _report(self, task: asyncio.Task) -> None:
+        if not task.cancelled() and task.exception() is not None:
+            self.runtime.report_background_error(self, task.exception())
+
+    async def run_event(self, awaitable: Awaitable[Any]) -> Any:
+        """Run one event's code on the instance; eviction fails it with a reset."""
+        task = self.spawn(awaitable, background=False)
+        try:
+            return await asyncio.shield(task)
+        except asyncio.CancelledError:
+            current = asyncio.current_task()
+            if current is not None and current.cancelling():
+                raise  # the caller itself is going away
+            raise reset_error() from None
+
+    # -- instance -------------------------------------------------------
+    def ensure_instance(self) -> Any:
+        if self.instance is None:
+            ctx = DurableObjectState(self, self.generation)
+            token = current_host.set(self)
+            try:
+                self.instance = self.cls(ctx, self.runtime.env)
+            finally:
+                current_host.reset(token)
+            self.stats.instances_created += 1
+        return self.instance
+
+    def evict(self, reason: str = RESET_MESSAGE) -> None:
+        """Drop the live instance at whatever await it is in; keep storage.
+
+        Writes not yet committed are lost with it, as in a crash; the calls
+        it was serving fail with a reset error.
+        """
+        self.stats.evictions += 1
+        self.generation += 1
+        self.instance = None
+        self.db.rollback_batch()
+        self._staged_alarm = _UNSET
+        if self._commit_handle is not None:
+            self._commit_handle.cancel()
+            self._commit_handle = None
+        for waiter in self._commit_waiters:
+            if not waiter.done():
+                waiter.set_exception(reset_error(reason))
+        self._commit_waiters.clear()
+        for task in list(self._tasks):
+            task.cancel()
+        self._tasks.clear()
+        self._gate_depth = 0
+        self._wake_gate_waiters()
+
+    # -- input gate -----------------------------------------------------
+    async def wait_gate_open(self) -> None:
+        while self._gate_depth > 0:
+            waiter = self.loop.create_future()
+            self._gate_waiters.append(waiter)
+            await waiter
+
+    def close_gate(self) -> None:
+        self._gate_depth += 1
+
+    def open_gate(self, generation: int) -> None:
+        if generation == self.generation and self._gate_depth > 0:
+            self._gate_depth -= 1
+            if self._gate_depth == 0:
+                self._wake_gate_waiters()
+
+    def _wake_gate_waiters(self) -> None:
+        waiters, self._gate_waiters = self._gate_waiters, []
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(None)
+
+    @contextlib.asynccontextmanager
+    async def input_gate_closed(self):
+        """A storage operation: no other event is delivered until it is done."""
+        generation = self.generation
+        self.close_gate()
+        try:
+            await asyncio.sleep(0)
+            yield
+        finally:
+            self.open_gate(generation)
+
+    async def db_run_async(self, fn: Callable[[Any], Awaitable[Any]], txn: Any) -> Any:
+        """``storage.transaction(fn)``: fn's writes commit together or not at all."""
+        self.db.open_batch()
+        marker = object()
+        outcome: list[Any] = [marker]
+
+        def start():
+            outcome[0] = fn(txn)
+
+        self.db.run_in_savepoint(start)
+        result = outcome[0]
+        return await result if inspect.isawaitable(result) else result
+
+    # -- implicit write batch and output gate ---------------------------
+    def _batch_opened(self) -> None:
+        # Production commits the implicit transaction on the next turn of
+        # the event loop: every await that suspends ends the batch.
+        self._commit_handle = self.loop.call_soon(self._commit)
+
+    def _commit(self) -> None:
+        self._commit_handle = None
+        if not self.db.in_batch:
+            return
+        if self.runtime.faults.crash_before_commit(self):
+            self.evict("Durable Object reset: the instance crashed before its writes committed.")
+            return
+        self.db.commit_batch()
+        if self.db.in_batch:  # a savepoint is still open: try again next turn
+            self._commit_handle = self.loop.call_soon(self._commit)
+            return
+        if self._staged_alarm is not _UNSET:
+            self.alarm_at, self._staged_alarm = self._staged_alarm, _UNSET
+            self._alarm_retry = 0
+            self._arm_alarm_timer()
+        waiters, self._commit_waiters = self._commit_waiters, []
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(None)
+
+    async def flushed(self) -> None:
+        """Wait until every write made so far is durable (the output gate)."""
+        if self.db.in_batch:
+            waiter = self.loop.create_future()
+            self._commit_waiters.append(waiter)
+            await waiter
+
+    # -- the one alarm ----------------------------------------------------
+    def stage_alarm(self, at_ms: float | None) -> None:
+        self.db.open_batch()
+        self._staged_alarm = at_ms
+        self.stats.alarm_writes += 1  # each setAlarm is billed as a row written
+
+    def alarm_for_reading(self) -> float | None:
+        return self.alarm_at if self._staged_alarm is _UNSET else self._staged_alarm
+
+    def _arm_alarm_timer(self) -> None:
+        if self._alarm_timer is not None:
+            self._alarm_timer.cancel()
+            self._alarm_timer = None
+        if self.alarm_at is not None and not self._alarm_running:
+            when = max(self.loop.time(), self.loop.loop_time_for(self.alarm_at))
+            self._alarm_timer = self.loop.call_at(when, self._alarm_due)
+
+    def _alarm_due(self) -> None:
+        self._alarm_timer = None
+        if self.alarm_at is None or self._alarm_running:
+            return
+        self.runtime.spawn_system(self._deliver_alarm())
+
+    async def _deliver_alarm(self, duplicate: bool = False) -> None:
+        retry = self._alarm_retry
+        scheduled = self.alarm_at
+        if not duplicate:
+            self.alarm_at = None  # getAlarm() is None while the handler runs
+        self._alarm_running = True
+        self.stats.alarm_invocations += 1
+        self.stats.requests += 1
+        succeeded = False
+        try:
+            await self.wait_gate_open()
+            instance = self.ensure_instance()
+            handler = getattr(instance, "alarm", None)
+            if handler is None:
+                raise TypeError(f"{self.class_name} has no alarm() handler")
+            info = JsDict(retryCount=retry, isRetry=retry > 0, scheduledTime=scheduled)
+            await self.run_event(_call_alarm(handler, info))
+            await self.flushed()
+            succeeded = not self.runtime.faults.alarm_fails(self)
+        except Exception as error:  # the handler threw, or the instance was reset
+            self.runtime.log_event(self, "alarm failed", repr(error))
+        finally:
+            self._alarm_running = False
+        if succeeded:
+            if not duplicate and self.runtime.faults.duplicate_alarm(self):
+                self.runtime.spawn_system(self._deliver_alarm(duplicate=True))
+        elif not duplicate and retry < ALARM_MAX_RETRIES:
+            backoff = ALARM_FIRST_BACKOFF_MS * 2**retry
+            retry_at = self.loop.now_ms() + backoff * (1 + ALARM_JITTER * self.rng.random())
+            if self.alarm_at is None or retry_at <= self.alarm_at:
+                self.alarm_at = retry_at
+                self._alarm_retry = retry + 1
+        elif not duplicate:
+            self.runtime.log_event(self, "alarm abandoned", f"after {retry} retries")
+        self._arm_alarm_timer()
+
+    # -- an RPC call --------------------------------------------------------
+    async def call(self, method: str, args: list[Any]) -> Any:
+        """Deliver one RPC call and return the reply as the caller receives it."""
+        self.stats.requests += 1
+        await self.wait_gate_open()
+        instance = self.ensure_instance()
+        await self.wait_gate_open()
+        target = getattr(type(instance), method, None) if not method.startswith("_") else None
+        if target is None or not callable(target):
+            raise JsException(f"Method {method} does not exist", name="TypeError")
+        bound = getattr(instance, method)
+
+        async def invoke():
+            result = bound(*args)
+            if inspect.isawaitable(result):
+                result = await result
+            return rpc_copy(result)  # production converts the reply in the callee
+
+        try:
+            reply = await self.run_event(invoke())
+        except JsException:
+            raise
+        except Exception as error:
+            raise python_error(error) from None
+        await self.flushed()
+        return reply
+
+
+async def _as_coroutine(awaitable: Awaitable[Any]) -> Any:
+    return await awaitable
+
+
+async def _call_alarm(handler: Callable[..., Any], info: JsDict) -> None:
+    # workerd calls alarm() with relaxed arity: ``def alarm(self)`` works too.
+    try:
+        parameters = inspect.signature(handler).parameters
+    except (TypeError, ValueError):
+        parameters = {"info": None}
+    result = handler(info) if parameters else handler()
+    if inspect.isawaitable(result):
+        await result
+
+
+def _silence(task: asyncio.Task) -> None:
+    if not task.cancelled():
+        task.exception()

@@ -1,0 +1,315 @@
+"""The embedded runtime: a Worker module's Durable Objects, run on CPython.
+
+Lives here: loading the Worker from ``wrangler.toml``, ``env`` with its
+namespaces and vars, stubs and the journey of an RPC call (copies, latency,
+faults), calls into the ``Default`` entrypoint, and the loop that runs it
+all on virtual time.
+Must not know: what happens inside an object; ``ObjectHost`` owns that.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import importlib.util
+import os
+import random
+import sys
+import tomllib
+from pathlib import Path
+from types import ModuleType
+from typing import Any, Awaitable
+
+from ._clock import DEFAULT_EPOCH_MS, VirtualClockLoop, patched_wall_clock
+from ._faults import FaultPlanner, Faults
+from ._host import RESET_MESSAGE, ObjectHost, current_host, reset_error
+from ._storage import DurableObjectId, ExecutionContext
+from ._values import JsDict, JsException, rpc_copy
+from ._workers_standin import install_workers_standin
+
+_HEX_DIGITS = set("0123456789abcdef")
+
+
+class DurableObjectNamespace:
+    """``env.BINDING`` for a Durable Object class."""
+
+    def __init__(self, runtime: "Runtime", class_name: str, cls: type) -> None:
+        self._runtime = runtime
+        self.class_name = class_name
+        self.cls = cls
+
+    def idFromName(self, name: str) -> DurableObjectId:
+        if not isinstance(name, str):
+            raise JsException("idFromName() takes a string", name="TypeError")
+        return DurableObjectId(self.class_name, name)
+
+    def idFromString(self, hex_id: str) -> DurableObjectId:
+        if not (isinstance(hex_id, str) and len(hex_id) == 64 and set(hex_id) <= _HEX_DIGITS):
+            raise JsException("Invalid Durable Object ID: must be 64 hex digits", name="TypeError")
+        return DurableObjectId(self.class_name, None, hex_id)
+
+    def newUniqueId(self, options: Any = None) -> DurableObjectId:
+        hex_id = "%064x" % self._runtime.rng.getrandbits(256)
+        return DurableObjectId(self.class_name, None, hex_id)
+
+    def get(self, object_id: DurableObjectId, options: Any = None) -> "DurableObjectStub":
+        if not isinstance(object_id, DurableObjectId):
+            raise JsException("get() takes a DurableObjectId", name="TypeError")
+        return DurableObjectStub(self._runtime, self, object_id)
+
+    def getByName(self, name: str, options: Any = None) -> "DurableObjectStub":
+        return self.get(self.idFromName(name))
+
+
+class DurableObjectStub:
+    """A stub: each public method call travels as RPC, copying both ways.
+
+    A call that fails on its way (a lost message, a reset callee) breaks the
+    stub, as in production: later calls fail the same way until a new stub
+    is made with ``get`` or ``getByName``.
+    """
+
+    def __init__(self, runtime: "Runtime", namespace: DurableObjectNamespace,
+                 object_id: DurableObjectId) -> None:
+        self._runtime = runtime
+        self._namespace = namespace
+        self.id = object_id
+        self.name = object_id.name
+        self._broken: JsException | None = None
+
+    def __getattr__(self, method: str):
+        if method.startswith("_"):
+            raise AttributeError(method)
+
+        def call(*args: Any, **kwargs: Any) -> Awaitable[Any]:
+            if kwargs:  # the SDK sends keyword arguments as one trailing object
+                args = (*args, kwargs)
+            sent = [rpc_copy(arg) for arg in args]  # refusals raise here, at the call
+            return self._runtime._send(self, method, sent)
+
+        return call
+
+
+class Env:
+    """``env``: bindings and vars as attributes."""
+
+    def __init__(self, values: dict[str, Any]) -> None:
+        self.__dict__.update(values)
+
+    def __repr__(self) -> str:
+        return f"Env({', '.join(sorted(self.__dict__))})"
+
+
+class Runtime:
+    """Runs a Worker module's Durable Objects on CPython, on virtual time.
+
+    ``Runtime.from_wrangler("wrangler.toml")`` loads the Worker named by
+    ``main`` with the Durable Object bindings and ``[vars]`` of the file;
+    ``vars=`` adds or overrides values (secrets, say). Drive it with
+    ``runtime.run(coroutine)``: inside, ``env.X.getByName(name)`` stubs
+    reach the objects, ``asyncio.sleep`` and alarms run on the virtual
+    clock, and ``time.time()`` reads it.
+    """
+
+    def __init__(self, module: ModuleType, durable_objects: dict[str, str], *,
+                 vars: dict[str, Any] | None = None, seed: int = 0,
+                 faults: Faults | None = None, epoch_ms: int = DEFAULT_EPOCH_MS,
+                 entrypoint: str = "Default") -> None:
+        self.module = module
+        self.seed = seed
+        self.rng = random.Random(seed)
+        random.seed(seed)  # user code that draws from `random` replays too
+        self.loop = VirtualClockLoop(epoch_ms)
+        self.faults = FaultPlanner(faults, self.rng)
+        self.errors: list[tuple[str, BaseException]] = []
+        self.trace: list[tuple] = []
+        self._hosts: dict[tuple[str, str], ObjectHost] = {}
+        self._system_tasks: set[asyncio.Task] = set()
+        self._entrypoint = getattr(module, entrypoint, None)
+        bindings: dict[str, Any] = {}
+        for binding, class_name in durable_objects.items():
+            cls = getattr(module, class_name, None)
+            if cls is None:
+                raise ValueError(f"binding {binding}: {module.__name__} has no class {class_name}")
+            bindings[binding] = DurableObjectNamespace(self, class_name, cls)
+        self.namespaces: dict[str, DurableObjectNamespace] = dict(bindings)
+        bindings.update(vars or {})
+        self.env = Env(bindings)
+
+    @classmethod
+    def from_wrangler(cls, config: str | os.PathLike = "wrangler.toml", *,
+                      vars: dict[str, Any] | None = None, **options: Any) -> "Runtime":
+        path = Path(config).resolve()
+        with open(path, "rb") as f:
+            settings = tomllib.load(f)
+        if "main" not in settings:
+            raise ValueError(f"{path}: no `main` module")
+        module = load_worker_module(path.parent / settings["main"])
+        objects = {
+            b["name"]: b["class_name"]
+            for b in settings.get("durable_objects", {}).get("bindings", [])
+            if not b.get("script_name")  # classes of other Workers are not ours to run
+        }
+        merged = dict(settings.get("vars", {}))
+        merged.update(vars or {})
+        return cls(module, objects, vars=merged, **options)
+
+    # -- driving the runtime ---------------------------------------------
+    def run(self, awaitable: Awaitable[Any]) -> Any:
+        """Run ``awaitable`` to completion on the virtual clock and return its result."""
+        asyncio.set_event_loop(self.loop)
+        with patched_wall_clock(self.loop):
+            return self.loop.run_until_complete(_await(awaitable))
+
+    def advance(self, seconds: float) -> None:
+        """Let ``seconds`` of virtual time pass: alarms and timers due in it run."""
+        self.run(asyncio.sleep(seconds))
+
+    def now_ms(self) -> float:
+        return self.loop.now_ms()
+
+    def close(self) -> None:
+        for task in asyncio.all_tasks(self.loop):
+            task.cancel()
+        if not self.loop.is_closed():
+            self.loop.run_until_complete(asyncio.sleep(0))
+            self.loop.close()
+
+    def __enter__(self) -> "Runtime":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    # -- objects ----------------------------------------------------------
+    def _host(self, namespace: DurableObjectNamespace, object_id: DurableObjectId) -> ObjectHost:
+        key = (namespace.class_name, object_id.toString())
+        host = self._hosts.get(key)
+        if host is None:
+            host = self._hosts[key] = ObjectHost(self, namespace.cls, namespace.class_name, object_id)
+        return host
+
+    def host_of(self, stub: DurableObjectStub) -> ObjectHost:
+        """The object behind a stub (storage, stats, eviction), for tests."""
+        return self._host(stub._namespace, stub.id)
+
+    def hosts(self) -> list[ObjectHost]:
+        return list(self._hosts.values())
+
+    def evict(self, stub: DurableObjectStub) -> None:
+        """Drop the object's live instance now, whatever it is doing; keep its storage."""
+        self.host_of(stub).evict()
+
+    def totals(self) -> dict[str, int]:
+        """Billing figures summed over every object: rows read and written, requests."""
+        totals = {"rows_read": 0, "rows_written": 0, "requests": 0,
+                  "alarm_invocations": 0, "evictions": 0}
+        for host in self._hosts.values():
+            totals["rows_read"] += host.db.rows_read
+            totals["rows_written"] += host.db.rows_written + host.stats.alarm_writes
+            totals["requests"] += host.stats.requests
+            totals["alarm_invocations"] += host.stats.alarm_invocations
+            totals["evictions"] += host.stats.evictions
+        return totals
+
+    def spawn_system(self, coroutine: Awaitable[Any]) -> asyncio.Task:
+        """Work of the runtime itself (alarm delivery), outside any object."""
+        task = self.loop.create_task(_await(coroutine), context=contextvars.Context())
+        self._system_tasks.add(task)
+        task.add_done_callback(self._system_tasks.discard)
+        return task
+
+    def report_background_error(self, host: ObjectHost | None, error: BaseException) -> None:
+        where = f"{host.class_name}:{host.object_id.name or host.object_id}" if host else "runtime"
+        self.errors.append((where, error))
+        self.log_event(host, "background error", repr(error))
+
+    def log_event(self, host: ObjectHost | None, event: str, detail: str = "") -> None:
+        name = f"{host.class_name}:{host.object_id.name or host.object_id}" if host else "-"
+        self.trace.append((round(self.loop.now_ms(), 3), name, event, detail))
+
+    # -- RPC ----------------------------------------------------------------
+    async def _send(self, stub: DurableObjectStub, method: str, args: list[Any]) -> Any:
+        if stub._broken is not None:
+            raise stub._broken
+        caller = current_host.get()
+        host = self._host(stub._namespace, stub.id)
+        plan = self.faults.plan_call(host.class_name, caller is not None)
+        self.log_event(host, "call", method)
+        try:
+            if plan.request_delay_ms:
+                await asyncio.sleep(plan.request_delay_ms / 1000)
+            if plan.lose_request:
+                self.log_event(host, "lost request", method)
+                raise reset_error(RESET_MESSAGE)
+            if plan.evict_after_ms is not None:
+                self.loop.call_later(plan.evict_after_ms / 1000, host.evict)
+            if plan.duplicate:
+                self.spawn_system(self._deliver_duplicate(host, method, args))
+            reply = await host.call(method, [rpc_copy(arg) for arg in args])
+            if plan.reply_delay_ms:
+                await asyncio.sleep(plan.reply_delay_ms / 1000)
+            if plan.lose_reply:
+                self.log_event(host, "lost reply", method)
+                raise reset_error(RESET_MESSAGE)
+            return reply
+        except JsException as error:
+            if getattr(error, "durableObjectReset", False):
+                stub._broken = error
+            raise
+
+    async def _deliver_duplicate(self, host: ObjectHost, method: str, args: list[Any]) -> None:
+        self.log_event(host, "duplicate", method)
+        try:
+            await host.call(method, [rpc_copy(arg) for arg in args])
+        except Exception:
+            pass  # nobody waits for a duplicate's outcome
+
+    # -- the Default entrypoint ---------------------------------------------
+    def _entrypoint_instance(self) -> Any:
+        if self._entrypoint is None:
+            raise ValueError(f"{self.module.__name__} has no Default entrypoint class")
+        return self._entrypoint(ExecutionContext(self.spawn_system), self.env)
+
+    async def call_entrypoint(self, method: str, *args: Any) -> Any:
+        """Call a method of ``Default`` as another Worker would over a service binding."""
+        instance = self._entrypoint_instance()
+        if method.startswith("_") or not callable(getattr(type(instance), method, None)):
+            raise JsException(f"Method {method} does not exist", name="TypeError")
+        result = getattr(instance, method)(*[rpc_copy(a) for a in args])
+        if asyncio.iscoroutine(result) or isinstance(result, asyncio.Future):
+            result = await result
+        return rpc_copy(result)
+
+    async def fetch(self, url: str, **init: Any) -> Any:
+        """Send an HTTP request to ``Default.fetch`` and return its Response."""
+        from workers import Request
+
+        request = Request(url, **init)
+        instance = self._entrypoint_instance()
+        return await instance.fetch(request)
+
+
+async def _await(awaitable: Awaitable[Any]) -> Any:
+    return await awaitable
+
+
+def load_worker_module(path: Path) -> ModuleType:
+    """Import a Worker module afresh, with the CPython stand-in for ``workers``."""
+    path = Path(path).resolve()
+    if not path.is_file():
+        raise FileNotFoundError(f"Worker module {path} not found")
+    install_workers_standin()
+    source_dir = str(path.parent)
+    if source_dir not in sys.path:
+        sys.path.insert(0, source_dir)
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[path.stem] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+__all__ = ["Runtime", "DurableObjectNamespace", "DurableObjectStub", "Env", "JsDict",
+           "load_worker_module"]

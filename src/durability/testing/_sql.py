@@ -1,0 +1,462 @@
+"""One Durable Object's SQLite database, with workerd's rules and counters.
+
+Lives here: ``sqlite3`` under the surface of ``ctx.storage.sql`` (cursors,
+bindings, refused statements, error messages), the implicit write batch and
+savepoints, and the model that counts rows read and written.
+Must not know: the event loop, RPC, alarms. The storage layer decides when
+a batch commits; this module only knows how.
+
+Counting model. workerd bills every B-tree entry a statement inserts or
+deletes from a table (an index entry counts as a row) and every row a
+statement visits. SQLite's Python binding cannot see its virtual machine, so
+the counts are derived from what the binding can see (rows changed, the
+columns a statement touches, the query plan, the schema), fitted to the
+figures measured on real workerd:
+
+* INSERT: each row costs one write plus one per index on the table (a TEXT
+  or composite primary key is an index; in a WITHOUT ROWID table it is the
+  table). AUTOINCREMENT adds one read and one write per statement.
+* UPDATE: each changed row costs one write plus one per index holding a
+  column the statement assigns; an upsert that takes the UPDATE path counts
+  as an UPDATE of that row and reads it.
+* DELETE: one write per row (index entries removed are not counted).
+* Reads: a full scan reads every row of the table; a search or a scan with
+  LIMIT reads the rows it yields or changes; RETURNING reads each returned
+  row once more.
+"""
+
+from __future__ import annotations
+
+import re
+import sqlite3
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from ._values import JsDict, JsException, sql_binding, sql_value
+
+# workerd's limits for one statement (see shared platform notes).
+MAX_BOUND_PARAMETERS = 100
+MAX_STATEMENT_BYTES = 100_000
+MAX_ROW_BYTES = 2_000_000
+
+TRANSACTION_REFUSED = (
+    "To execute a transaction, please use the state.storage.transaction() or "
+    "state.storage.transactionSync() APIs instead of the SQL BEGIN TRANSACTION "
+    "or SAVEPOINT statements. The JavaScript API is safer because it will "
+    "automatically roll back on exceptions, and because it interacts correctly "
+    "with Durable Objects' automatic atomic write coalescing."
+)
+
+_PRIMARY_ERROR_NAMES = {
+    1: "SQLITE_ERROR", 2: "SQLITE_INTERNAL", 3: "SQLITE_PERM", 4: "SQLITE_ABORT",
+    5: "SQLITE_BUSY", 6: "SQLITE_LOCKED", 7: "SQLITE_NOMEM", 8: "SQLITE_READONLY",
+    9: "SQLITE_INTERRUPT", 10: "SQLITE_IOERR", 11: "SQLITE_CORRUPT",
+    13: "SQLITE_FULL", 18: "SQLITE_TOOBIG", 19: "SQLITE_CONSTRAINT",
+    20: "SQLITE_MISMATCH", 21: "SQLITE_MISUSE", 23: "SQLITE_AUTH", 25: "SQLITE_RANGE",
+}
+
+# The PRAGMAs workerd lets through (its authorizer); every other one is refused.
+_ALLOWED_PRAGMAS = {
+    "table_list", "table_info", "table_xinfo", "data_version", "page_size",
+    "case_sensitive_like", "foreign_keys", "defer_foreign_keys",
+    "ignore_check_constraints", "legacy_alter_table", "recursive_triggers",
+    "reverse_unordered_selects", "foreign_key_check", "foreign_key_list",
+    "index_info", "index_list", "index_xinfo", "quick_check", "optimize",
+}
+NOT_AUTHORIZED = "not authorized: SQLITE_AUTH"
+_TEMP_ACTIONS = {
+    sqlite3.SQLITE_CREATE_TEMP_TABLE, sqlite3.SQLITE_CREATE_TEMP_INDEX,
+    sqlite3.SQLITE_CREATE_TEMP_VIEW, sqlite3.SQLITE_CREATE_TEMP_TRIGGER,
+    sqlite3.SQLITE_ATTACH, sqlite3.SQLITE_DETACH,
+}
+
+_INTERNAL = "/* durability.testing */ "
+_WRITE_ACTIONS = {sqlite3.SQLITE_INSERT, sqlite3.SQLITE_UPDATE, sqlite3.SQLITE_DELETE}
+_DDL_ACTIONS = {
+    sqlite3.SQLITE_CREATE_TABLE, sqlite3.SQLITE_CREATE_INDEX, sqlite3.SQLITE_DROP_TABLE,
+    sqlite3.SQLITE_DROP_INDEX, sqlite3.SQLITE_ALTER_TABLE, sqlite3.SQLITE_CREATE_VIEW,
+    sqlite3.SQLITE_DROP_VIEW, sqlite3.SQLITE_CREATE_TRIGGER, sqlite3.SQLITE_DROP_TRIGGER,
+}
+_LIMIT = re.compile(r"\bLIMIT\s+(\d+|\?)", re.IGNORECASE)
+
+
+@dataclass
+class _Shape:
+    """What one statement does, learned from the authorizer and its plan."""
+
+    inserts: str | None = None
+    updates: str | None = None
+    update_columns: list[str] = field(default_factory=list)
+    deletes: str | None = None
+    is_ddl: bool = False
+    reads_tables: bool = False
+    full_scans: list[str] = field(default_factory=list)
+    has_limit: bool = False
+
+    @property
+    def is_upsert(self) -> bool:
+        return self.inserts is not None and self.updates == self.inserts
+
+
+@dataclass
+class _TableInfo:
+    indexes: list[tuple[str, list[str | None]]]  # (name, columns) of every index
+    autoincrement: bool
+
+
+class SqlCursor:
+    """``SqlStorageCursor`` as Python code sees it through the workers SDK.
+
+    Like the SDK's wrapper, the first read of ``rowsRead``, ``rowsWritten`` or
+    ``columnNames`` is cached: read the counters once, after consuming the
+    cursor, or they stay frozen at a partial value.
+    """
+
+    def __init__(self, columns: list[str], rows: list[tuple], rows_read: int,
+                 rows_written: int) -> None:
+        self._columns = columns
+        self._rows = rows
+        self._position = 0
+        self._reads = rows_read
+        self._writes = rows_written
+        self._frozen: dict[str, Any] = {}
+
+    # -- consumption --------------------------------------------------
+    def _take_rest(self) -> list[tuple]:
+        rest = self._rows[self._position:]
+        self._position = len(self._rows)
+        return rest
+
+    def _as_dict(self, row: tuple) -> JsDict:
+        return JsDict(zip(self._columns, row))
+
+    def toArray(self) -> list[JsDict]:
+        return [self._as_dict(row) for row in self._take_rest()]
+
+    def one(self) -> JsDict:
+        rest = self._take_rest()
+        if not rest:
+            raise JsException("Expected exactly one result from SQL query, but got no results.")
+        if len(rest) > 1:
+            raise JsException(
+                "Expected exactly one result from SQL query, but got multiple results."
+            )
+        return self._as_dict(rest[0])
+
+    def raw(self):
+        for row in self._take_rest():
+            yield list(row)
+
+    def next(self) -> JsDict:
+        if self._position >= len(self._rows):
+            return JsDict(done=True)
+        row = self._rows[self._position]
+        self._position += 1
+        return JsDict(done=False, value=self._as_dict(row))
+
+    def __iter__(self):
+        while self._position < len(self._rows):
+            row = self._rows[self._position]
+            self._position += 1
+            yield self._as_dict(row)
+
+    # -- attributes frozen on first read, as the SDK's wrapper does ------
+    def _frozen_value(self, name: str, current: Any) -> Any:
+        if name not in self._frozen:
+            self._frozen[name] = current
+        return self._frozen[name]
+
+    @property
+    def columnNames(self) -> list[str]:
+        return self._frozen_value("columnNames", list(self._columns))
+
+    @property
+    def rowsRead(self) -> int:
+        consumed = self._position >= len(self._rows)
+        return self._frozen_value("rowsRead", self._reads if consumed else 0)
+
+    @property
+    def rowsWritten(self) -> int:
+        return self._frozen_value("rowsWritten", self._writes)
+
+
+class SqlDatabase:
+    """The SQLite file of one Durable Object; it outlives every instance."""
+
+    def __init__(self, on_batch_open: Callable[[], None] | None = None) -> None:
+        self._conn = sqlite3.connect(":memory:", isolation_level=None)
+        self._conn.setlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER, MAX_BOUND_PARAMETERS)
+        self._conn.setlimit(sqlite3.SQLITE_LIMIT_SQL_LENGTH, MAX_STATEMENT_BYTES)
+        self._conn.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, MAX_ROW_BYTES)
+        self._conn.set_authorizer(self._authorize)
+        self._shapes: dict[str, _Shape] = {}
+        self._tables: dict[str, _TableInfo] = {}
+        self._learning: _Shape | None = None
+        self._refusal: str | None = None
+        self._savepoints = 0
+        self.in_batch = False
+        self.rows_read = 0
+        self.rows_written = 0
+        self.on_batch_open = on_batch_open
+
+    # -- the authorizer: refusals, and what a statement touches ----------
+    def _authorize(self, action, arg1, arg2, _db, _source):
+        if self._learning is None:  # one of our own statements
+            return sqlite3.SQLITE_OK
+        shape = self._learning
+        if action in (sqlite3.SQLITE_TRANSACTION, sqlite3.SQLITE_SAVEPOINT):
+            self._refusal = TRANSACTION_REFUSED
+            return sqlite3.SQLITE_DENY
+        table = arg1
+        if (
+            action in _TEMP_ACTIONS
+            or (action == sqlite3.SQLITE_PRAGMA and arg1 not in _ALLOWED_PRAGMAS)
+            or (table and table.startswith("_cf_"))
+        ):
+            self._refusal = NOT_AUTHORIZED
+            return sqlite3.SQLITE_DENY
+        if action == sqlite3.SQLITE_INSERT and shape.inserts is None:
+            shape.inserts = table
+        elif action == sqlite3.SQLITE_UPDATE and not table.startswith("sqlite_"):
+            shape.updates = shape.updates or table
+            if arg2 not in shape.update_columns:
+                shape.update_columns.append(arg2)
+        elif action == sqlite3.SQLITE_DELETE and not table.startswith("sqlite_"):
+            shape.deletes = shape.deletes or table
+        elif action in _DDL_ACTIONS:
+            shape.is_ddl = True
+        elif action == sqlite3.SQLITE_READ and table and not table.startswith("sqlite_"):
+            shape.reads_tables = True
+        return sqlite3.SQLITE_OK
+
+    # -- batches and savepoints, issued by the storage layer -------------
+    def _internal(self, statement: str) -> None:
+        self._conn.execute(_INTERNAL + statement)
+
+    def open_batch(self) -> None:
+        if not self.in_batch:
+            self._internal("BEGIN")
+            self.in_batch = True
+            if self.on_batch_open is not None:
+                self.on_batch_open()
+
+    def commit_batch(self) -> None:
+        if self.in_batch and self._savepoints == 0:
+            self._internal("COMMIT")
+            self.in_batch = False
+
+    def rollback_batch(self) -> None:
+        if self.in_batch:
+            self._internal("ROLLBACK")
+            self.in_batch = False
+            self._savepoints = 0
+
+    def run_in_savepoint(self, fn: Callable[[], Any]) -> Any:
+        """``transactionSync``: fn's writes land together or not at all; nests."""
+        self.open_batch()
+        name = f"_cf_sync_savepoint_{self._savepoints}"
+        self._internal(f"SAVEPOINT {name}")
+        self._savepoints += 1
+        try:
+            result = fn()
+        except BaseException:
+            self._savepoints -= 1
+            self._internal(f"ROLLBACK TO {name}")
+            self._internal(f"RELEASE {name}")
+            raise
+        self._savepoints -= 1
+        self._internal(f"RELEASE {name}")
+        return result
+
+    # -- statements ---------------------------------------------------------
+    def exec(self, query: str, bindings: tuple) -> SqlCursor:
+        if not isinstance(query, str):
+            raise JsException("SQL query must be a string", name="TypeError")
+        statements = split_statements(query)
+        if not statements:
+            raise JsException("SQL code did not contain a statement.")
+        if len(statements) > 1 and bindings:
+            raise JsException(
+                "Bindings are only supported when the SQL code holds one statement."
+            )
+        values = [sql_binding(value) for value in bindings]
+        self.open_batch()
+        cursor = None
+        for statement in statements:
+            cursor = self._exec_one(statement, values)
+        assert cursor is not None
+        return cursor
+
+    def _shape_of(self, statement: str, values: list) -> _Shape:
+        shape = self._shapes.get(statement)
+        if shape is not None:
+            return shape
+        shape = _Shape(has_limit=bool(_LIMIT.search(statement)))
+        self._learning, self._refusal = shape, None
+        try:
+            # Preparing EXPLAIN runs the authorizer over the real statement.
+            plan = self._conn.execute("EXPLAIN QUERY PLAN " + statement, values).fetchall()
+        except sqlite3.Error as error:
+            if self._refusal is not None:
+                raise JsException(self._refusal) from None
+            raise _js_error(error) from None
+        finally:
+            self._learning = None
+        if not shape.is_ddl:
+            shape.full_scans = _full_scans(plan)
+            self._shapes[statement] = shape
+        return shape
+
+    def _exec_one(self, statement: str, values: list) -> SqlCursor:
+        shape = self._shape_of(statement, values)
+        scanned = sum(self._count_rows(table) for table in shape.full_scans)
+        target = shape.inserts if shape.is_upsert else None
+        rows_before = self._count_rows(target) if target else 0
+        changes_before = self._conn.total_changes
+        self._learning = shape  # refusals still apply to the real statement
+        try:
+            cursor = self._conn.execute(statement, values)
+            rows = [tuple(sql_value(v) for v in row) for row in cursor.fetchall()]
+        except sqlite3.Error as error:
+            raise _js_error(error) from None
+        finally:
+            self._learning = None
+        columns = [d[0] for d in cursor.description] if cursor.description else []
+        changed = self._conn.total_changes - changes_before
+        if shape.is_ddl:
+            self._tables.clear()
+            self._shapes.clear()
+            reads, writes = 0, 0
+        else:
+            inserted = (self._count_rows(target) - rows_before) if target else None
+            writes_rows = (shape.inserts or shape.updates or shape.deletes) is not None
+            returning = bool(columns) and writes_rows
+            reads, writes = self._cost(shape, changed, inserted, len(rows), scanned, returning)
+        self.rows_read += reads
+        self.rows_written += writes
+        return SqlCursor(columns, rows, reads, writes)
+
+    def _cost(self, shape: _Shape, changed: int, inserted: int | None,
+              returned: int, scanned: int, returning: bool) -> tuple[int, int]:
+        reads = writes = 0
+        # RETURNING reads its buffered rows back, and one read even when empty.
+        returned = max(returned, 1) if returning else returned
+        if shape.inserts is not None and not shape.inserts.startswith("sqlite_"):
+            table = self._table(shape.inserts)
+            new_rows = changed if inserted is None else inserted
+            updated = changed - new_rows
+            writes += new_rows * (1 + len(table.indexes))
+            if updated:
+                writes += updated * (1 + self._touched_indexes(table, shape.update_columns))
+                reads += updated
+            if table.autoincrement and new_rows:
+                reads, writes = reads + 1, writes + 1
+            if shape.updates is None or shape.is_upsert:
+                return reads + returned, writes
+        # A scan reads every row it steps over, and one even over an empty table.
+        visited = max(scanned, 1) if shape.full_scans and not shape.has_limit else None
+        if shape.full_scans and shape.has_limit:
+            returned = max(returned, 1)
+        if shape.updates is not None:
+            table = self._table(shape.updates)
+            writes += changed * (1 + self._touched_indexes(table, shape.update_columns))
+            reads += changed if visited is None else visited
+            reads += returned
+        elif shape.deletes is not None:
+            writes += changed
+            reads += changed if visited is None else visited
+            reads += returned
+        elif shape.reads_tables:
+            reads += returned if visited is None else max(visited, returned)
+        return reads, writes
+
+    # -- schema knowledge for the model ----------------------------------
+    def _table(self, name: str) -> _TableInfo:
+        info = self._tables.get(name)
+        if info is None:
+            info = self._tables[name] = self._describe(name)
+        return info
+
+    def _describe(self, name: str) -> _TableInfo:
+        quoted = name.replace('"', '""')
+        sql_row = self._conn.execute(
+            _INTERNAL + "SELECT sql FROM sqlite_master WHERE type = 'table' AND name = ?",
+            (name,),
+        ).fetchone()
+        create = (sql_row[0] if sql_row else "") or ""
+        without_rowid = bool(re.search(r"without\s+rowid\s*;?\s*$", create, re.IGNORECASE))
+        indexes = []
+        for _, index_name, _, origin, *_ in self._conn.execute(
+            _INTERNAL + f'PRAGMA index_list("{quoted}")'
+        ).fetchall():
+            if without_rowid and origin == "pk":
+                continue  # the table itself
+            quoted_index = index_name.replace('"', '""')
+            columns = [
+                row[2] for row in self._conn.execute(
+                    _INTERNAL + f'PRAGMA index_info("{quoted_index}")'
+                ).fetchall()
+            ]
+            indexes.append((index_name, columns))
+        return _TableInfo(indexes, "autoincrement" in create.lower())
+
+    @staticmethod
+    def _touched_indexes(table: _TableInfo, columns: list[str]) -> int:
+        return sum(
+            1 for _, indexed in table.indexes
+            if None in indexed or any(column in indexed for column in columns)
+        )
+
+    def _count_rows(self, table: str) -> int:
+        quoted = table.replace('"', '""')
+        return self._conn.execute(_INTERNAL + f'SELECT count(*) FROM "{quoted}"').fetchone()[0]
+
+    def database_size(self) -> int:
+        pages = self._conn.execute(_INTERNAL + "PRAGMA page_count").fetchone()[0]
+        size = self._conn.execute(_INTERNAL + "PRAGMA page_size").fetchone()[0]
+        return pages * size
+
+    def close(self) -> None:
+        self._conn.close()
+
+
+def split_statements(query: str) -> list[str]:
+    """Split SQL text into complete statements, as SQLite's parser would."""
+    statements, current = [], ""
+    for piece in query.split(";"):
+        current += piece + ";"
+        if sqlite3.complete_statement(current):
+            text = current.strip()
+            if text.strip("; \n\t\r"):
+                statements.append(text)
+            current = ""
+    rest = current[:-1].strip()  # the final piece gained a ';' it never had
+    if rest:
+        statements.append(rest)
+    return statements
+
+
+def _full_scans(plan: list[tuple]) -> list[str]:
+    """Tables a plan scans whole (``SCAN t``, with or without an index)."""
+    tables = []
+    for row in plan:
+        detail = row[-1]
+        match = re.match(r"SCAN (\S+)(?: AS \S+)?", detail)
+        if match and not detail.startswith("SCAN CONSTANT"):
+            table = match.group(1)
+            if not table.startswith("(") and table not in tables:
+                tables.append(table)
+    return tables
+
+
+def _js_error(error: sqlite3.Error) -> JsException:
+    """A SQLite error worded as workerd words it: message, code, extended code."""
+    code = getattr(error, "sqlite_errorcode", None)
+    extended = getattr(error, "sqlite_errorname", None)
+    if code is None:
+        return JsException(str(error))
+    primary = _PRIMARY_ERROR_NAMES.get(code & 0xFF, extended or "SQLITE_ERROR")
+    message = f"{error}: {primary}"
+    if extended and extended != primary:
+        message += f" (extended: {extended})"
+    return JsException(message)
