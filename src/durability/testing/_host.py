@@ -78,11 +78,14 @@ class ObjectHost:
         self.db = SqlDatabase(on_batch_open=self._batch_opened)
         self.stats = ObjectStats()
         self.generation = 0
+        self.reset_reason = RESET_MESSAGE
         self.instance: Any = None
         self._tasks: set[asyncio.Task] = set()
         self._gate_depth = 0
         self._gate_waiters: list[asyncio.Future] = []
         self._commit_handle: asyncio.Handle | None = None
+        self._batches_opened = 0
+        self._last_lost_batch = 0
         self._commit_waiters: list[asyncio.Future] = []
         # The alarm: committed value, the value staged in the open batch, and
         # the timer that will deliver it.
@@ -109,7 +112,8 @@ class ObjectHost:
         """
         context = contextvars.copy_context()
         context.run(current_host.set, self)
-        task = self.loop.create_task(_as_coroutine(awaitable), context=context)
+        coroutine = awaitable if inspect.iscoroutine(awaitable) else _as_coroutine(awaitable)
+        task = self.loop.create_task(coroutine, context=context)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         task.add_done_callback(self._report if background else _silence)
@@ -128,7 +132,7 @@ class ObjectHost:
             current = asyncio.current_task()
             if current is not None and current.cancelling():
                 raise  # the caller itself is going away
-            raise reset_error() from None
+            raise reset_error(self.reset_reason) from None
 
     # -- instance -------------------------------------------------------
     def ensure_instance(self) -> Any:
@@ -149,8 +153,11 @@ class ObjectHost:
         it was serving fail with a reset error.
         """
         self.stats.evictions += 1
+        self.reset_reason = reason
         self.generation += 1
         self.instance = None
+        if self.db.in_batch:
+            self._last_lost_batch = self._batches_opened
         self.db.rollback_batch()
         self._staged_alarm = _UNSET
         if self._commit_handle is not None:
@@ -199,6 +206,10 @@ class ObjectHost:
         finally:
             self.open_gate(generation)
 
+    async def storage_round_trip(self) -> None:
+        async with self.input_gate_closed():
+            pass
+
     async def db_run_async(self, fn: Callable[[Any], Awaitable[Any]], txn: Any) -> Any:
         """``storage.transaction(fn)``: fn's writes commit together or not at all."""
         self.db.open_batch()
@@ -214,6 +225,7 @@ class ObjectHost:
 
     # -- implicit write batch and output gate ---------------------------
     def _batch_opened(self) -> None:
+        self._batches_opened += 1
         # Production commits the implicit transaction on the next turn of
         # the event loop: every await that suspends ends the batch.
         self._commit_handle = self.loop.call_soon(self._commit)
@@ -238,12 +250,22 @@ class ObjectHost:
             if not waiter.done():
                 waiter.set_result(None)
 
-    async def flushed(self) -> None:
-        """Wait until every write made so far is durable (the output gate)."""
+    def batch_mark(self) -> int:
+        return self._batches_opened
+
+    async def flushed(self, since: int | None = None) -> None:
+        """Wait until every write made so far is durable (the output gate).
+
+        With ``since`` (a ``batch_mark()`` taken before an event ran), fail
+        if any write batch opened after it was lost: the event's effects are
+        gone, so its reply must not be seen.
+        """
         if self.db.in_batch:
             waiter = self.loop.create_future()
             self._commit_waiters.append(waiter)
             await waiter
+        if since is not None and self._last_lost_batch > since:
+            raise reset_error(self.reset_reason)
 
     # -- the one alarm ----------------------------------------------------
     def stage_alarm(self, at_ms: float | None) -> None:
@@ -278,14 +300,10 @@ class ObjectHost:
         self.stats.requests += 1
         succeeded = False
         try:
-            await self.wait_gate_open()
-            instance = self.ensure_instance()
-            handler = getattr(instance, "alarm", None)
-            if handler is None:
-                raise TypeError(f"{self.class_name} has no alarm() handler")
             info = JsDict(retryCount=retry, isRetry=retry > 0, scheduledTime=scheduled)
-            await self.run_event(_call_alarm(handler, info))
-            await self.flushed()
+            mark = self.batch_mark()
+            await self.run_event(self._alarm_event(info))
+            await self.flushed(since=mark)
             succeeded = not self.runtime.faults.alarm_fails(self)
         except Exception as error:  # the handler threw, or the instance was reset
             self.runtime.log_event(self, "alarm failed", repr(error))
@@ -304,32 +322,48 @@ class ObjectHost:
             self.runtime.log_event(self, "alarm abandoned", f"after {retry} retries")
         self._arm_alarm_timer()
 
+    async def _alarm_event(self, info: JsDict) -> None:
+        instance = await self.admit_event()
+        handler = getattr(instance, "alarm", None)
+        if handler is None:
+            raise TypeError(f"{self.class_name} has no alarm() handler")
+        await _call_alarm(handler, info)
+
     # -- an RPC call --------------------------------------------------------
     async def call(self, method: str, args: list[Any]) -> Any:
         """Deliver one RPC call and return the reply as the caller receives it."""
         self.stats.requests += 1
-        await self.wait_gate_open()
-        instance = self.ensure_instance()
-        await self.wait_gate_open()
-        target = getattr(type(instance), method, None) if not method.startswith("_") else None
-        if target is None or not callable(target):
-            raise JsException(f"Method {method} does not exist", name="TypeError")
-        bound = getattr(instance, method)
 
-        async def invoke():
-            result = bound(*args)
+        async def event():
+            instance = await self.admit_event()
+            target = None if method.startswith("_") else getattr(type(instance), method, None)
+            if target is None or not callable(target):
+                raise JsException(f"Method {method} does not exist", name="TypeError")
+            result = getattr(instance, method)(*args)
             if inspect.isawaitable(result):
                 result = await result
             return rpc_copy(result)  # production converts the reply in the callee
 
+        mark = self.batch_mark()
         try:
-            reply = await self.run_event(invoke())
+            reply = await self.run_event(event())
         except JsException:
             raise
         except Exception as error:
             raise python_error(error) from None
-        await self.flushed()
+        await self.flushed(since=mark)
         return reply
+
+    async def admit_event(self) -> Any:
+        """Wait for the input gate, then hand the event the live instance.
+
+        This runs inside the event's own task, so an event that passes the
+        gate starts at once: nothing else runs before its first await.
+        """
+        await self.wait_gate_open()
+        instance = self.ensure_instance()
+        await self.wait_gate_open()  # the constructor may have closed it
+        return instance
 
 
 async def _as_coroutine(awaitable: Awaitable[Any]) -> Any:

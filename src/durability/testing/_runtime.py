@@ -10,6 +10,7 @@ Must not know: what happens inside an object; ``ObjectHost`` owns that.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import importlib.util
 import os
@@ -18,7 +19,7 @@ import sys
 import tomllib
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Awaitable
+from typing import Any, Awaitable, Iterator
 
 from ._clock import DEFAULT_EPOCH_MS, VirtualClockLoop, patched_wall_clock
 from ._faults import FaultPlanner, Faults
@@ -167,6 +168,15 @@ class Runtime:
 
     def now_ms(self) -> float:
         return self.loop.now_ms()
+
+    @contextlib.contextmanager
+    def no_faults(self) -> Iterator[None]:
+        """Inside this block no fault is injected (to read state back, say)."""
+        self.faults.paused += 1
+        try:
+            yield
+        finally:
+            self.faults.paused -= 1
 
     def close(self) -> None:
         for task in asyncio.all_tasks(self.loop):

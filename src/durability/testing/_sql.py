@@ -426,8 +426,8 @@ def split_statements(query: str) -> list[str]:
     for piece in query.split(";"):
         current += piece + ";"
         if sqlite3.complete_statement(current):
-            text = current.strip()
-            if text.strip("; \n\t\r"):
+            text = current.strip().rstrip(";").strip()
+            if text:
                 statements.append(text)
             current = ""
     rest = current[:-1].strip()  # the final piece gained a ';' it never had
@@ -442,7 +442,7 @@ def _full_scans(plan: list[tuple]) -> list[str]:
     for row in plan:
         detail = row[-1]
         match = re.match(r"SCAN (\S+)(?: AS \S+)?", detail)
-        if match and not detail.startswith("SCAN CONSTANT"):
+        if match and "CONSTANT ROW" not in detail:
             table = match.group(1)
             if not table.startswith("(") and table not in tables:
                 tables.append(table)

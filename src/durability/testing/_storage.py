@@ -99,18 +99,17 @@ class DurableObjectStorage:
             at = host.alarm_for_reading()
         return None if at is None else number_from_js(at)
 
-    async def setAlarm(self, scheduled_time: Any, options: Any = None) -> None:
+    def setAlarm(self, scheduled_time: Any, options: Any = None) -> Awaitable[None]:
+        # Like production's SQLite-backed storage, the write happens at the
+        # call, in the current write batch; awaiting only waits for it.
         host = self._live_host()
-        at = _alarm_ms(scheduled_time)
-        host.stage_alarm(at)
-        async with host.input_gate_closed():
-            pass
+        host.stage_alarm(_alarm_ms(scheduled_time))
+        return host.storage_round_trip()
 
-    async def deleteAlarm(self, options: Any = None) -> None:
+    def deleteAlarm(self, options: Any = None) -> Awaitable[None]:
         host = self._live_host()
         host.stage_alarm(None)
-        async with host.input_gate_closed():
-            pass
+        return host.storage_round_trip()
 
     async def sync(self) -> None:
         host = self._live_host()

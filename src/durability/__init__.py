@@ -1,0 +1,19 @@
+"""durability: durable building blocks for Cloudflare Python Workers' Durable Objects.
+
+Lives here: the public names of the library. The deployed Worker imports
+only this package, the standard library and the ``workers`` SDK;
+``durability.testing`` (the embedded runtime) is for tests and demos.
+"""
+
+from .outbox import DurabilityOutbox, OutboxChannel, OutboxMessage
+from .retry import Backoff
+from .scheduler import DurabilityScheduler, Timer
+
+__all__ = [
+    "Backoff",
+    "DurabilityOutbox",
+    "DurabilityScheduler",
+    "OutboxChannel",
+    "OutboxMessage",
+    "Timer",
+]

@@ -1,0 +1,49 @@
+"""The narrow SQL interface every primitive speaks: the runtime edge for storage.
+
+Lives here: ``Sql`` over ``ctx.storage`` (``exec`` returning plain dict rows,
+``transaction`` running a synchronous function atomically) and the alarm
+calls. It is the only library code that touches ``ctx.storage``, so the
+JavaScript shapes of production (JsDict rows, cursors whose counters freeze,
+camelCase methods) stop here.
+Must not know: any primitive's tables or protocol.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, TypeVar
+
+T = TypeVar("T")
+
+
+class Sql:
+    def __init__(self, ctx: Any) -> None:
+        self._storage = ctx.storage
+        self._sql = ctx.storage.sql
+
+    def exec(self, query: str, *bindings: Any) -> list[dict[str, Any]]:
+        """Run one statement (or several, without bindings) and return every row.
+
+        The cursor is always consumed here: an unconsumed cursor can make
+        later statements fail in production.
+        """
+        return [dict(row) for row in self._sql.exec(query, *bindings).toArray()]
+
+    def one(self, query: str, *bindings: Any) -> dict[str, Any] | None:
+        """The single row a query returns, or None when it returns none."""
+        rows = self.exec(query, *bindings)
+        if len(rows) > 1:
+            raise ValueError(f"expected at most one row, got {len(rows)}: {query}")
+        return rows[0] if rows else None
+
+    def transaction(self, fn: Callable[[], T]) -> T:
+        """Run ``fn`` (synchronous, no awaits) so that its writes commit together."""
+        return self._storage.transactionSync(fn)
+
+    async def get_alarm(self) -> float | None:
+        return await self._storage.getAlarm()
+
+    async def set_alarm(self, at_ms: float) -> None:
+        await self._storage.setAlarm(at_ms)
+
+    async def delete_alarm(self) -> None:
+        await self._storage.deleteAlarm()

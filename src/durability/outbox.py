@@ -1,0 +1,197 @@
+"""DurabilityOutbox: messages written with the state change that caused them, sent until acknowledged.
+
+Lives here: the outbox table, named channels with their senders, coalescing
+by key, publishing on the scheduler with retries, and reading pending
+messages so that a caller can piggyback them on another call.
+Must not know: what a message means or where a sender delivers it.
+
+A message enqueued inside a transaction commits with that transaction or
+not at all, and so does the timer that will publish it: nothing accepted is
+lost on a crash. Delivery is at least once; a receiver must tolerate
+duplicates (cumulative counts make that easy).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from dataclasses import dataclass
+from typing import Any, Awaitable, Callable
+
+from ._schema import drop, migrate
+from ._sql import Sql
+from .retry import Backoff
+from .scheduler import DurabilityScheduler, Timer, now_ms
+
+PARTICIPANT = "durability.outbox"
+
+# One WITHOUT ROWID table keyed by (channel, id): enqueueing, coalescing
+# and acknowledging a message each write one row.
+_SCHEMA = {
+    1: [
+        """
+        CREATE TABLE IF NOT EXISTS durability_outbox (
+          channel TEXT NOT NULL,
+          id TEXT NOT NULL,
+          seq INTEGER NOT NULL,
+          body TEXT NOT NULL,
+          created_at REAL NOT NULL,
+          version INTEGER NOT NULL DEFAULT 0,
+          PRIMARY KEY (channel, id)
+        ) WITHOUT ROWID
+        """
+    ]
+}
+_TABLES = ["durability_outbox"]
+
+
+@dataclass(frozen=True)
+class OutboxMessage:
+    channel: str
+    id: str  #: the coalescing key, or a sequence number for unkeyed messages
+    body: Any  #: the JSON value that was enqueued
+    created_at: float  #: epoch ms of the first enqueue under this id
+    version: int  #: bumped each time a newer message replaced this one
+
+
+Sender = Callable[[list[OutboxMessage]], Awaitable[None]]
+
+
+class OutboxChannel:
+    """One named stream of outgoing messages with its sender."""
+
+    def __init__(self, outbox: "DurabilityOutbox", name: str, send: Sender,
+                 batch_size: int, delay_ms: float) -> None:
+        self.outbox = outbox
+        self.name = name
+        self.send = send
+        self.batch_size = batch_size
+        self.delay_ms = delay_ms
+        self._publishing = asyncio.Lock()
+
+    def enqueue(self, body: Any, *, key: str | None = None) -> str:
+        """Add a message; call it inside the transaction of the change it reports.
+
+        With ``key``, a message still unsent under the same key is replaced
+        (it keeps its place in line): for cumulative reports, the newest
+        says everything the older one said. Returns the message id.
+        """
+        try:
+            text = json.dumps(body, separators=(",", ":"), allow_nan=False)
+        except (TypeError, ValueError) as error:
+            raise ValueError(f"outbox message must be JSON: {error}") from None
+        if key is not None and (not isinstance(key, str) or not key):
+            raise ValueError(f"outbox key must be a non-empty string, not {key!r}")
+        outbox = self.outbox
+        seq = outbox._next_seq()
+        message_id = key if key is not None else f"#{seq:020d}"
+        outbox.sql.exec(
+            "INSERT INTO durability_outbox (channel, id, seq, body, created_at) "
+            "VALUES (?, ?, ?, ?, ?) ON CONFLICT (channel, id) DO UPDATE SET "
+            "body = excluded.body, version = durability_outbox.version + 1",
+            self.name, message_id, seq, text, now_ms(),
+        )
+        outbox.scheduler.schedule_by(PARTICIPANT, self.name, now_ms() + self.delay_ms)
+        return message_id
+
+    def pending(self, limit: int | None = None) -> list[OutboxMessage]:
+        """Messages not yet acknowledged, oldest first."""
+        rows = self.outbox.sql.exec(
+            "SELECT id, body, created_at, version FROM durability_outbox "
+            "WHERE channel = ? ORDER BY seq LIMIT ?",
+            self.name, -1 if limit is None else limit,
+        )
+        return [
+            OutboxMessage(self.name, r["id"], json.loads(r["body"]), r["created_at"], r["version"])
+            for r in rows
+        ]
+
+    def acknowledge(self, messages: list[OutboxMessage]) -> None:
+        """Forget messages that were delivered, unless a newer one replaced them since."""
+
+        def apply() -> None:
+            for message in messages:
+                self.outbox.sql.exec(
+                    "DELETE FROM durability_outbox WHERE channel = ? AND id = ? AND version = ?",
+                    self.name, message.id, message.version,
+                )
+
+        self.outbox.sql.transaction(apply)
+
+    async def publish(self) -> None:
+        """Send every pending message, a batch at a time; raise if a send fails.
+
+        Returns once the channel was seen empty. The check and the return
+        happen with no await between them and the timer's deletion, so a
+        message enqueued meanwhile is either sent now or finds no timer and
+        schedules a new one.
+        """
+        async with self._publishing:
+            while True:
+                batch = self.pending(self.batch_size)
+                if not batch:
+                    return
+                await self.send(batch)
+                self.acknowledge(batch)
+
+    async def flush(self) -> bool:
+        """Publish now instead of waiting for the alarm; on failure the alarm retries.
+
+        Returns whether the channel is empty afterwards.
+        """
+        try:
+            await self.publish()
+        except Exception:
+            await self.outbox.scheduler.sync()
+            return False
+        return True
+
+
+class DurabilityOutbox:
+    """Named channels of outgoing messages on one scheduler."""
+
+    def __init__(self, scheduler: DurabilityScheduler, *, backoff: Backoff | None = None) -> None:
+        self.scheduler = scheduler
+        self.sql: Sql = scheduler.sql
+        self._channels: dict[str, OutboxChannel] = {}
+        self._seq: int | None = None
+        migrate(self.sql, "outbox", _SCHEMA)
+        scheduler.register(PARTICIPANT, self._on_timer, backoff=backoff)
+
+    @staticmethod
+    def migrate(ctx: Any, version: int | None) -> None:
+        """``migrate(ctx, None)`` removes the outbox's table."""
+        if version is not None:
+            raise ValueError("only migrate(ctx, None), which removes the schema, is supported")
+        drop(Sql(ctx), "outbox", _TABLES)
+
+    def channel(self, name: str, send: Sender, *, batch_size: int = 32,
+                delay_ms: float = 0) -> OutboxChannel:
+        """Open the channel ``name``; ``send(messages)`` delivers a batch or raises.
+
+        ``delay_ms`` lets messages gather before the alarm publishes them.
+        """
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"channel name must be a non-empty string, not {name!r}")
+        if name in self._channels:
+            raise ValueError(f"channel {name!r} is already open")
+        if batch_size < 1:
+            raise ValueError("batch_size must be at least 1")
+        if delay_ms < 0:
+            raise ValueError("delay_ms must not be negative")
+        channel = OutboxChannel(self, name, send, batch_size, delay_ms)
+        self._channels[name] = channel
+        return channel
+
+    def _next_seq(self) -> int:
+        if self._seq is None:
+            row = self.sql.one("SELECT max(seq) AS seq FROM durability_outbox")
+            self._seq = int(row["seq"] or 0) if row else 0
+        self._seq += 1
+        return self._seq
+
+    async def _on_timer(self, timer: Timer) -> None:
+        channel = self._channels.get(timer.key)
+        if channel is None:
+            raise LookupError(f"outbox channel {timer.key!r} is not open in this object")
+        await channel.publish()

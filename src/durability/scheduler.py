@@ -1,0 +1,247 @@
+"""DurabilityScheduler: named durable timers sharing the object's one alarm.
+
+Lives here: the timer table, registration of participants (the outbox, the
+semaphore's holder and queue, user code), running due timers from
+``alarm()`` with retries, and keeping the physical alarm on the earliest
+timer. Must not know: what any participant does when its timer fires.
+
+A Durable Object has one alarm. Every helper in the object that needs to
+wake up later registers as a participant and keeps named timers here; the
+scheduler alone calls ``setAlarm``. Timers are rows, so a timer set in the
+same transaction as the state change that needs it survives any crash, and
+``alarm()`` runs every due timer at least once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import random
+import time
+from dataclasses import dataclass
+from typing import Any, Awaitable, Callable, TypeVar
+
+from ._schema import drop, migrate
+from ._sql import Sql
+from .retry import Backoff, decide_retry
+
+T = TypeVar("T")
+log = logging.getLogger("durability.scheduler")
+
+# Rows are keyed by (participant, key) in a WITHOUT ROWID table with no
+# other index: scheduling, rescheduling and deleting a timer each write one
+# row. Finding due timers scans the table; a scan costs reads, which are a
+# thousandth of the price of writes, and an object keeps few timers.
+_SCHEMA = {
+    1: [
+        """
+        CREATE TABLE IF NOT EXISTS durability_timers (
+          participant TEXT NOT NULL,
+          key TEXT NOT NULL,
+          due_at REAL NOT NULL,
+          attempt INTEGER NOT NULL DEFAULT 0,
+          version INTEGER NOT NULL DEFAULT 0,
+          PRIMARY KEY (participant, key)
+        ) WITHOUT ROWID
+        """
+    ]
+}
+_TABLES = ["durability_timers"]
+
+_UNKNOWN = object()
+
+
+@dataclass(frozen=True)
+class Timer:
+    """A due timer as its participant's handler receives it."""
+
+    participant: str
+    key: str
+    due_at: float  #: epoch milliseconds it was due at
+    attempt: int  #: how many times it already failed
+
+
+TimerHandler = Callable[[Timer], Awaitable[None]]
+
+
+def now_ms() -> float:
+    # In production time.time() only moves after I/O: read it after awaits.
+    return time.time() * 1000.0
+
+
+def _name(value: Any, what: str) -> str:
+    if not isinstance(value, str) or not value:
+        raise ValueError(f"{what} must be a non-empty string, not {value!r}")
+    return value
+
+
+def _time(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
+        raise ValueError(f"a timer's time must be epoch milliseconds, not {value!r}")
+    return float(value)
+
+
+class DurabilityScheduler:
+    """The single owner of a Durable Object's alarm. Create one per object.
+
+    Args:
+        ctx: the Durable Object's ``ctx``.
+        backoff: retry policy for a failing timer, unless its participant
+            gives its own. Timers never give up unless the policy says so.
+        max_concurrency: how many due timers one alarm runs at once.
+        alarm_budget_ms: after this long in one alarm, timers not yet started
+            are left for a fresh alarm, well before the handler's wall-time limit.
+    """
+
+    def __init__(self, ctx: Any, *, backoff: Backoff = Backoff(),
+                 max_concurrency: int = 8, alarm_budget_ms: float = 10 * 60_000) -> None:
+        if max_concurrency < 1:
+            raise ValueError("max_concurrency must be at least 1")
+        self.ctx = ctx
+        self.sql = Sql(ctx)
+        self.backoff = backoff
+        self.max_concurrency = max_concurrency
+        self.alarm_budget_ms = alarm_budget_ms
+        self._participants: dict[str, tuple[TimerHandler, Backoff]] = {}
+        self._armed: Any = _UNKNOWN
+        self._sync_lock = asyncio.Lock()
+        migrate(self.sql, "scheduler", _SCHEMA)
+
+    @staticmethod
+    def migrate(ctx: Any, version: int | None) -> None:
+        """``migrate(ctx, None)`` removes the scheduler's tables."""
+        if version is not None:
+            raise ValueError("only migrate(ctx, None), which removes the schema, is supported")
+        drop(Sql(ctx), "scheduler", _TABLES)
+
+    # -- registration ------------------------------------------------------
+    def register(self, participant: str, handler: TimerHandler, *,
+                 backoff: Backoff | None = None) -> None:
+        """Route due timers of ``participant`` to ``handler(timer)``."""
+        _name(participant, "participant")
+        if participant in self._participants:
+            raise ValueError(f"participant {participant!r} is already registered")
+        self._participants[participant] = (handler, backoff or self.backoff)
+
+    # -- timers (synchronous: call them inside the transaction that needs them)
+    def schedule(self, participant: str, key: str, at_ms: float) -> None:
+        """Set the timer ``(participant, key)`` to fire at ``at_ms``, replacing any time it had."""
+        self._upsert(participant, key, at_ms, "durability_timers.due_at != excluded.due_at")
+
+    def schedule_by(self, participant: str, key: str, at_ms: float) -> None:
+        """Make sure the timer fires no later than ``at_ms``; an earlier time is kept."""
+        self._upsert(participant, key, at_ms, "excluded.due_at < durability_timers.due_at")
+
+    def _upsert(self, participant: str, key: str, at_ms: float, when: str) -> None:
+        self.sql.exec(
+            "INSERT INTO durability_timers (participant, key, due_at) VALUES (?, ?, ?) "
+            "ON CONFLICT (participant, key) DO UPDATE SET due_at = excluded.due_at, "
+            f"attempt = 0, version = durability_timers.version + 1 WHERE {when}",
+            _name(participant, "participant"), _name(key, "timer key"), _time(at_ms),
+        )
+
+    def cancel(self, participant: str, key: str) -> None:
+        self.sql.exec(
+            "DELETE FROM durability_timers WHERE participant = ? AND key = ?", participant, key
+        )
+
+    def timer(self, participant: str, key: str) -> Timer | None:
+        row = self.sql.one(
+            "SELECT due_at, attempt FROM durability_timers WHERE participant = ? AND key = ?",
+            participant, key,
+        )
+        return None if row is None else Timer(participant, key, row["due_at"], row["attempt"])
+
+    def transaction(self, fn: Callable[[], T]) -> T:
+        """Run ``fn`` atomically (no awaits inside); then ``await sync()``."""
+        return self.sql.transaction(fn)
+
+    # -- the physical alarm ------------------------------------------------
+    def _earliest(self) -> int | None:
+        row = self.sql.one("SELECT min(due_at) AS due FROM durability_timers")
+        # Alarms hold whole milliseconds; round up so the timer is due when it fires.
+        return None if row is None or row["due"] is None else math.ceil(row["due"])
+
+    async def sync(self) -> None:
+        """Set the alarm to the earliest timer (or delete it when none is left).
+
+        Call it after any transaction that scheduled or cancelled timers. It
+        writes only when the alarm must move: each ``setAlarm`` is billed.
+        """
+        async with self._sync_lock:
+            while True:
+                earliest = self._earliest()
+                if self._armed is _UNKNOWN:
+                    self._armed = await self.sql.get_alarm()
+                    continue  # the earliest timer may have moved meanwhile
+                if earliest == self._armed:
+                    return
+                if earliest is None:
+                    await self.sql.delete_alarm()
+                else:
+                    await self.sql.set_alarm(earliest)
+                self._armed = earliest
+
+    async def alarm(self, alarm_info: Any = None) -> None:
+        """The object's ``alarm()`` delegates here: run every due timer, then re-arm."""
+        self._armed = None  # the alarm that fired is spent
+        started = now_ms()
+        due = self.sql.exec(
+            "SELECT participant, key, due_at, attempt, version FROM durability_timers "
+            "WHERE due_at <= ? ORDER BY due_at",
+            started,
+        )
+        slots = asyncio.Semaphore(self.max_concurrency)
+
+        async def run(row: dict[str, Any]) -> None:
+            async with slots:
+                if now_ms() - started < self.alarm_budget_ms:
+                    await self._run_timer(row)
+
+        await asyncio.gather(*(run(row) for row in due))
+        await self.sync()
+
+    async def _run_timer(self, row: dict[str, Any]) -> None:
+        participant, key, version = row["participant"], row["key"], row["version"]
+        current = self.sql.one(
+            "SELECT version FROM durability_timers WHERE participant = ? AND key = ?",
+            participant, key,
+        )
+        if current is None or current["version"] != version:
+            return  # cancelled or moved by another timer of this alarm
+        timer = Timer(participant, key, row["due_at"], row["attempt"])
+        entry = self._participants.get(participant)
+        backoff = entry[1] if entry else self.backoff
+        try:
+            if entry is None:
+                raise LookupError(f"no participant {participant!r} is registered")
+            await entry[0](timer)
+        except Exception as error:
+            self._after_failure(timer, version, backoff, error)
+            return
+        # Done, unless the handler moved its own timer meanwhile.
+        self.sql.exec(
+            "DELETE FROM durability_timers WHERE participant = ? AND key = ? AND version = ?",
+            participant, key, version,
+        )
+
+    def _after_failure(self, timer: Timer, version: int, backoff: Backoff,
+                       error: Exception) -> None:
+        failures = timer.attempt + 1
+        decision = decide_retry(backoff, failures, now_ms(), random.random())
+        if decision.retry:
+            log.warning("timer %s/%s failed (attempt %d): %r; retrying",
+                        timer.participant, timer.key, failures, error)
+            self.sql.exec(
+                "UPDATE durability_timers SET due_at = ?, attempt = ?, version = version + 1 "
+                "WHERE participant = ? AND key = ? AND version = ?",
+                decision.at_ms, failures, timer.participant, timer.key, version,
+            )
+        else:
+            log.error("timer %s/%s failed %d times: %r; giving up",
+                      timer.participant, timer.key, failures, error)
+            self.sql.exec(
+                "DELETE FROM durability_timers WHERE participant = ? AND key = ? AND version = ?",
+                timer.participant, timer.key, version,
+            )

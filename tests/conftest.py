@@ -1,0 +1,17 @@
+"""Fixtures: a runtime over the probe Worker and one over the example Worker."""
+
+import pytest
+
+from support import example_runtime, probe_runtime
+
+
+@pytest.fixture
+def probe():
+    with probe_runtime() as runtime:
+        yield runtime
+
+
+@pytest.fixture
+def example():
+    with example_runtime() as runtime:
+        yield runtime

@@ -1,0 +1,16 @@
+"""Helpers shared by the tests: runtimes over the probe Worker and the example Worker."""
+
+from pathlib import Path
+
+from durability.testing import Runtime, load_worker_module
+
+ROOT = Path(__file__).resolve().parent.parent
+PROBE = Path(__file__).resolve().parent / "workers" / "probe.py"
+
+
+def probe_runtime(**options) -> Runtime:
+    return Runtime(load_worker_module(PROBE), {"PROBE": "Probe"}, **options)
+
+
+def example_runtime(**options) -> Runtime:
+    return Runtime.from_wrangler(ROOT / "wrangler.toml", vars={"API_TOKEN": "t0ken"}, **options)

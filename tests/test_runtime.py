@@ -1,0 +1,214 @@
+"""Objects, stubs and RPC in the embedded runtime, each as production behaves."""
+
+import asyncio
+
+import pytest
+
+from durability.testing import JsDict, JsException
+
+from support import probe_runtime
+
+
+def run(runtime, scenario):
+    return runtime.run(scenario())
+
+
+def test_getbyname_and_idfromname_reach_the_same_object(probe):
+    env = probe.env
+
+    async def scenario():
+        await env.PROBE.getByName("a").record("one")
+        stub = env.PROBE.get(env.PROBE.idFromName("a"))
+        return await stub.entries(), stub.name, stub.id.toString()
+
+    entries, name, hex_id = run(probe, scenario)
+    assert entries == ["one"] and name == "a"
+    assert len(hex_id) == 64 and int(hex_id, 16) >= 0
+    assert env.PROBE.idFromString(hex_id).equals(env.PROBE.idFromName("a"))
+    with pytest.raises(JsException, match="64 hex digits"):
+        env.PROBE.idFromString("xyz")
+    assert env.PROBE.newUniqueId().name is None
+
+
+def test_arguments_and_replies_are_copied_like_rpc(probe):
+    stub = probe.env.PROBE.getByName("a")
+
+    async def scenario():
+        return (
+            await stub.kinds({"a": 1}),
+            await stub.attribute({"nested": {"x": 5}}, "nested"),
+            await stub.echo(1, 2.0, "s", None, [1], {1: "k"}),
+            await stub.give("float"),
+        )
+
+    kinds, nested, echoed, whole = run(probe, scenario)
+    assert kinds == "JsDict"
+    assert nested == {"x": 5} and isinstance(nested, JsDict)
+    assert echoed == [1, 2, "s", None, [1], {"1": "k"}]
+    assert type(echoed[1]) is int and type(whole) is int
+
+
+def test_values_rpc_refuses(probe):
+    stub = probe.env.PROBE.getByName("a")
+    with pytest.raises(TypeError, match="cannot be sent over RPC"):
+        stub.echo((1, 2))  # refused at the call, by the SDK, before sending
+    with pytest.raises(TypeError, match="cannot be sent over RPC"):
+        stub.echo(bytearray(b"x"))
+
+    async def scenario():
+        with pytest.raises(JsException) as returned_tuple:
+            await stub.give("tuple")
+        with pytest.raises(JsException) as returned_custom:
+            await stub.give("custom")
+        return returned_tuple.value, returned_custom.value
+
+    tuple_error, custom_error = run(probe, scenario)
+    assert tuple_error.name == "PythonError"
+    assert tuple_error.message.rstrip().endswith("TypeError: <class 'tuple'> cannot be sent over RPC.")
+    assert custom_error.name == "DataCloneError"
+
+
+def test_an_exception_crosses_as_an_error_carrying_its_message(probe):
+    stub = probe.env.PROBE.getByName("a")
+
+    async def scenario():
+        with pytest.raises(JsException) as caught:
+            await stub.fail("the message")
+        # An application error does not break the stub.
+        return caught.value, await stub.echo(1)
+
+    error, echoed = run(probe, scenario)
+    assert error.name == "PythonError"
+    assert error.message.startswith("Traceback (most recent call last):")
+    assert error.message.rstrip().endswith("ValueError: the message")
+    assert echoed == [1]
+
+
+def test_private_and_missing_methods_are_not_callable(probe):
+    stub = probe.env.PROBE.getByName("a")
+    with pytest.raises(AttributeError):
+        stub._private
+
+    async def scenario():
+        with pytest.raises(JsException, match="Method nope does not exist"):
+            await stub.nope()
+
+    run(probe, scenario)
+
+
+def test_calls_interleave_only_where_the_callee_awaits_something_other_than_storage(probe):
+    stub = probe.env.PROBE.getByName("a")
+
+    async def scenario():
+        # slow_record awaits a timer: another call runs inside that await.
+        await asyncio.gather(stub.slow_record("A", 1), stub.record("B"))
+        first = await stub.entries()
+        # gated awaits storage: the input gate holds the second call back.
+        await asyncio.gather(stub.gated("C"), stub.record("D"))
+        second = (await stub.entries())[len(first):]
+        return first, second
+
+    first, second = run(probe, scenario)
+    assert first == ["start A", "B", "end A"]
+    assert second == ["before C", "after C", "D"]
+
+
+def test_an_object_awaiting_another_object_keeps_receiving_calls(probe):
+    env = probe.env
+
+    async def scenario():
+        caller = env.PROBE.getByName("caller")
+        call = asyncio.ensure_future(caller.call_other("callee", "X"))
+        await asyncio.sleep(0.5)
+        await caller.record("meanwhile")
+        await call
+        return await caller.entries()
+
+    assert run(probe, scenario) == ["calling X", "meanwhile", "called X"]
+
+
+def test_eviction_drops_memory_keeps_storage_and_fails_waiting_calls(probe):
+    stub = probe.env.PROBE.getByName("a")
+
+    async def scenario():
+        await stub.record("kept")
+        waiting = asyncio.ensure_future(stub.slow_record("cut", 10))
+        await asyncio.sleep(1)
+        probe.evict(stub)
+        with pytest.raises(JsException) as caught:
+            await waiting
+        with pytest.raises(JsException):  # the stub is broken after a reset
+            await stub.echo(1)
+        fresh = probe.env.PROBE.getByName("a")
+        return caught.value, await fresh.entries(), await fresh.remembered()
+
+    error, entries, memory = run(probe, scenario)
+    assert error.message == "Network connection lost." and error.durableObjectReset
+    assert entries == ["kept", "start cut"]  # the evicted call never reached its end
+    assert memory == []  # a new instance starts with empty memory
+    host = probe.host_of(probe.env.PROBE.getByName("a"))
+    assert host.stats.evictions == 1 and host.stats.instances_created == 2
+
+
+def test_code_left_running_after_eviction_cannot_touch_storage(probe):
+    stub = probe.env.PROBE.getByName("a")
+
+    async def scenario():
+        await stub.record("first")
+        host = probe.host_of(stub)
+        old_storage = host.instance.ctx.storage
+        probe.evict(stub)
+        with pytest.raises(JsException, match="reset"):
+            old_storage.sql.exec("INSERT INTO log (what) VALUES ('zombie')")
+        return await probe.env.PROBE.getByName("a").entries()
+
+    assert run(probe, scenario) == ["first"]
+
+
+def test_transaction_sync_rolls_back_writes_and_reraises(probe):
+    stub = probe.env.PROBE.getByName("a")
+
+    async def scenario():
+        with pytest.raises(JsException, match="RuntimeError: rolled back"):
+            await stub.write_then_fail("never")
+        return await stub.entries()
+
+    assert run(probe, scenario) == []
+
+
+def test_uncommitted_writes_are_lost_with_a_crash_and_nobody_saw_them():
+    from durability.testing import Faults
+
+    runtime = probe_runtime(faults=Faults(crash_before_commit=1.0, external=True))
+    stub = runtime.env.PROBE.getByName("a")
+
+    async def scenario():
+        with pytest.raises(JsException, match="crashed before its writes committed"):
+            await stub.record("lost")
+        with runtime.no_faults():
+            return await runtime.env.PROBE.getByName("a").entries()
+
+    assert runtime.run(scenario()) == []
+    runtime.close()
+
+
+def test_entrypoint_calls_copy_like_a_service_binding(probe):
+    async def scenario():
+        return await probe.call_entrypoint("hello", "world")
+
+    assert run(probe, scenario) == {"hello": "world"}
+
+
+def test_billing_totals_count_requests_rows_and_alarm_writes(probe):
+    stub = probe.env.PROBE.getByName("a")
+
+    async def scenario():
+        await stub.record("x")
+        await stub.set_alarm_in(60_000)
+
+    before = probe.totals()
+    run(probe, scenario)
+    after = probe.totals()
+    assert after["requests"] - before["requests"] == 2
+    # log insert (AUTOINCREMENT: row + sqlite_sequence), alarm_plan insert, setAlarm
+    assert after["rows_written"] - before["rows_written"] == 2 + 2 + 1

@@ -1,0 +1,119 @@
+"""A Worker module that exercises the runtime surface, for the runtime's own tests."""
+
+import asyncio
+import time
+
+from workers import DurableObject, WorkerEntrypoint
+
+
+class Custom:
+    pass
+
+
+class Probe(DurableObject):
+    """Records what happens to it in its own SQL table, so tests can read it back."""
+
+    def __init__(self, ctx, env):
+        super().__init__(ctx, env)
+        self.memory = []  # lost on eviction, unlike storage
+        ctx.storage.sql.exec(
+            "CREATE TABLE IF NOT EXISTS log (seq INTEGER PRIMARY KEY AUTOINCREMENT, what TEXT)"
+        )
+
+    def _log(self, what):
+        self.ctx.storage.sql.exec("INSERT INTO log (what) VALUES (?)", what)
+
+    async def entries(self):
+        return [r["what"] for r in self.ctx.storage.sql.exec("SELECT what FROM log ORDER BY seq")]
+
+    async def echo(self, *values):
+        return list(values)
+
+    async def kinds(self, value):
+        return type(value).__name__
+
+    async def attribute(self, value, name):
+        return getattr(value, name)
+
+    async def give(self, what):
+        if what == "tuple":
+            return (1, 2)
+        if what == "custom":
+            return Custom()
+        if what == "float":
+            return 2.0
+        return None
+
+    async def fail(self, message):
+        raise ValueError(message)
+
+    async def record(self, what):
+        self._log(what)
+        self.memory.append(what)
+        return len(self.memory)
+
+    async def remembered(self):
+        return list(self.memory)
+
+    async def slow_record(self, what, seconds):
+        self._log(f"start {what}")
+        await asyncio.sleep(seconds)
+        self._log(f"end {what}")
+        return what
+
+    async def gated(self, what):
+        # A storage await: no other event may run in between.
+        self._log(f"before {what}")
+        await self.ctx.storage.getAlarm()
+        self._log(f"after {what}")
+
+    async def call_other(self, name, what):
+        other = self.env.PROBE.getByName(name)
+        self._log(f"calling {what}")
+        result = await other.slow_record(what, 1)
+        self._log(f"called {what}")
+        return result
+
+    async def write_then_fail(self, what):
+        def change():
+            self._log(what)
+            raise RuntimeError("rolled back")
+
+        self.ctx.storage.transactionSync(change)
+
+    async def set_alarm_in(self, ms, fail_times=0, sleep_s=0):
+        self.ctx.storage.sql.exec(
+            "CREATE TABLE IF NOT EXISTS alarm_plan (k TEXT PRIMARY KEY, failures INTEGER, sleep REAL)"
+        )
+        self.ctx.storage.sql.exec(
+            "INSERT INTO alarm_plan VALUES ('plan', ?, ?) ON CONFLICT (k) DO UPDATE "
+            "SET failures = excluded.failures, sleep = excluded.sleep",
+            fail_times, sleep_s,
+        )
+        await self.ctx.storage.setAlarm(time.time() * 1000 + ms)
+        return await self.ctx.storage.getAlarm()
+
+    async def get_alarm(self):
+        return await self.ctx.storage.getAlarm()
+
+    async def delete_alarm(self):
+        await self.ctx.storage.deleteAlarm()
+
+    async def alarm(self, alarm_info=None):
+        seen = await self.ctx.storage.getAlarm()
+        self._log(f"alarm retry={alarm_info.retryCount} seen={seen} at={int(time.time() * 1000)}")
+        plan = self.ctx.storage.sql.exec("SELECT failures, sleep FROM alarm_plan").toArray()
+        if plan and plan[0]["failures"] > 0:
+            self.ctx.storage.sql.exec("UPDATE alarm_plan SET failures = failures - 1")
+            raise RuntimeError("alarm handler failed")
+        if plan and plan[0]["sleep"]:
+            await asyncio.sleep(plan[0]["sleep"])
+            self._log("alarm-done")
+
+    def _private(self):
+        return "secret"
+
+
+class Default(WorkerEntrypoint):
+    async def hello(self, name):
+        return {"hello": name}
