@@ -39,7 +39,9 @@ class Counter(DurableObject):
         super().__init__(ctx, env)
         self.scheduler = DurabilityScheduler(ctx)
         self.outbox = DurabilityOutbox(self.scheduler)
-        self.reports = self.outbox.channel("tally-reports", self._send_reports)
+        # Reports wait up to a second so that each tally hears one cumulative
+        # count per second however many increments there were.
+        self.reports = self.outbox.channel("tally-reports", self._send_reports, delay_ms=1_000)
         ctx.storage.sql.exec(
             "CREATE TABLE IF NOT EXISTS counts ("
             " tally TEXT PRIMARY KEY, value INTEGER NOT NULL) WITHOUT ROWID"

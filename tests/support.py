@@ -14,3 +14,9 @@ def probe_runtime(**options) -> Runtime:
 
 def example_runtime(**options) -> Runtime:
     return Runtime.from_wrangler(ROOT / "wrangler.toml", vars={"API_TOKEN": "t0ken"}, **options)
+
+TIMERS = Path(__file__).resolve().parent / "workers" / "timers.py"
+
+
+def timers_runtime(**options) -> Runtime:
+    return Runtime(load_worker_module(TIMERS), {"TIMERS": "Timers", "INBOX": "Inbox"}, **options)

@@ -23,7 +23,7 @@ from typing import Any, Awaitable, Iterator
 
 from ._clock import DEFAULT_EPOCH_MS, VirtualClockLoop, patched_wall_clock
 from ._faults import FaultPlanner, Faults
-from ._host import RESET_MESSAGE, ObjectHost, current_host, reset_error
+from ._host import RESET_MESSAGE, ObjectHost, current_host, python_error, reset_error
 from ._storage import DurableObjectId, ExecutionContext
 from ._values import JsDict, JsException, rpc_copy
 from ._workers_standin import install_workers_standin
@@ -286,10 +286,15 @@ class Runtime:
         instance = self._entrypoint_instance()
         if method.startswith("_") or not callable(getattr(type(instance), method, None)):
             raise JsException(f"Method {method} does not exist", name="TypeError")
-        result = getattr(instance, method)(*[rpc_copy(a) for a in args])
-        if asyncio.iscoroutine(result) or isinstance(result, asyncio.Future):
-            result = await result
-        return rpc_copy(result)
+        try:
+            result = getattr(instance, method)(*[rpc_copy(a) for a in args])
+            if asyncio.iscoroutine(result) or isinstance(result, asyncio.Future):
+                result = await result
+            return rpc_copy(result)
+        except JsException:
+            raise
+        except Exception as error:
+            raise python_error(error) from None
 
     async def fetch(self, url: str, **init: Any) -> Any:
         """Send an HTTP request to ``Default.fetch`` and return its Response."""

@@ -1,0 +1,182 @@
+"""DurabilityScheduler: many durable timers on one alarm, each run at least once."""
+
+import asyncio
+
+import pytest
+
+from durability.testing import Faults, JsException
+
+from support import timers_runtime
+
+
+@pytest.fixture
+def runtime():
+    with timers_runtime() as rt:
+        yield rt
+
+
+def test_interleaved_timers_share_one_alarm_that_follows_the_earliest(runtime):
+    stub = runtime.env.TIMERS.getByName("t")
+
+    async def scenario():
+        start = runtime.now_ms()
+        alarms = []
+        for key, delay in (("c", 5_000), ("a", 1_000), ("b", 3_000), ("d", 3_000)):
+            await stub.schedule(key, delay)
+            alarms.append(await stub.alarm_time() - start)
+        seen = []
+        for _ in range(3):
+            await asyncio.sleep(2)
+            seen.append(await stub.alarm_time())
+        return start, alarms, seen, await stub.runs()
+
+    start, alarms, seen, runs = runtime.run(scenario())
+    assert alarms == [5_000, 1_000, 1_000, 1_000]
+    assert [s - start if s else None for s in seen] == [3_000, 5_000, None]
+    assert [(r["key"], r["at"] - start) for r in runs] == [
+        ("a", 1_000), ("b", 3_000), ("d", 3_000), ("c", 5_000)
+    ]
+
+
+def test_every_due_timer_runs_once(runtime):
+    stub = runtime.env.TIMERS.getByName("t")
+
+    async def scenario():
+        for i in range(20):
+            await stub.schedule(f"k{i}", 1_000)
+        await asyncio.sleep(5)
+        return await stub.runs(), await stub.timer_count()
+
+    runs, left = runtime.run(scenario())
+    assert sorted(r["key"] for r in runs) == sorted(f"k{i}" for i in range(20))
+    assert left == 0
+
+
+def test_a_duplicated_alarm_delivery_is_harmless():
+    runtime = timers_runtime(faults=Faults(duplicate_alarm=1.0))
+    stub = runtime.env.TIMERS.getByName("t")
+
+    async def scenario():
+        await stub.schedule("a", 1_000)
+        await stub.schedule("b", 2_000)
+        await asyncio.sleep(10)
+        return await stub.runs()
+
+    runs = runtime.run(scenario())
+    assert [r["key"] for r in runs] == ["a", "b"]
+    assert runtime.hosts()[0].stats.alarm_invocations >= 4
+    runtime.close()
+
+
+def test_eviction_between_arming_and_firing_loses_nothing(runtime):
+    stub = runtime.env.TIMERS.getByName("t")
+
+    async def scenario():
+        await stub.schedule("a", 5_000)
+        runtime.evict(stub)
+        await asyncio.sleep(10)
+        return await runtime.env.TIMERS.getByName("t").runs()
+
+    assert [r["key"] for r in runtime.run(scenario())] == ["a"]
+
+
+def test_a_crash_before_commit_loses_the_timer_and_its_alarm_together():
+    runtime = timers_runtime(faults=Faults(crash_before_commit=1.0, external=True))
+    stub = runtime.env.TIMERS.getByName("t")
+
+    async def scenario():
+        with pytest.raises(JsException):
+            await stub.schedule("a", 1_000)
+        with runtime.no_faults():
+            fresh = runtime.env.TIMERS.getByName("t")
+            return await fresh.timer_count(), await fresh.alarm_time()
+
+    assert runtime.run(scenario()) == (0, None)
+    runtime.close()
+
+
+def test_a_failing_timer_is_retried_with_backoff_and_starves_no_other(runtime):
+    stub = runtime.env.TIMERS.getByName("t")
+
+    async def scenario():
+        start = runtime.now_ms()
+        await stub.schedule("bad", 1_000, 3)
+        for i in range(6):
+            await stub.schedule(f"good{i}", 1_000 + 1_500 * i)
+        await asyncio.sleep(30)
+        return start, await stub.runs()
+
+    start, runs = runtime.run(scenario())
+    bad = [(r["at"] - start, r["attempt"]) for r in runs if r["key"] == "bad"]
+    assert bad == [(1_000, 0), (2_000, 1), (4_000, 2), (8_000, 3)]  # 1 s, 2 s, 4 s
+    good = [r["at"] - start for r in runs if r["key"].startswith("good")]
+    assert good == [1_000 + 1_500 * i for i in range(6)]
+
+
+def test_schedule_replaces_schedule_by_keeps_the_earlier_and_cancel_removes(runtime):
+    stub = runtime.env.TIMERS.getByName("t")
+
+    async def scenario():
+        start = runtime.now_ms()
+        await stub.schedule("a", 5_000)
+        await stub.schedule("a", 8_000)
+        replaced = await stub.alarm_time() - start
+        await stub.schedule_by("a", 9_000)
+        kept = await stub.alarm_time() - start
+        await stub.schedule_by("a", 2_000)
+        earlier = await stub.alarm_time() - start
+        await stub.cancel("a")
+        stale = await stub.alarm_time() - start  # left to fire once, for nothing
+        await asyncio.sleep(3)
+        return replaced, kept, earlier, stale, await stub.alarm_time(), await stub.runs()
+
+    assert runtime.run(scenario()) == (8_000, 8_000, 2_000, 2_000, None, [])
+
+
+def test_a_timer_of_an_unknown_participant_is_kept_and_retried(runtime):
+    stub = runtime.env.TIMERS.getByName("t")
+
+    async def scenario():
+        await stub.schedule("a", 0)
+        host = runtime.host_of(stub)
+        host.db.exec(
+            "INSERT INTO durability_timers (participant, key, due_at) VALUES ('ghost', 'g', 0)", ()
+        )
+        await stub.schedule("b", 100)
+        await asyncio.sleep(5)
+        rows = host.db.exec("SELECT participant, attempt FROM durability_timers", ()).toArray()
+        return [r["key"] for r in await stub.runs()], rows
+
+    runs, rows = runtime.run(scenario())
+    assert runs == ["a", "b"]
+    assert [(r["participant"], r["attempt"] >= 1) for r in rows] == [("ghost", True)]
+
+
+@pytest.mark.parametrize("key, delay", [("", 1_000), ("k", "soon")])
+def test_bad_input_is_refused_and_changes_nothing(runtime, key, delay):
+    stub = runtime.env.TIMERS.getByName("t")
+
+    async def scenario():
+        with pytest.raises(JsException, match="ValueError|TypeError"):
+            await stub.schedule(key, delay)
+        return await stub.timer_count(), await stub.alarm_time()
+
+    assert runtime.run(scenario()) == (0, None)
+
+
+def test_scheduling_costs_one_row_and_at_most_one_alarm_write(runtime):
+    stub = runtime.env.TIMERS.getByName("t")
+
+    async def scenario():
+        await stub.schedule("warm", 60_000)  # first use: schema and first alarm
+        host = runtime.host_of(stub)
+        before = host.db.rows_written, host.stats.alarm_writes
+        await stub.schedule("later", 90_000)  # later than the alarm: no alarm write
+        after_later = host.db.rows_written, host.stats.alarm_writes
+        await stub.schedule("sooner", 30_000)  # earlier: the alarm moves
+        after_sooner = host.db.rows_written, host.stats.alarm_writes
+        return before, after_later, after_sooner
+
+    before, later, sooner = runtime.run(scenario())
+    assert (later[0] - before[0], later[1] - before[1]) == (1, 0)
+    assert (sooner[0] - later[0], sooner[1] - later[1]) == (1, 1)

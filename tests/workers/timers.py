@@ -1,0 +1,114 @@
+"""A Worker module for the scheduler's and outbox's tests: participants that record runs."""
+
+import time
+
+from workers import DurableObject
+
+from durability import Backoff, DurabilityOutbox, DurabilityScheduler
+
+
+class Timers(DurableObject):
+    def __init__(self, ctx, env):
+        super().__init__(ctx, env)
+        self.scheduler = DurabilityScheduler(ctx, backoff=Backoff(initial_ms=1_000, jitter=0))
+        self.scheduler.register("work", self._work)
+        self.outbox = DurabilityOutbox(self.scheduler)
+        self.events = self.outbox.channel("events", self._send_events, batch_size=3)
+        sql = ctx.storage.sql
+        sql.exec("CREATE TABLE IF NOT EXISTS runs (seq INTEGER PRIMARY KEY AUTOINCREMENT, key TEXT, at REAL, attempt INTEGER)")
+        sql.exec("CREATE TABLE IF NOT EXISTS failing (key TEXT PRIMARY KEY, times INTEGER)")
+        sql.exec("CREATE TABLE IF NOT EXISTS state (k TEXT PRIMARY KEY, v INTEGER) WITHOUT ROWID")
+
+    # -- timers -------------------------------------------------------
+    async def schedule(self, key, in_ms, fail_times=0):
+        def change():
+            self.scheduler.schedule("work", key, time.time() * 1000 + in_ms)
+            if fail_times:
+                self.ctx.storage.sql.exec(
+                    "INSERT INTO failing VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET times = excluded.times",
+                    key, fail_times,
+                )
+
+        self.scheduler.transaction(change)
+        await self.scheduler.sync()
+
+    async def schedule_unsynced(self, key, in_ms):
+        self.scheduler.schedule("work", key, time.time() * 1000 + in_ms)
+
+    async def schedule_by(self, key, in_ms):
+        self.scheduler.schedule_by("work", key, time.time() * 1000 + in_ms)
+        await self.scheduler.sync()
+
+    async def cancel(self, key):
+        self.scheduler.cancel("work", key)
+        await self.scheduler.sync()
+
+    async def _work(self, timer):
+        failing = self.ctx.storage.sql.exec("SELECT times FROM failing WHERE key = ?", timer.key).toArray()
+        self.ctx.storage.sql.exec(
+            "INSERT INTO runs (key, at, attempt) VALUES (?, ?, ?)", timer.key, time.time() * 1000, timer.attempt
+        )
+        if failing and failing[0]["times"] > 0:
+            self.ctx.storage.sql.exec("UPDATE failing SET times = times - 1 WHERE key = ?", timer.key)
+            raise RuntimeError(f"{timer.key} fails")
+
+    async def runs(self):
+        return [dict(r) for r in self.ctx.storage.sql.exec("SELECT key, at, attempt FROM runs ORDER BY seq")]
+
+    async def alarm_time(self):
+        return await self.ctx.storage.getAlarm()
+
+    async def timer_count(self):
+        return self.ctx.storage.sql.exec("SELECT count(*) AS n FROM durability_timers").one()["n"]
+
+    # -- outbox -------------------------------------------------------
+    async def change(self, key, value, fail=False, coalesce=True):
+        def apply():
+            self.ctx.storage.sql.exec(
+                "INSERT INTO state VALUES (?, ?) ON CONFLICT (k) DO UPDATE SET v = excluded.v", key, value
+            )
+            self.events.enqueue({"key": key, "value": value}, key=key if coalesce else None)
+            if fail:
+                raise ValueError("the change fails")
+
+        self.scheduler.transaction(apply)
+        await self.scheduler.sync()
+
+    async def bad_message(self):
+        self.events.enqueue({"not json": object()})
+
+    async def state(self):
+        return {r["k"]: r["v"] for r in self.ctx.storage.sql.exec("SELECT k, v FROM state")}
+
+    async def pending(self):
+        return [m.body for m in self.events.pending()]
+
+    async def _send_events(self, messages):
+        inbox = self.env.INBOX.getByName("inbox")
+        await inbox.receive([m.body for m in messages])
+
+    async def alarm(self, alarm_info=None):
+        await self.scheduler.alarm(alarm_info)
+
+
+class Inbox(DurableObject):
+    """Receives outbox messages; can be told to fail."""
+
+    def __init__(self, ctx, env):
+        super().__init__(ctx, env)
+        ctx.storage.sql.exec("CREATE TABLE IF NOT EXISTS got (seq INTEGER PRIMARY KEY AUTOINCREMENT, body TEXT)")
+        ctx.storage.sql.exec("CREATE TABLE IF NOT EXISTS down (k INTEGER PRIMARY KEY, until REAL)")
+
+    async def go_down(self, seconds):
+        self.ctx.storage.sql.exec("INSERT OR REPLACE INTO down VALUES (1, ?)", time.time() * 1000 + seconds * 1000)
+
+    async def receive(self, bodies):
+        down = self.ctx.storage.sql.exec("SELECT until FROM down").toArray()
+        if down and down[0]["until"] > time.time() * 1000:
+            raise RuntimeError("inbox is down")
+        for body in bodies:
+            self.ctx.storage.sql.exec("INSERT INTO got (body) VALUES (?)", f"{body['key']}={body['value']}")
+        return len(bodies)
+
+    async def received(self):
+        return [r["body"] for r in self.ctx.storage.sql.exec("SELECT body FROM got ORDER BY seq")]
