@@ -212,3 +212,34 @@ def test_billing_totals_count_requests_rows_and_alarm_writes(probe):
     assert after["requests"] - before["requests"] == 2
     # log insert (AUTOINCREMENT: row + sqlite_sequence), alarm_plan insert, setAlarm
     assert after["rows_written"] - before["rows_written"] == 2 + 2 + 1
+
+
+def test_block_concurrency_while_holds_every_other_event(probe):
+    stub = probe.env.PROBE.getByName("a")
+
+    async def scenario():
+        await asyncio.gather(stub.block(5), stub.record("waited"))
+        return await stub.entries()
+
+    assert run(probe, scenario) == ["block start", "block end", "waited"]
+
+
+def test_wait_until_work_outlives_the_reply(probe):
+    stub = probe.env.PROBE.getByName("a")
+
+    async def scenario():
+        reply = await stub.background("later")
+        before = await stub.entries()
+        await asyncio.sleep(2)
+        return reply, before, await stub.entries()
+
+    assert run(probe, scenario) == ("replied", [], ["later"])
+
+
+def test_keyword_arguments_arrive_as_one_trailing_dict(probe):
+    stub = probe.env.PROBE.getByName("a")
+
+    async def scenario():
+        return await stub.keywords(1, flag=True)
+
+    assert run(probe, scenario) == {"first": 1, "options": {"flag": True}}

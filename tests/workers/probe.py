@@ -110,6 +110,25 @@ class Probe(DurableObject):
             await asyncio.sleep(plan[0]["sleep"])
             self._log("alarm-done")
 
+    async def block(self, seconds):
+        async def hold():
+            self._log("block start")
+            await asyncio.sleep(seconds)
+            self._log("block end")
+
+        await self.ctx.blockConcurrencyWhile(hold)
+
+    async def background(self, what):
+        async def later():
+            await asyncio.sleep(1)
+            self._log(what)
+
+        self.ctx.waitUntil(later())
+        return "replied"
+
+    async def keywords(self, first, options=None):
+        return {"first": first, "options": options}
+
     def _private(self):
         return "secret"
 
