@@ -12,9 +12,12 @@ the highest count it was told, so lost, repeated and reordered reports
 still add up to exactly what was counted.
 """
 
+import json
+
 from workers import DurableObject, Response, WorkerEntrypoint
 
 from durability import DurabilityOutbox, DurabilityScheduler
+from durability.semaphore import DurabilitySemaphore
 
 MAX_NAME_LENGTH = 256
 MAX_AMOUNT = 1_000_000_000
@@ -110,6 +113,37 @@ class Tally(DurableObject):
         ).one()["total"]
 
 
+class AccountLimit(DurableObject):
+    """One instance per account (the account id is its name): the account's
+    concurrency budget, shared by every object that queues its work."""
+
+    def __init__(self, ctx, env):
+        super().__init__(ctx, env)
+        self.scheduler = DurabilityScheduler(ctx)
+        self.semaphore = DurabilitySemaphore(
+            self.scheduler,
+            limit=lambda: int(self.env.ACCOUNT_CONCURRENCY),
+            group_limit=self._workflow_limit,
+        )
+
+    def _workflow_limit(self, workflow_id):
+        return json.loads(getattr(self.env, "WORKFLOW_LIMITS", "{}") or "{}").get(workflow_id)
+
+    async def permits(self, message):
+        return await self.semaphore.handle(message)
+
+    async def usage(self):
+        return self.semaphore.usage()
+
+    async def alarm(self, alarm_info=None):
+        await self.scheduler.alarm(alarm_info)
+
+
+# Client objects reach an account's holder through this factory:
+# `limits.bind(self.env).request(account_id, message)`.
+limits = DurabilitySemaphore.client(binding="ACCOUNT_LIMIT")
+
+
 class Default(WorkerEntrypoint):
     """Other Workers call these methods over a service binding; HTTP serves the same."""
 
@@ -120,6 +154,9 @@ class Default(WorkerEntrypoint):
 
     async def total(self, tally):
         return await self.env.TALLY.getByName(_name(tally, "tally")).total()
+
+    async def account_usage(self, account):
+        return await self.env.ACCOUNT_LIMIT.getByName(_name(account, "account")).usage()
 
     async def fetch(self, request):
         token = getattr(self.env, "API_TOKEN", None)

@@ -20,3 +20,9 @@ TIMERS = Path(__file__).resolve().parent / "workers" / "timers.py"
 
 def timers_runtime(**options) -> Runtime:
     return Runtime(load_worker_module(TIMERS), {"TIMERS": "Timers", "INBOX": "Inbox"}, **options)
+
+HOLDERS = Path(__file__).resolve().parent / "workers" / "holders.py"
+
+
+def holders_runtime(**options) -> Runtime:
+    return Runtime(load_worker_module(HOLDERS), {"HOLDER": "Holder", "SIM": "SimClient"}, **options)

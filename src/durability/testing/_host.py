@@ -40,6 +40,11 @@ current_host: contextvars.ContextVar["ObjectHost | None"] = contextvars.ContextV
     "durability_current_host", default=None
 )
 
+# The instance generation that code running now belongs to.
+current_generation: contextvars.ContextVar[int] = contextvars.ContextVar(
+    "durability_current_generation", default=-1
+)
+
 _UNSET = object()
 
 
@@ -112,12 +117,19 @@ class ObjectHost:
         """
         context = contextvars.copy_context()
         context.run(current_host.set, self)
+        context.run(current_generation.set, self.generation)
         coroutine = awaitable if inspect.iscoroutine(awaitable) else _as_coroutine(awaitable)
         task = self.loop.create_task(coroutine, context=context)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         task.add_done_callback(self._report if background else _silence)
         return task
+
+    def adopt(self, task: asyncio.Task, generation: int) -> None:
+        """A task the instance's own code created: it dies with the instance."""
+        if generation == self.generation:
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
 
     def _report(self, task: asyncio.Task) -> None:
         if not task.cancelled() and task.exception() is not None:
@@ -139,10 +151,12 @@ class ObjectHost:
         if self.instance is None:
             ctx = DurableObjectState(self, self.generation)
             token = current_host.set(self)
+            generation_token = current_generation.set(self.generation)
             try:
                 self.instance = self.cls(ctx, self.runtime.env)
             finally:
                 current_host.reset(token)
+                current_generation.reset(generation_token)
             self.stats.instances_created += 1
         return self.instance
 

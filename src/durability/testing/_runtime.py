@@ -23,7 +23,14 @@ from typing import Any, Awaitable, Iterator
 
 from ._clock import DEFAULT_EPOCH_MS, VirtualClockLoop, patched_wall_clock
 from ._faults import FaultPlanner, Faults
-from ._host import RESET_MESSAGE, ObjectHost, current_host, python_error, reset_error
+from ._host import (
+    RESET_MESSAGE,
+    ObjectHost,
+    current_generation,
+    current_host,
+    python_error,
+    reset_error,
+)
 from ._storage import DurableObjectId, ExecutionContext
 from ._values import JsDict, JsException, rpc_copy
 from ._workers_standin import install_workers_standin
@@ -121,6 +128,7 @@ class Runtime:
         self.rng = random.Random(seed)
         random.seed(seed)  # user code that draws from `random` replays too
         self.loop = VirtualClockLoop(epoch_ms)
+        self.loop.set_task_factory(_task_factory)
         self.faults = FaultPlanner(faults, self.rng)
         self.errors: list[tuple[str, BaseException]] = []
         self.trace: list[tuple] = []
@@ -303,6 +311,18 @@ class Runtime:
         request = Request(url, **init)
         instance = self._entrypoint_instance()
         return await instance.fetch(request)
+
+
+def _task_factory(loop: asyncio.AbstractEventLoop, coroutine: Any,
+                  context: contextvars.Context | None = None) -> asyncio.Task:
+    """Every task an object's code starts belongs to that object's instance,
+    so that eviction stops it, as it stops everything in production."""
+    task = asyncio.Task(coroutine, loop=loop, context=context)
+    source = context if context is not None else contextvars.copy_context()
+    host = source.get(current_host)
+    if host is not None:
+        host.adopt(task, source.get(current_generation))
+    return task
 
 
 async def _await(awaitable: Awaitable[Any]) -> Any:

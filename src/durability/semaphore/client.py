@@ -1,0 +1,91 @@
+"""Reaching a holder: the transport-independent client and the factory that binds it to env.
+
+Lives here: ``SemaphoreClient`` (send a message to the holder of a key,
+remember each key's ``nextRequestAt``) and ``SemaphoreClientFactory``, which
+finds the holder's namespace in a caller's ``env``, reaches the holder with
+``getByName(key)`` and composes caller transforms such as a timeout.
+Must not know: the holder's rules or storage.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Awaitable, Callable
+
+Send = Callable[[str, dict], Awaitable[dict]]
+Transform = Callable[..., Awaitable[Any]]  # (call, *args) -> result of call(), transformed
+
+
+class SemaphoreClient:
+    """Sends semaphore messages for keys; knows when each key may be asked again."""
+
+    def __init__(self, send: Send) -> None:
+        self._send = send
+        self._next_request_at: dict[str, float] = {}
+
+    def next_request_at(self, key: str) -> float | None:
+        """The earliest time (epoch ms) the holder of ``key`` wants the next request."""
+        return self._next_request_at.get(key)
+
+    async def request(self, key: str, message: dict) -> dict:
+        reply = await self._send(key, message)
+        if isinstance(reply, dict) and reply.get("type") == "grants":
+            self._next_request_at[key] = reply.get("nextRequestAt")
+        return reply
+
+    async def sync(self, key: str, message: dict) -> dict:
+        return await self._send(key, message)
+
+
+def _default_invoke(stub: Any, message: dict) -> Awaitable[dict]:
+    return stub.permits(message)
+
+
+class SemaphoreClientFactory:
+    """``DurabilitySemaphore.client(binding="ACCOUNT_LIMIT", invoke=...)``.
+
+    Args:
+        binding: the name of the holder's Durable Object binding in ``env``.
+        namespace: instead of ``binding``, ``env -> namespace`` (the escape hatch).
+        invoke: ``(stub, message) -> awaitable reply``: which RPC method of the
+            holder class answers (default: ``stub.permits(message)``).
+    """
+
+    def __init__(self, *, binding: str | None = None,
+                 namespace: Callable[[Any], Any] | None = None,
+                 invoke: Callable[[Any, dict], Awaitable[dict]] = _default_invoke,
+                 transforms: tuple[tuple[Transform, tuple], ...] = ()) -> None:
+        if (binding is None) == (namespace is None):
+            raise ValueError("give exactly one of binding= (a name in env) or namespace= (env -> namespace)")
+        if binding is not None and (not isinstance(binding, str) or not binding):
+            raise ValueError("binding must be the non-empty name of a Durable Object binding")
+        self.binding = binding
+        self.namespace = namespace
+        self.invoke = invoke
+        self.transforms = transforms
+
+    def with_(self, transform: Transform, *args: Any) -> "SemaphoreClientFactory":
+        """A factory whose every call goes through ``transform(call, *args)`` too."""
+        return SemaphoreClientFactory(binding=self.binding, namespace=self.namespace, invoke=self.invoke,
+                                      transforms=self.transforms + ((transform, args),))
+
+    def bind(self, env: Any) -> SemaphoreClient:
+        """A client that reaches holders through ``env``."""
+        namespace = self.namespace(env) if self.namespace else getattr(env, self.binding)
+
+        async def send(key: str, message: dict) -> dict:
+            async def call() -> dict:
+                # A fresh stub per call: a stub is broken once a call on it fails.
+                return await self.invoke(namespace.getByName(key), message)
+
+            for transform, args in self.transforms:
+                call = _wrap(transform, call, args)
+            return await call()
+
+        return SemaphoreClient(send)
+
+
+def _wrap(transform: Transform, inner: Callable[[], Awaitable[Any]], args: tuple) -> Callable[[], Awaitable[Any]]:
+    async def call() -> Any:
+        return await transform(inner, *args)
+
+    return call

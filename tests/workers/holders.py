@@ -1,0 +1,189 @@
+"""A Worker module for the holder's tests: a holder with live, test-controlled limits,
+and simulated client objects that claim, run and release work against it.
+
+``CONFIG`` is read on every round, so a test changes limits while rounds run.
+``WORLD`` is the ground truth outside the objects: which work is running now.
+"""
+
+import random
+import time
+
+from workers import DurableObject
+
+from durability import DurabilityScheduler
+from durability.semaphore import DurabilitySemaphore
+
+CONFIG = {
+    "limit": 3,
+    "group_limits": {},
+    "denied": set(),
+    "failing_groups": set(),
+    "round_wait_ms": 1_000,
+    "round_period_ms": 2_000,
+    "grant_timeout_ms": 10_000,
+}
+WORLD = {"running": {}, "violations": [], "max_running": 0, "completed": set()}
+
+
+def _start(item):
+    # Idempotent by item id: a client that starts an item again after its
+    # commit was lost does not run it twice.
+    WORLD["running"][item] = True
+    total = len(WORLD["running"])
+    WORLD["max_running"] = max(WORLD["max_running"], total)
+    if total > CONFIG["limit"]:
+        WORLD["violations"].append((time.time(), sorted(WORLD["running"])))
+
+
+def _stop(item):
+    if WORLD["running"].pop(item, None):
+        WORLD["completed"].add(item)
+
+
+class Holder(DurableObject):
+    def __init__(self, ctx, env):
+        super().__init__(ctx, env)
+        self.scheduler = DurabilityScheduler(ctx)
+        self.semaphore = DurabilitySemaphore(
+            self.scheduler,
+            limit=lambda: CONFIG["limit"],
+            group_limit=self._group_limit,
+            can_grant=lambda client, group: (client, group) not in CONFIG["denied"],
+            round_wait_ms=CONFIG["round_wait_ms"],
+            round_period_ms=CONFIG["round_period_ms"],
+            grant_timeout_ms=CONFIG["grant_timeout_ms"],
+        )
+
+    def _group_limit(self, group):
+        if group in CONFIG["failing_groups"]:
+            raise RuntimeError(f"no limit known for {group}")
+        return CONFIG["group_limits"].get(group)
+
+    async def permits(self, message):
+        return await self.semaphore.handle(message)
+
+    async def usage(self):
+        return self.semaphore.usage()
+
+    async def drop_schema(self):
+        DurabilitySemaphore.migrate(self.ctx, None)
+        return [r["name"] for r in self.ctx.storage.sql.exec(
+            "SELECT name FROM sqlite_master WHERE type = 'table' AND name LIKE 'durability_semaphore%'"
+        )]
+
+    async def alarm(self, alarm_info=None):
+        await self.scheduler.alarm(alarm_info)
+
+
+limits = DurabilitySemaphore.client(binding="HOLDER")
+
+TICK = "tick"
+
+
+class SimClient(DurableObject):
+    """Queues ``want`` items of one group, claims permits, runs each item for a
+    while (in ``WORLD``, which outlives evictions) and releases it.
+
+    It starts an item only once the holder confirmed its claim, and returns
+    the permit only after the item stopped: the two rules that keep work
+    actually running within the limit.
+    """
+
+    def __init__(self, ctx, env):
+        super().__init__(ctx, env)
+        self.scheduler = DurabilityScheduler(ctx)
+        self.scheduler.register(TICK, self._tick)
+        self.client = limits.bind(env)
+        sql = ctx.storage.sql
+        sql.exec("CREATE TABLE IF NOT EXISTS sim (k TEXT PRIMARY KEY, v) WITHOUT ROWID")
+        sql.exec(
+            "CREATE TABLE IF NOT EXISTS grants (grant_id TEXT PRIMARY KEY, permits INTEGER,"
+            " claimed INTEGER, confirmed INTEGER, released INTEGER)"
+        )
+        sql.exec("CREATE TABLE IF NOT EXISTS work (item TEXT PRIMARY KEY, grant_id TEXT, ends_at REAL)")
+
+    def _get(self, key, default=None):
+        rows = self.ctx.storage.sql.exec("SELECT v FROM sim WHERE k = ?", key).toArray()
+        return rows[0]["v"] if rows else default
+
+    def _set(self, key, value):
+        self.ctx.storage.sql.exec(
+            "INSERT INTO sim VALUES (?, ?) ON CONFLICT (k) DO UPDATE SET v = excluded.v", key, value
+        )
+
+    async def start(self, group, want, oldest_at):
+        self._set("group", group)
+        self._set("want", want)
+        self._set("oldest", oldest_at)
+        self.scheduler.schedule(TICK, TICK, time.time() * 1000)
+        await self.scheduler.sync()
+
+    async def status(self):
+        return {"want": self._get("want", 0), "running": len(self.ctx.storage.sql.exec("SELECT item FROM work").toArray())}
+
+    async def _tick(self, timer):
+        sql = self.ctx.storage.sql
+        name = self.ctx.id.name
+        now = time.time() * 1000
+        # Work that ended gives its permit back (after it stopped).
+        for row in sql.exec("SELECT item, grant_id FROM work WHERE ends_at <= ?", now).toArray():
+            _stop(row["item"])  # the work stops first, then its permit goes back
+            sql.exec("DELETE FROM work WHERE item = ?", row["item"])
+            sql.exec("UPDATE grants SET released = released + 1 WHERE grant_id = ?", row["grant_id"])
+        # Claim what known grants leave unclaimed, for queued items.
+        want = self._get("want", 0)
+        for grant in sql.exec("SELECT grant_id, permits, claimed FROM grants").toArray():
+            take = min(grant["permits"] - grant["claimed"], want)
+            if take > 0:
+                sql.exec("UPDATE grants SET claimed = claimed + ? WHERE grant_id = ?", take, grant["grant_id"])
+                want -= take
+        self._set("want", want)
+        reports = [
+            {"grantId": g["grant_id"], "claimed": g["claimed"], "released": g["released"]}
+            for g in sql.exec("SELECT grant_id, claimed, released FROM grants").toArray()
+        ]
+        message = {"type": "request", "v": 1, "clientId": name, "grants": reports,
+                   "demand": [{"group": self._get("group"), "count": want, "oldestAt": self._get("oldest")}]}
+        try:
+            reply = await self.client.request("holder", message)
+        except Exception:
+            reply = None  # lost: ask again on the next tick; the counts are cumulative
+        if reply is not None and reply.get("type") == "grants":
+            self._apply(reply)
+        # Keep reporting until the holder has settled every grant: a lost
+        # release would otherwise stay charged at the holder.
+        busy = self._get("want", 0) or sql.exec("SELECT count(*) AS n FROM work").one()["n"] or sql.exec(
+            "SELECT count(*) AS n FROM grants").one()["n"]
+        if busy:
+            self.scheduler.schedule(TICK, TICK, time.time() * 1000 + 500 + random.random() * 500)
+
+    def _apply(self, reply):
+        sql = self.ctx.storage.sql
+        name = self.ctx.id.name
+        now = time.time() * 1000
+        for report in reply["reports"]:
+            row = sql.exec("SELECT claimed, confirmed FROM grants WHERE grant_id = ?", report["grantId"]).toArray()
+            if not row:
+                continue
+            confirmed = report["claimed"] if report["status"] != "not_found" else row[0]["confirmed"]
+            for k in range(row[0]["confirmed"], confirmed):
+                item = f"{name}/{report['grantId']}/{k}"
+                sql.exec("INSERT INTO work VALUES (?, ?, ?)", item, report["grantId"],
+                         now + random.uniform(500, 4_000))
+                _start(item)
+            refused = row[0]["claimed"] - confirmed
+            if refused > 0:  # claimed locally, but the permits were taken back
+                self._set("want", self._get("want", 0) + refused)
+            sql.exec("UPDATE grants SET claimed = ?, confirmed = ?, permits = ? WHERE grant_id = ?",
+                     confirmed, confirmed, max(report["permits"], confirmed), report["grantId"])
+            if report["status"] == "not_found" or report["released"] == report["permits"] == confirmed:
+                if not sql.exec("SELECT item FROM work WHERE grant_id = ?", report["grantId"]).toArray():
+                    sql.exec("DELETE FROM grants WHERE grant_id = ? AND released = claimed", report["grantId"])
+        for grant in reply["grants"]:
+            sql.exec(
+                "INSERT INTO grants VALUES (?, ?, 0, 0, 0) ON CONFLICT (grant_id) DO UPDATE SET permits = excluded.permits",
+                grant["grantId"], grant["permits"],
+            )
+
+    async def alarm(self, alarm_info=None):
+        await self.scheduler.alarm(alarm_info)
