@@ -80,7 +80,9 @@ def test_http_routes(example):
 
 @pytest.mark.parametrize("seed", [1, 2, 3, 4])
 def test_tallies_are_exact_under_faults(seed):
-    faults = Faults(lost_request=0.1, lost_reply=0.1, duplicate=0.1, latency_ms=(0, 50), evict=0.05,
+    # Counters are evicted in the middle of their alarms (while they await a
+    # tally), tallies while they serve a report; lost and duplicated reports.
+    faults = Faults(lost_request=0.1, lost_reply=0.1, duplicate=0.1, latency_ms=(0, 50), evict=0.1,
                     crash_before_commit=0.03, alarm_failure=0.1, duplicate_alarm=0.1)
     runtime = example_runtime(seed=seed, faults=faults)
 
@@ -108,6 +110,8 @@ def test_tallies_are_exact_under_faults(seed):
     assert totals == want and sum(want.values()) > 0
     events = {event for _, _, event, _ in runtime.trace}
     assert {"lost request", "lost reply", "duplicate"} <= events
+    counters = [h for h in runtime.hosts() if h.class_name == "Counter"]
+    assert sum(h.stats.evictions for h in counters) > 0
     runtime.close()
 
 

@@ -37,7 +37,8 @@ def test_a_message_and_its_change_commit_together_or_not_at_all(runtime):
         with pytest.raises(JsException, match="the change fails"):
             await source.change("a", 1, True)
         await asyncio.sleep(5)
-        return await source.state(), await source.pending(), await inbox.received()
+        source_again, _ = stubs(runtime)  # a stub is broken after an error
+        return await source_again.state(), await source_again.pending(), await inbox.received()
 
     assert runtime.run(scenario()) == ({}, [], [])
 
@@ -48,7 +49,7 @@ def test_a_bad_message_is_refused_and_nothing_is_enqueued(runtime):
     async def scenario():
         with pytest.raises(JsException, match="must be JSON"):
             await source.bad_message()
-        return await source.pending()
+        return await stubs(runtime)[0].pending()
 
     assert runtime.run(scenario()) == []
 
@@ -132,4 +133,48 @@ def test_lost_and_duplicated_deliveries_still_deliver_every_message_at_least_onc
     assert len(received) > 30  # some arrived more than once
     events = {event for _, _, event, _ in runtime.trace}
     assert {"lost request", "lost reply", "duplicate"} <= events
+    runtime.close()
+
+
+def test_unkeyed_message_ids_never_repeat_across_instances(runtime):
+    source, inbox = stubs(runtime)
+
+    async def scenario():
+        first = await source.change("a", 1, False, False)
+        await asyncio.sleep(2)  # delivered; the outbox table is empty again
+        runtime.evict(source)
+        second = await stubs(runtime)[0].change("a", 2, False, False)
+        return first, second
+
+    first, second = runtime.run(scenario())
+    assert first != second and first.startswith("#") and second.startswith("#")
+
+
+def test_keys_may_not_look_like_generated_ids(runtime):
+    source, _ = stubs(runtime)
+
+    async def scenario():
+        with pytest.raises(JsException, match="not starting with '#'"):
+            await source.change("#x", 1)
+
+    runtime.run(scenario())
+
+
+def test_steady_writes_do_not_turn_one_alarm_into_endless_sends():
+    from support import example_runtime
+
+    runtime = example_runtime(faults=Faults(latency_ms=(20, 20), targets=frozenset({"Tally"})))
+
+    async def scenario():
+        counter = runtime.env.COUNTER.getByName("c")
+        for _ in range(1_000):  # one add every 10 ms for 10 s
+            await counter.add("t", 1)
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(5)
+        return await runtime.env.TALLY.getByName("t").total()
+
+    assert runtime.run(scenario()) == 1_000
+    reports = sum(1 for _, _, event, detail in runtime.trace if event == "call" and detail == "report")
+    # The channel waits delay_ms = 1 s between sends: about one report a second.
+    assert reports <= 20
     runtime.close()

@@ -59,7 +59,7 @@ def test_values_rpc_refuses(probe):
         with pytest.raises(JsException) as returned_tuple:
             await stub.give("tuple")
         with pytest.raises(JsException) as returned_custom:
-            await stub.give("custom")
+            await probe.env.PROBE.getByName("a").give("custom")
         return returned_tuple.value, returned_custom.value
 
     tuple_error, custom_error = run(probe, scenario)
@@ -74,13 +74,15 @@ def test_an_exception_crosses_as_an_error_carrying_its_message(probe):
     async def scenario():
         with pytest.raises(JsException) as caught:
             await stub.fail("the message")
-        # An application error does not break the stub.
-        return caught.value, await stub.echo(1)
+        with pytest.raises(JsException) as broken:  # a stub is broken after any error
+            await stub.echo(1)
+        return caught.value, broken.value, await probe.env.PROBE.getByName("a").echo(1)
 
-    error, echoed = run(probe, scenario)
+    error, broken, echoed = run(probe, scenario)
     assert error.name == "PythonError"
     assert error.message.startswith("Traceback (most recent call last):")
     assert error.message.rstrip().endswith("ValueError: the message")
+    assert broken is error
     assert echoed == [1]
 
 
@@ -171,7 +173,7 @@ def test_transaction_sync_rolls_back_writes_and_reraises(probe):
     async def scenario():
         with pytest.raises(JsException, match="RuntimeError: rolled back"):
             await stub.write_then_fail("never")
-        return await stub.entries()
+        return await probe.env.PROBE.getByName("a").entries()
 
     assert run(probe, scenario) == []
 
@@ -243,3 +245,35 @@ def test_keyword_arguments_arrive_as_one_trailing_dict(probe):
         return await stub.keywords(1, flag=True)
 
     assert run(probe, scenario) == {"first": 1, "options": {"flag": True}}
+
+
+def test_async_transaction_rolls_back_across_its_awaits(probe):
+    stub = probe.env.PROBE.getByName("a")
+
+    async def scenario():
+        with pytest.raises(JsException, match="async transaction fails"):
+            await stub.async_transaction_fails("never")
+        await asyncio.sleep(1)
+        return await probe.env.PROBE.getByName("a").entries()
+
+    assert run(probe, scenario) == []
+
+
+def test_an_alarm_set_in_a_rolled_back_transaction_is_not_set(probe):
+    async def scenario():
+        return await probe.env.PROBE.getByName("a").alarm_in_failed_transaction()
+
+    assert run(probe, scenario) is None
+
+
+def test_reads_alone_open_no_write_batch(probe):
+    stub = probe.env.PROBE.getByName("a")
+
+    async def scenario():
+        await stub.record("x")
+        await asyncio.sleep(0.1)
+        host = probe.host_of(stub)
+        host.db.exec("SELECT what FROM log", ())
+        return host.db.in_batch
+
+    assert run(probe, scenario) is False

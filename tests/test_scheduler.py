@@ -80,19 +80,43 @@ def test_eviction_between_arming_and_firing_loses_nothing(runtime):
     assert [r["key"] for r in runtime.run(scenario())] == ["a"]
 
 
-def test_a_crash_before_commit_loses_the_timer_and_its_alarm_together():
-    runtime = timers_runtime(faults=Faults(crash_before_commit=1.0, external=True))
+def test_a_committed_timer_always_has_its_alarm_whatever_crashes():
+    runtime = timers_runtime(faults=Faults(crash_before_commit=0.5, external=True), seed=5)
+
+    async def scenario():
+        with runtime.no_faults():
+            await runtime.env.TIMERS.getByName("t").timer_count()  # created, schema committed
+        outcomes = []
+        for i in range(30):
+            try:
+                await runtime.env.TIMERS.getByName("t").schedule(f"k{i}", 60_000 - i * 1_000)
+                outcomes.append("ok")
+            except JsException:
+                outcomes.append("crashed")
+            host = runtime.host_of(runtime.env.TIMERS.getByName("t"))
+            due = host.db.exec("SELECT min(due_at) AS due FROM durability_timers", ()).one()["due"]
+            if due is not None:  # every committed timer is covered by the alarm
+                assert host.alarm_at is not None and host.alarm_at <= due
+        return outcomes
+
+    outcomes = runtime.run(scenario())
+    assert "ok" in outcomes and "crashed" in outcomes
+    runtime.close()
+
+
+def test_a_timer_scheduled_again_while_it_runs_is_not_lost(runtime):
     stub = runtime.env.TIMERS.getByName("t")
 
     async def scenario():
-        with pytest.raises(JsException):
-            await stub.schedule("a", 1_000)
-        with runtime.no_faults():
-            fresh = runtime.env.TIMERS.getByName("t")
-            return await fresh.timer_count(), await fresh.alarm_time()
+        start = runtime.now_ms()
+        await stub.schedule("slow", 1_000)
+        await asyncio.sleep(2)  # its handler is running now (it takes 2 s)
+        await stub.schedule_by("slow", 5_000)
+        await asyncio.sleep(10)
+        return start, await stub.runs()
 
-    assert runtime.run(scenario()) == (0, None)
-    runtime.close()
+    start, runs = runtime.run(scenario())
+    assert [(r["key"], r["at"] - start) for r in runs] == [("slow", 1_000), ("slow", 7_000)]
 
 
 def test_a_failing_timer_is_retried_with_backoff_and_starves_no_other(runtime):
@@ -159,7 +183,8 @@ def test_bad_input_is_refused_and_changes_nothing(runtime, key, delay):
     async def scenario():
         with pytest.raises(JsException, match="ValueError|TypeError"):
             await stub.schedule(key, delay)
-        return await stub.timer_count(), await stub.alarm_time()
+        fresh = runtime.env.TIMERS.getByName("t")
+        return await fresh.timer_count(), await fresh.alarm_time()
 
     assert runtime.run(scenario()) == (0, None)
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import random
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable
 
@@ -80,11 +81,13 @@ class OutboxChannel:
             text = json.dumps(body, separators=(",", ":"), allow_nan=False)
         except (TypeError, ValueError) as error:
             raise ValueError(f"outbox message must be JSON: {error}") from None
-        if key is not None and (not isinstance(key, str) or not key):
-            raise ValueError(f"outbox key must be a non-empty string, not {key!r}")
+        if key is not None and (not isinstance(key, str) or not key or key.startswith("#")):
+            raise ValueError(f"outbox key must be a non-empty string not starting with '#', not {key!r}")
         outbox = self.outbox
         seq = outbox._next_seq()
-        message_id = key if key is not None else f"#{seq:020d}"
+        # Unkeyed ids must never repeat, even once the table emptied and a new
+        # instance counts from 1 again: a receiver may deduplicate by id.
+        message_id = key if key is not None else f"#{int(now_ms()):013x}{random.getrandbits(48):012x}"
         outbox.sql.exec(
             "INSERT INTO durability_outbox (channel, id, seq, body, created_at) "
             "VALUES (?, ?, ?, ?, ?) ON CONFLICT (channel, id) DO UPDATE SET "
@@ -119,20 +122,22 @@ class OutboxChannel:
         self.outbox.sql.transaction(apply)
 
     async def publish(self) -> None:
-        """Send every pending message, a batch at a time; raise if a send fails.
+        """Send what was pending when it started, a batch at a time; raise if a send fails.
 
-        Returns once the channel was seen empty. The check and the return
-        happen with no await between them and the timer's deletion, so a
-        message enqueued meanwhile is either sent now or finds no timer and
-        schedules a new one.
+        Messages that arrive meanwhile wait for the channel's timer, so one
+        alarm never turns into an endless stream of sends while writes keep
+        coming, and ``delay_ms`` keeps gathering them.
         """
         async with self._publishing:
-            while True:
+            rounds = -(-self.outbox._count(self.name) // self.batch_size)
+            for _ in range(rounds):
                 batch = self.pending(self.batch_size)
                 if not batch:
                     return
                 await self.send(batch)
                 self.acknowledge(batch)
+            if self.pending(1):
+                self.outbox.scheduler.schedule_by(PARTICIPANT, self.name, now_ms() + self.delay_ms)
 
     async def flush(self) -> bool:
         """Publish now instead of waiting for the alarm; on failure the alarm retries.
@@ -142,9 +147,11 @@ class OutboxChannel:
         try:
             await self.publish()
         except Exception:
-            await self.outbox.scheduler.sync()
-            return False
-        return True
+            empty = False  # the channel's timer retries
+        else:
+            empty = not self.pending(1)
+        await self.outbox.scheduler.sync()
+        return empty
 
 
 class DurabilityOutbox:
@@ -182,6 +189,10 @@ class DurabilityOutbox:
         channel = OutboxChannel(self, name, send, batch_size, delay_ms)
         self._channels[name] = channel
         return channel
+
+    def _count(self, channel: str) -> int:
+        row = self.sql.one("SELECT count(*) AS n FROM durability_outbox WHERE channel = ?", channel)
+        return int(row["n"]) if row else 0
 
     def _next_seq(self) -> int:
         if self._seq is None:

@@ -106,6 +106,9 @@ class DurabilityScheduler:
         self._participants: dict[str, tuple[TimerHandler, Backoff]] = {}
         self._armed: Any = _UNKNOWN
         self._sync_lock = asyncio.Lock()
+        # Timers whose handler is running now: scheduling one of them always
+        # moves its version, or the run's end would delete the new request.
+        self._running: dict[tuple[str, str], None] = {}
         migrate(self.sql, "scheduler", _SCHEMA)
 
     @staticmethod
@@ -134,6 +137,8 @@ class DurabilityScheduler:
         self._upsert(participant, key, at_ms, "excluded.due_at < durability_timers.due_at")
 
     def _upsert(self, participant: str, key: str, at_ms: float, when: str) -> None:
+        if (participant, key) in self._running:
+            when = "1"  # its due time is being consumed: any request is a new one
         self.sql.exec(
             "INSERT INTO durability_timers (participant, key, due_at) VALUES (?, ?, ?) "
             "ON CONFLICT (participant, key) DO UPDATE SET due_at = excluded.due_at, "
@@ -181,8 +186,14 @@ class DurabilityScheduler:
                 earliest = self._earliest()
                 if earliest is None or earliest == self._armed:
                     return
-                await self.sql.set_alarm(earliest)
+                # Recorded before the await: an alarm that fires meanwhile
+                # resets it to None, which the next pass then sees.
                 self._armed = earliest
+                try:
+                    await self.sql.set_alarm(earliest)
+                except BaseException:
+                    self._armed = _UNKNOWN
+                    raise
 
     async def alarm(self, alarm_info: Any = None) -> None:
         """The object's ``alarm()`` delegates here: run every due timer, then re-arm."""
@@ -214,6 +225,7 @@ class DurabilityScheduler:
         timer = Timer(participant, key, row["due_at"], row["attempt"])
         entry = self._participants.get(participant)
         backoff = entry[1] if entry else self.backoff
+        self._running[(participant, key)] = None
         try:
             if entry is None:
                 raise LookupError(f"no participant {participant!r} is registered")
@@ -221,6 +233,8 @@ class DurabilityScheduler:
         except Exception as error:
             self._after_failure(timer, version, backoff, error)
             return
+        finally:
+            self._running.pop((participant, key), None)
         # Done, unless the handler moved its own timer meanwhile.
         self.sql.exec(
             "DELETE FROM durability_timers WHERE participant = ? AND key = ? AND version = ?",

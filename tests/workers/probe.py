@@ -81,6 +81,26 @@ class Probe(DurableObject):
 
         self.ctx.storage.transactionSync(change)
 
+    async def async_transaction_fails(self, what):
+        async def body(txn):
+            self._log(what)
+            await asyncio.sleep(0)
+            raise RuntimeError("async transaction fails")
+
+        await self.ctx.storage.transaction(body)
+
+    async def alarm_in_failed_transaction(self):
+        def change():
+            pending = self.ctx.storage.setAlarm(time.time() * 1000 + 60_000)
+            pending.close()  # cannot be awaited in a synchronous function
+            raise RuntimeError("rolled back")
+
+        try:
+            self.ctx.storage.transactionSync(change)
+        except RuntimeError:
+            pass
+        return await self.ctx.storage.getAlarm()
+
     async def set_alarm_in(self, ms, fail_times=0, sleep_s=0):
         self.ctx.storage.sql.exec(
             "CREATE TABLE IF NOT EXISTS alarm_plan (k TEXT PRIMARY KEY, failures INTEGER, sleep REAL)"

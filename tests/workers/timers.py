@@ -1,5 +1,6 @@
 """A Worker module for the scheduler's and outbox's tests: participants that record runs."""
 
+import asyncio
 import time
 
 from workers import DurableObject
@@ -51,6 +52,8 @@ class Timers(DurableObject):
         if failing and failing[0]["times"] > 0:
             self.ctx.storage.sql.exec("UPDATE failing SET times = times - 1 WHERE key = ?", timer.key)
             raise RuntimeError(f"{timer.key} fails")
+        if timer.key.startswith("slow"):
+            await asyncio.sleep(2)
 
     async def runs(self):
         return [dict(r) for r in self.ctx.storage.sql.exec("SELECT key, at, attempt FROM runs ORDER BY seq")]
@@ -67,12 +70,14 @@ class Timers(DurableObject):
             self.ctx.storage.sql.exec(
                 "INSERT INTO state VALUES (?, ?) ON CONFLICT (k) DO UPDATE SET v = excluded.v", key, value
             )
-            self.events.enqueue({"key": key, "value": value}, key=key if coalesce else None)
+            message_id = self.events.enqueue({"key": key, "value": value}, key=key if coalesce else None)
             if fail:
                 raise ValueError("the change fails")
+            return message_id
 
-        self.scheduler.transaction(apply)
+        message_id = self.scheduler.transaction(apply)
         await self.scheduler.sync()
+        return message_id
 
     async def bad_message(self):
         self.events.enqueue({"not json": object()})

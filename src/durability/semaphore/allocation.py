@@ -273,7 +273,9 @@ def run_round(book: dict[str, Grant], requests: list[Request], limits: Limits, n
             used_total += give
             used_groups[demand.group] = used_groups.get(demand.group, 0) + give
         if give < want:
-            reason = GROUP_LIMIT if ceiling is not None and room_group < room_total else LIMIT
+            # The group's own ceiling holds it back whenever it leaves no more
+            # room than the total does (a total below usage leaves none).
+            reason = GROUP_LIMIT if ceiling is not None and room_group <= max(room_total, 0) else LIMIT
             outcome.blocked[demand.group] = (reason, want - give)
 
     for grant in working.grants():

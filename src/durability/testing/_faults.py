@@ -41,7 +41,7 @@ class Faults:
     lost_reply: float = 0.0  #: the callee runs and commits; the caller sees an error
     duplicate: float = 0.0  #: the callee receives the call twice
     latency_ms: tuple[float, float] = (0.0, 0.0)  #: each way, uniform; unequal delays reorder calls
-    evict: float = 0.0  #: the callee is evicted at a random moment while serving the call
+    evict: float = 0.0  #: the callee (or an object running its alarm) is evicted at a random moment
     evict_window_ms: float = 50.0  #: how soon after delivery that eviction may come
     crash_before_commit: float = 0.0  #: a write batch is lost with its instance, before commit
     alarm_failure: float = 0.0  #: an alarm invocation fails after its handler ran
@@ -97,6 +97,12 @@ class FaultPlanner:
             if self._chance(f.evict):
                 plan.evict_after_ms = self.rng.uniform(0, f.evict_window_ms)
         return plan
+
+    def alarm_eviction(self, host: "ObjectHost") -> float | None:
+        """Milliseconds into an alarm's run at which to evict its object, or None."""
+        if self._applies(host.class_name, True) and self._chance(self.faults.evict):
+            return self.rng.uniform(0, self.faults.evict_window_ms)
+        return None
 
     def crash_before_commit(self, host: "ObjectHost") -> bool:
         return self._applies(host.class_name, True) and self._chance(self.faults.crash_before_commit)

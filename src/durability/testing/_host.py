@@ -85,7 +85,9 @@ class ObjectHost:
         self.generation = 0
         self.reset_reason = RESET_MESSAGE
         self.instance: Any = None
-        self._tasks: set[asyncio.Task] = set()
+        # A dict, not a set: eviction cancels in creation order, so a seed
+        # replays the same run whatever the tasks' addresses in memory.
+        self._tasks: dict[asyncio.Task, None] = {}
         self._gate_depth = 0
         self._gate_waiters: list[asyncio.Future] = []
         self._commit_handle: asyncio.Handle | None = None
@@ -120,16 +122,19 @@ class ObjectHost:
         context.run(current_generation.set, self.generation)
         coroutine = awaitable if inspect.iscoroutine(awaitable) else _as_coroutine(awaitable)
         task = self.loop.create_task(coroutine, context=context)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self._tasks[task] = None
+        task.add_done_callback(self._forget)
         task.add_done_callback(self._report if background else _silence)
         return task
 
     def adopt(self, task: asyncio.Task, generation: int) -> None:
         """A task the instance's own code created: it dies with the instance."""
         if generation == self.generation:
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+            self._tasks[task] = None
+            task.add_done_callback(self._forget)
+
+    def _forget(self, task: asyncio.Task) -> None:
+        self._tasks.pop(task, None)
 
     def _report(self, task: asyncio.Task) -> None:
         if not task.cancelled() and task.exception() is not None:
@@ -159,6 +164,11 @@ class ObjectHost:
                 current_generation.reset(generation_token)
             self.stats.instances_created += 1
         return self.instance
+
+    def evict_if_current(self, generation: int) -> None:
+        """Evict, unless the instance that was meant is already gone."""
+        if generation == self.generation:
+            self.evict()
 
     def evict(self, reason: str = RESET_MESSAGE) -> None:
         """Drop the live instance at whatever await it is in; keep storage.
@@ -224,18 +234,31 @@ class ObjectHost:
         async with self.input_gate_closed():
             pass
 
-    async def db_run_async(self, fn: Callable[[Any], Awaitable[Any]], txn: Any) -> Any:
-        """``storage.transaction(fn)``: fn's writes commit together or not at all."""
-        self.db.open_batch()
-        marker = object()
-        outcome: list[Any] = [marker]
+    def run_transaction_sync(self, fn: Callable[[], Any]) -> Any:
+        """``transactionSync``: SQL and the staged alarm roll back together."""
+        staged = self._staged_alarm
+        try:
+            return self.db.run_in_savepoint(fn)
+        except BaseException:
+            self._staged_alarm = staged
+            raise
 
-        def start():
-            outcome[0] = fn(txn)
-
-        self.db.run_in_savepoint(start)
-        result = outcome[0]
-        return await result if inspect.isawaitable(result) else result
+    async def run_transaction(self, fn: Callable[[Any], Awaitable[Any]], txn: Any) -> Any:
+        """``storage.transaction(fn)``: the savepoint stays open across fn's awaits,
+        and the batch does not commit before it closes."""
+        staged = self._staged_alarm
+        name = self.db.begin_savepoint()
+        try:
+            result = fn(txn)
+            if inspect.isawaitable(result):
+                result = await result
+        except BaseException:
+            if self.db.in_batch:
+                self.db.end_savepoint(name, rollback=True)
+                self._staged_alarm = staged
+            raise
+        self.db.end_savepoint(name, rollback=False)
+        return result
 
     # -- implicit write batch and output gate ---------------------------
     def _batch_opened(self) -> None:
@@ -313,6 +336,9 @@ class ObjectHost:
         self.stats.alarm_invocations += 1
         self.stats.requests += 1
         succeeded = False
+        evict_after = self.runtime.faults.alarm_eviction(self)
+        if evict_after is not None:
+            self.loop.call_later(evict_after / 1000, self.evict_if_current, self.generation)
         try:
             info = JsDict(retryCount=retry, isRetry=retry > 0, scheduledTime=scheduled)
             mark = self.batch_mark()

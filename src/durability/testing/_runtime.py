@@ -72,9 +72,10 @@ class DurableObjectNamespace:
 class DurableObjectStub:
     """A stub: each public method call travels as RPC, copying both ways.
 
-    A call that fails on its way (a lost message, a reset callee) breaks the
-    stub, as in production: later calls fail the same way until a new stub
-    is made with ``get`` or ``getByName``.
+    A call that fails breaks the stub, whatever failed: later calls fail the
+    same way until a new stub is made with ``get`` or ``getByName``. Some
+    errors leave a production stub usable, but code that recreates its
+    stub after every error is right in every case.
     """
 
     def __init__(self, runtime: "Runtime", namespace: DurableObjectNamespace,
@@ -261,7 +262,7 @@ class Runtime:
                 self.log_event(host, "lost request", method)
                 raise reset_error(RESET_MESSAGE)
             if plan.evict_after_ms is not None:
-                self.loop.call_later(plan.evict_after_ms / 1000, host.evict)
+                self.loop.call_later(plan.evict_after_ms / 1000, host.evict_if_current, host.generation)
             if plan.duplicate:
                 self.spawn_system(self._deliver_duplicate(host, method, args))
             reply = await host.call(method, [rpc_copy(arg) for arg in args])
@@ -272,8 +273,7 @@ class Runtime:
                 raise reset_error(RESET_MESSAGE)
             return reply
         except JsException as error:
-            if getattr(error, "durableObjectReset", False):
-                stub._broken = error
+            stub._broken = error  # production: recreate a stub after any exception
             raise
 
     async def _deliver_duplicate(self, host: ObjectHost, method: str, args: list[Any]) -> None:

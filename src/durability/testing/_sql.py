@@ -94,6 +94,10 @@ class _Shape:
     has_limit: bool = False
 
     @property
+    def writes(self) -> bool:
+        return self.is_ddl or (self.inserts or self.updates or self.deletes) is not None
+
+    @property
     def is_upsert(self) -> bool:
         return self.inserts is not None and self.updates == self.inserts
 
@@ -251,21 +255,28 @@ class SqlDatabase:
             self.in_batch = False
             self._savepoints = 0
 
-    def run_in_savepoint(self, fn: Callable[[], Any]) -> Any:
-        """``transactionSync``: fn's writes land together or not at all; nests."""
+    def begin_savepoint(self) -> str:
         self.open_batch()
         name = f"_cf_sync_savepoint_{self._savepoints}"
         self._internal(f"SAVEPOINT {name}")
         self._savepoints += 1
+        return name
+
+    def end_savepoint(self, name: str, *, rollback: bool) -> None:
+        self._savepoints -= 1
+        if rollback:
+            self._internal(f"ROLLBACK TO {name}")
+        self._internal(f"RELEASE {name}")
+
+    def run_in_savepoint(self, fn: Callable[[], Any]) -> Any:
+        """``transactionSync``: fn's writes land together or not at all; nests."""
+        name = self.begin_savepoint()
         try:
             result = fn()
         except BaseException:
-            self._savepoints -= 1
-            self._internal(f"ROLLBACK TO {name}")
-            self._internal(f"RELEASE {name}")
+            self.end_savepoint(name, rollback=True)
             raise
-        self._savepoints -= 1
-        self._internal(f"RELEASE {name}")
+        self.end_savepoint(name, rollback=False)
         return result
 
     # -- statements ---------------------------------------------------------
@@ -280,9 +291,11 @@ class SqlDatabase:
                 "Bindings are only supported when the SQL code holds one statement."
             )
         values = [sql_binding(value) for value in bindings]
-        self.open_batch()
         cursor = None
         for statement in statements:
+            shape = self._shape_of(statement, values)
+            if shape.writes:
+                self.open_batch()  # production starts its implicit transaction on a write
             cursor = self._exec_one(statement, values)
         assert cursor is not None
         return cursor

@@ -85,13 +85,12 @@ class DurableObjectStorage:
 
     def transactionSync(self, fn: Callable[[], Any]) -> Any:
         """Run ``fn`` (synchronous) atomically: an exception rolls it back and is re-raised."""
-        return self._live_host().db.run_in_savepoint(fn)
+        return self._live_host().run_transaction_sync(fn)
 
     async def transaction(self, fn: Callable[[Any], Awaitable[Any]]) -> Any:
         """The async form; like production, ``fn`` must not await other I/O inside."""
         host = self._live_host()
-        async with host.input_gate_closed():
-            return await host.db_run_async(fn, self)
+        return await host.run_transaction(fn, self)
 
     async def getAlarm(self, options: Any = None) -> int | float | None:
         host = self._live_host()
