@@ -71,7 +71,7 @@ def test_unclaimed_permits_are_reclaimed_by_the_alarm(runtime):
 
     busy, idle, late = runtime.run(scenario())
     assert busy["outstanding"] == 3 and idle["outstanding"] == 0 and idle["grants"] == 0
-    assert late["grants"] == [{"grantId": late["grants"][0]["grantId"], "status": "not_found",
+    assert late["reports"] == [{"grantId": late["reports"][0]["grantId"], "status": "not_found",
                                "claimed": 0, "released": 0, "permits": 0}]
 
 
@@ -82,7 +82,7 @@ def test_a_claim_after_reclaim_is_clamped_and_expired(runtime):
         await holder(runtime).permits(sync("a", [(grant, 1, 0)]))
         await asyncio.sleep(11)
         late = await holder(runtime).permits(sync("a", [(grant, 3, 0)]))
-        return late["grants"][0], await holder(runtime).usage()
+        return late["reports"][0], await holder(runtime).usage()
 
     report, usage = runtime.run(scenario())
     assert (report["status"], report["claimed"], report["permits"]) == ("expired", 1, 1)
@@ -209,7 +209,7 @@ def test_sync_releases_free_capacity_at_once(runtime):
         return synced, await holder(runtime).usage()
 
     synced, usage = runtime.run(scenario())
-    assert synced["type"] == "synced" and synced["grants"][0]["status"] == "ok"
+    assert synced["type"] == "synced" and synced["reports"][0]["status"] == "ok"
     assert usage["outstanding"] == 0 and usage["grants"] == 0
 
 

@@ -146,7 +146,7 @@ class DurabilitySemaphore:
         if working.changes:
             self._commit(working.changes, merged(self._grants(), working.changes))
             await self.scheduler.sync()
-        return {"type": "synced", "v": VERSION, "grants": [_report_json(o) for o in outcomes]}
+        return {"type": "synced", "v": VERSION, "reports": [_report_json(o) for o in outcomes]}
 
     # -- rounds -----------------------------------------------------------------
     def _ensure_round(self) -> None:
