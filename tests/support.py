@@ -25,4 +25,5 @@ HOLDERS = Path(__file__).resolve().parent / "workers" / "holders.py"
 
 
 def holders_runtime(**options) -> Runtime:
-    return Runtime(load_worker_module(HOLDERS), {"HOLDER": "Holder", "SIM": "SimClient"}, **options)
+    return Runtime(load_worker_module(HOLDERS), {"HOLDER": "Holder", "SIM": "SimClient", "SHARD": "Shard"},
+                   **options)

@@ -158,12 +158,21 @@ class DurabilityOutbox:
     """Named channels of outgoing messages on one scheduler."""
 
     def __init__(self, scheduler: DurabilityScheduler, *, backoff: Backoff | None = None) -> None:
+        if getattr(scheduler, "outbox", None) is not None:
+            raise ValueError("this scheduler already has an outbox: use DurabilityOutbox.of(scheduler)")
+        scheduler.outbox = self
         self.scheduler = scheduler
         self.sql: Sql = scheduler.sql
         self._channels: dict[str, OutboxChannel] = {}
         self._seq: int | None = None
         migrate(self.sql, "outbox", _SCHEMA)
         scheduler.register(PARTICIPANT, self._on_timer, backoff=backoff)
+
+    @classmethod
+    def of(cls, scheduler: DurabilityScheduler) -> "DurabilityOutbox":
+        """The scheduler's outbox, created on first use: helpers share one per object."""
+        existing = getattr(scheduler, "outbox", None)
+        return existing if existing is not None else cls(scheduler)
 
     @staticmethod
     def migrate(ctx: Any, version: int | None) -> None:

@@ -109,6 +109,7 @@ class DurabilityScheduler:
         # Timers whose handler is running now: scheduling one of them always
         # moves its version, or the run's end would delete the new request.
         self._running: dict[tuple[str, str], None] = {}
+        self.outbox: Any = None  # the object's one DurabilityOutbox, if any (DurabilityOutbox.of)
         migrate(self.sql, "scheduler", _SCHEMA)
 
     @staticmethod

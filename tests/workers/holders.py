@@ -11,7 +11,7 @@ import time
 from workers import DurableObject
 
 from durability import DurabilityScheduler
-from durability.semaphore import DurabilitySemaphore
+from durability.semaphore import DurabilitySemaphore, DurabilitySemaphoreQueue, SemaphoreClient
 
 CONFIG = {
     "limit": 3,
@@ -21,8 +21,14 @@ CONFIG = {
     "round_wait_ms": 1_000,
     "round_period_ms": 2_000,
     "grant_timeout_ms": 10_000,
+    "finished_check_ms": 60_000,
+    "use_finished": True,
+    "lose_releases": 0.0,  # share of releases the shard "forgets" to make
+    "admit_failures": 0,  # admit() raises this many times first
+    "fake_reply": None,  # when set, the shard's holder answers every message with this
 }
-WORLD = {"running": {}, "violations": [], "max_running": 0, "completed": set()}
+WORLD = {"running": {}, "violations": [], "max_running": 0, "completed": set(), "admit_calls": 0,
+         "started": {}, "starts": {}, "events": []}
 
 
 def _start(item):
@@ -184,6 +190,75 @@ class SimClient(DurableObject):
                 "INSERT INTO grants VALUES (?, ?, 0, 0, 0) ON CONFLICT (grant_id) DO UPDATE SET permits = excluded.permits",
                 grant["grantId"], grant["permits"],
             )
+
+    async def alarm(self, alarm_info=None):
+        await self.scheduler.alarm(alarm_info)
+
+
+class Shard(DurableObject):
+    """A client object that queues jobs with DurabilitySemaphoreQueue; a job
+    "runs" in WORLD for the duration its body names, then is released."""
+
+    def __init__(self, ctx, env):
+        super().__init__(ctx, env)
+        self.scheduler = DurabilityScheduler(ctx)
+        self.scheduler.register("work", self._work_ends)
+        self.queue = DurabilitySemaphoreQueue(
+            self.scheduler,
+            client_id=ctx.id.name,
+            server=self._server(env),
+            admit=self._admit,
+            finished=self._finished if CONFIG["use_finished"] else None,
+            finished_check_ms=CONFIG["finished_check_ms"],
+            on_lifecycle_event=lambda event: WORLD["events"].append((ctx.id.name, event)),
+        )
+
+    @staticmethod
+    def _server(env):
+        if CONFIG["fake_reply"] is None:
+            return limits.bind(env)
+
+        async def send(key, message):
+            return CONFIG["fake_reply"]
+
+        return SemaphoreClient(send)
+
+    async def submit(self, items):
+        return [item.id for item in await self.queue.enqueue(items)]
+
+    async def release(self, item_id):
+        return await self.queue.release(item_id)
+
+    async def cancel(self, item_id):
+        return await self.queue.cancel(item_id)
+
+    async def status(self, item_id):
+        return self.queue.status(item_id)
+
+    async def states(self):
+        return {r["id"]: r["state"] for r in self.ctx.storage.sql.exec("SELECT id, state FROM durability_queue_items")}
+
+    async def _admit(self, items):
+        WORLD["admit_calls"] += 1
+        if CONFIG["admit_failures"] > 0:
+            CONFIG["admit_failures"] -= 1
+            raise RuntimeError("admit fails")
+        now = time.time() * 1000
+        for item in items:
+            if item.id not in WORLD["started"]:  # idempotent on item id
+                WORLD["started"][item.id] = now
+                WORLD["starts"][item.id] = WORLD["starts"].get(item.id, 0) + 1
+                _start(item.id)
+            self.scheduler.schedule("work", item.id, WORLD["started"][item.id] + item.body["ms"])
+        await self.scheduler.sync()
+
+    async def _work_ends(self, timer):
+        _stop(timer.key)
+        if random.random() >= CONFIG["lose_releases"]:
+            await self.queue.release(timer.key)
+
+    async def _finished(self, ids):
+        return [i for i in ids if i in WORLD["completed"]]
 
     async def alarm(self, alarm_info=None):
         await self.scheduler.alarm(alarm_info)

@@ -1,13 +1,15 @@
 """durability.semaphore: one shared concurrency budget held by one Durable Object per key.
 
 Lives here: the public names. ``DurabilitySemaphore`` runs in the holder
-object; ``SemaphoreClient`` (made by ``DurabilitySemaphore.client(...)``)
-reaches it from client objects.
+object; ``DurabilitySemaphoreQueue`` runs in the client objects that queue
+work, and reaches the holder through a ``SemaphoreClient`` (made by
+``DurabilitySemaphore.client(...)``).
 """
 
 from .allocation import Grant
 from .client import SemaphoreClient, SemaphoreClientFactory
 from .holder import DurabilitySemaphore
+from .queue import AdmittedItem, DurabilitySemaphoreQueue, QueueEvent
 from .messages import (
     EXPIRED,
     GROUP_LIMIT,
@@ -26,6 +28,6 @@ from .messages import (
 
 __all__ = [
     "EXPIRED", "GROUP_LIMIT", "LIMIT", "LIMIT_RESOLUTION_ERROR", "NOT_FOUND", "NOT_PERMITTED", "OK",
-    "VERSION", "Demand", "DurabilitySemaphore", "Grant", "ProtocolError", "Report", "Request",
+    "VERSION", "AdmittedItem", "Demand", "DurabilitySemaphore", "DurabilitySemaphoreQueue", "QueueEvent", "Grant", "ProtocolError", "Report", "Request",
     "SemaphoreClient", "SemaphoreClientFactory", "Sync",
 ]

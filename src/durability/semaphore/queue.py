@@ -1,0 +1,428 @@
+"""DurabilitySemaphoreQueue: work queued in a client object, admitted under a holder's budget.
+
+Lives here: the queue's runtime side: enqueue, claims against this object's
+copy of its grants, requests to the holder paced by ``nextRequestAt``,
+confirmations, ``admit()`` retried until it returns, ``release``,
+``cancel``, ``status``, the ``finished()`` sweep, and reports published as
+cumulative counts through the outbox channel ``durability.semaphore-queue``.
+Must not know: the holder's rules (it only reads its replies) or SQL (the
+store owns that).
+
+An item is ``queued`` until a permit is claimed for it (``claiming``), and
+``admitted`` once the holder confirmed the claim; ``admit()`` is then called,
+after the admission committed, until it returns. Releasing an item writes
+the grant's new cumulative count in the same transaction as the item's new
+state; the holder learns it from the next request or a ``sync``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import json
+import logging
+from dataclasses import dataclass, replace
+from typing import Any, Awaitable, Callable
+
+from ..outbox import DurabilityOutbox, OutboxMessage
+from ..retry import Backoff
+from ..scheduler import DurabilityScheduler, Timer, now_ms
+from .client import SemaphoreClient
+from .messages import MAX_DEMAND_ENTRIES, MAX_ID_LENGTH, MAX_REPORTS, NOT_FOUND, OK, VERSION, ProtocolError
+from .queue_store import ADMITTED, CANCELLED, CLAIMING, QUEUED, RELEASED, Item, LocalGrant, QueueStore
+
+log = logging.getLogger("durability.semaphore.queue")
+PARTICIPANT = "durability.semaphore-queue"
+CHANNEL = "durability.semaphore-queue"
+ADMIT, FINISHED, PUMP = "admit", "finished", "pump:"
+FINISHED_BATCH = 100
+
+
+@dataclass(frozen=True)
+class AdmittedItem:
+    id: str
+    key: str
+    group: str
+    body: Any
+    via: str  #: "grant" (a lease draw, later, says "lease")
+
+
+@dataclass(frozen=True)
+class QueueEvent:
+    type: str  #: "admitted", "released", "blocked"
+    key: str
+    ids: tuple[str, ...] = ()
+    blocked: dict | None = None  #: group -> {"reason", "waiting"}, for "blocked"
+
+
+def _identifier(value: Any, what: str) -> str:
+    if not isinstance(value, str) or not value or len(value) > MAX_ID_LENGTH:
+        raise ValueError(f"{what} must be a string of 1 to {MAX_ID_LENGTH} characters, not {value!r}")
+    return value
+
+
+def _check_body(value: Any, where: str = "body") -> None:
+    """A body must survive JSON and RPC unchanged: plain values, lists and string-keyed dicts."""
+    if value is None or isinstance(value, (bool, int, str)):
+        return
+    if isinstance(value, float):
+        if value != value or value in (float("inf"), float("-inf")):
+            raise ValueError(f"{where} holds a non-finite number")
+        return
+    if isinstance(value, list):
+        for i, entry in enumerate(value):
+            _check_body(entry, f"{where}[{i}]")
+        return
+    if isinstance(value, dict):
+        for k, entry in value.items():
+            if not isinstance(k, str):
+                raise ValueError(f"{where} has a key that is not a string: {k!r}")
+            _check_body(entry, f"{where}.{k}")
+        return
+    raise ValueError(f"{where} holds a {type(value).__name__}, which JSON and RPC do not carry unchanged")
+
+
+def _reply_of(reply: Any, kind: str) -> dict:
+    """Refuse a holder reply that is malformed or of another protocol version."""
+    if not isinstance(reply, dict) or reply.get("v") != VERSION:
+        raise ProtocolError("malformed_reply", f"holder reply of an unknown version: {reply!r}"[:300])
+    if reply.get("type") == "error":
+        raise ProtocolError(str(reply.get("code")), f"holder refused the message: {reply.get('message')}")
+    if reply.get("type") != kind or not isinstance(reply.get("reports"), list):
+        raise ProtocolError("malformed_reply", f"expected a {kind!r} reply, got {reply!r}"[:300])
+    if kind == "grants" and not (isinstance(reply.get("grants"), list) and isinstance(reply.get("blocked"), list)):
+        raise ProtocolError("malformed_reply", "a grants reply needs grants and blocked lists")
+    return reply
+
+
+class DurabilitySemaphoreQueue:
+    """The client half: queue items per semaphore key and admit them under the holder's budget.
+
+    Args:
+        scheduler: the object's scheduler (one queue per scheduler).
+        client_id: this object's stable id, e.g. ``ctx.id.toString()``.
+        server: a ``SemaphoreClient``, e.g. ``limits.with_(timeout, 5_000).bind(env)``.
+        admit: ``admit(items)`` starts the admitted items' work; called after
+            the admission commits and again, under ``retries``, until it
+            returns. It must be idempotent on item id.
+        finished: ``finished(ids) -> ids done``; asked about admitted items
+            ``finished_check_ms`` after ``admit()`` returned and at that
+            interval; the ones it names are released. Without it, an item
+            whose ``release()`` is lost holds its permit until released by hand.
+        on_lifecycle_event: ``QueueEvent`` listener (best effort).
+        retries: backoff for ``admit()``, failed requests and report syncs.
+        attempt_timeout_ms: a request unanswered this long counts as failed.
+        report_delay_ms: how long releases gather before a ``sync`` sends them.
+    """
+
+    def __init__(self, scheduler: DurabilityScheduler, *, client_id: str, server: SemaphoreClient,
+                 admit: Callable[[list[AdmittedItem]], Any],
+                 finished: Callable[[list[str]], Any] | None = None,
+                 on_lifecycle_event: Callable[[QueueEvent], Any] | None = None,
+                 retries: Backoff = Backoff(initial_ms=1_000, max_ms=60_000),
+                 attempt_timeout_ms: float = 10_000, finished_check_ms: float = 60_000,
+                 report_delay_ms: float = 1_000) -> None:
+        self.scheduler = scheduler
+        self.client_id = _identifier(client_id, "client_id")
+        self.server = server
+        self.admit = admit
+        self.finished = finished
+        self.on_lifecycle_event = on_lifecycle_event
+        self.attempt_timeout_ms = attempt_timeout_ms
+        self.finished_check_ms = finished_check_ms
+        self.store = QueueStore(scheduler.sql)
+        self.reports = DurabilityOutbox.of(scheduler).channel(
+            CHANNEL, self._send_reports, delay_ms=report_delay_ms, batch_size=MAX_REPORTS
+        )
+        scheduler.register(PARTICIPANT, self._on_timer, backoff=retries)
+        self._blocked: dict[tuple[str, str], tuple[str, int]] = {}
+        self._admitting = asyncio.Lock()
+
+    @staticmethod
+    def migrate(ctx: Any, version: int | None) -> None:
+        """``migrate(ctx, None)`` removes the queue's tables."""
+        if version is not None:
+            raise ValueError("only migrate(ctx, None), which removes the schema, is supported")
+        from .._sql import Sql
+
+        QueueStore.drop(Sql(ctx))
+
+    # -- the public surface ---------------------------------------------------
+    async def enqueue(self, items: list[dict]) -> list[Item]:
+        """Queue items ``{id, key, group, body}``; an id already known is a no-op
+        that returns the existing item."""
+        if not isinstance(items, list) or not items:
+            raise ValueError("enqueue takes a non-empty list of items")
+        checked: dict[str, tuple[str, str, str]] = {}
+        for i, item in enumerate(items):
+            if not isinstance(item, dict):
+                raise ValueError(f"items[{i}] must be a dict")
+            item_id = _identifier(item.get("id"), f"items[{i}].id")
+            key = _identifier(item.get("key"), f"items[{i}].key")
+            group = _identifier(item.get("group", "default"), f"items[{i}].group")
+            _check_body(item.get("body"), f"items[{i}].body")
+            body = json.dumps(item.get("body"), sort_keys=True, separators=(",", ":"))
+            if item_id in checked and checked[item_id] != (key, group, body):
+                raise ValueError(f"item {item_id!r} appears twice with different contents")
+            checked[item_id] = (key, group, body)
+
+        def change() -> list[Item]:
+            now = now_ms()
+            for item_id, (key, group, body) in checked.items():
+                if self.store.item(item_id) is None:
+                    self.store.insert(item_id, key, group, body, now)
+                    self._wake(key, now)
+            return [self.store.item(item_id) for item_id in checked]
+
+        stored = self.scheduler.transaction(change)
+        await self.scheduler.sync()
+        return stored
+
+    async def release(self, item_id: str) -> bool:
+        """Return an admitted item's permit. True if released now or before."""
+        item = self.store.item(_identifier(item_id, "id"))
+        if item is None:
+            raise KeyError(f"no item {item_id!r}")
+        if item.state == RELEASED:
+            return True
+        if item.state != ADMITTED:
+            raise ValueError(f"item {item_id!r} is {item.state}, not admitted")
+        self.scheduler.transaction(lambda: self._release(item))
+        await self.scheduler.sync()
+        await self._emit(QueueEvent("released", item.key, (item.id,)))
+        return True
+
+    async def cancel(self, item_id: str) -> bool:
+        """Remove an item that is still queued."""
+        item = self.store.item(_identifier(item_id, "id"))
+        if item is None:
+            raise KeyError(f"no item {item_id!r}")
+        if item.state == CANCELLED:
+            return True
+        if item.state != QUEUED:
+            raise ValueError(f"item {item_id!r} is {item.state}: only a queued item can be cancelled")
+        self.store.set_state(item.id, CANCELLED)
+        return True
+
+    def status(self, item_id: str) -> dict | None:
+        item = self.store.item(item_id)
+        if item is None:
+            return None
+        blocked = self._blocked.get((item.key, item.group)) if item.state == QUEUED else None
+        return {
+            "id": item.id, "key": item.key, "group": item.group, "state": item.state, "via": item.via,
+            "blocked": None if blocked is None else {"reason": blocked[0], "waiting": blocked[1]},
+        }
+
+    # -- timers -----------------------------------------------------------------
+    def _wake(self, key: str, now: float) -> None:
+        """Make the key's pump run (inside a transaction): at once when the key
+        holds unclaimed permits to claim, else as soon as its pacing allows."""
+        at = max(now, self.server.next_request_at(key) or now)
+        if any(g.unclaimed > 0 and g.claim_deadline > now for g in self.store.grants(key)):
+            at = now
+        self.scheduler.schedule_by(PARTICIPANT, PUMP + key, at)
+
+    async def _on_timer(self, timer: Timer) -> None:
+        if timer.key == ADMIT:
+            await self._admit_pending()
+        elif timer.key == FINISHED:
+            await self._check_finished()
+        elif timer.key.startswith(PUMP):
+            await self._pump(timer.key[len(PUMP):])
+
+    # -- claims and requests ------------------------------------------------------
+    def _claim_local(self, key: str, now: float) -> None:
+        """Claim, for queued items, permits this object already holds unclaimed."""
+        for grant in self.store.grants(key):
+            if grant.claim_deadline <= now:
+                if grant.claimed == grant.confirmed == grant.released:
+                    self.store.delete_grant(grant.grant_id)  # the holder takes it back
+                continue
+            if grant.unclaimed <= 0:
+                continue
+            items = self.store.oldest_queued(key, grant.group, grant.unclaimed)
+            if not items:
+                continue
+            for item in items:
+                self.store.set_state(item.id, CLAIMING, grant.grant_id, "grant")
+            self._put_and_report(replace(grant, claimed=grant.claimed + len(items)))
+
+    def _put_and_report(self, grant: LocalGrant) -> None:
+        self.store.put_grant(grant)
+        self.reports.enqueue(
+            {"key": grant.key, "grantId": grant.grant_id, "claimed": grant.claimed, "released": grant.released},
+            key=grant.grant_id,
+        )
+
+    def _release(self, item: Item) -> None:
+        self.store.set_state(item.id, RELEASED, item.grant_id, item.via)
+        grant = self.store.grant(item.grant_id) if item.grant_id else None
+        if grant is not None:
+            self._put_and_report(replace(grant, released=grant.released + 1))
+
+    async def _pump(self, key: str) -> None:
+        self.scheduler.transaction(lambda: self._claim_local(key, now_ms()))
+        demand = self.store.demand(key)[:MAX_DEMAND_ENTRIES]
+        if not demand:
+            await self.reports.flush()  # claims get confirmed by a sync at once
+            return
+        now = now_ms()
+        next_at = self.server.next_request_at(key)
+        if next_at is not None and next_at > now:
+            self.scheduler.schedule(PARTICIPANT, PUMP + key, next_at)
+            await self.reports.flush()
+            return
+        piggybacked = [m for m in self.reports.pending() if m.body["key"] == key][:MAX_REPORTS]
+        message = {
+            "type": "request", "v": VERSION, "clientId": self.client_id,
+            "demand": [{"group": g, "count": n, "oldestAt": oldest} for g, n, oldest in demand],
+            "grants": [_report_of(m) for m in piggybacked],
+        }
+        reply = _reply_of(
+            await asyncio.wait_for(self.server.request(key, message), self.attempt_timeout_ms / 1000), "grants"
+        )
+        self.scheduler.transaction(lambda: self._apply_grants_reply(key, reply, piggybacked))
+        await self.scheduler.sync()
+        await self._after_reply(key, reply)
+
+    def _apply_grants_reply(self, key: str, reply: dict, piggybacked: list[OutboxMessage]) -> None:
+        self._apply_outcomes(reply["reports"])
+        for entry in reply["grants"]:
+            known = self.store.grant(entry["grantId"])
+            if known is None:
+                known = LocalGrant(entry["grantId"], key, entry["group"], entry["permits"],
+                                   entry.get("claimed", 0), entry.get("claimed", 0), 0, entry["claimDeadline"])
+            self.store.put_grant(replace(known, permits=entry["permits"], claim_deadline=entry["claimDeadline"]))
+        self.reports.acknowledge(piggybacked)
+        now = now_ms()
+        self._claim_local(key, now)
+        if self.store.demand(key):
+            self.scheduler.schedule(PARTICIPANT, PUMP + key, max(now, reply.get("nextRequestAt") or now))
+
+    async def _after_reply(self, key: str, reply: dict) -> None:
+        blocked = {b["group"]: (b["reason"], b["waiting"]) for b in reply["blocked"]}
+        for (k, group) in [k for k in self._blocked if k[0] == key]:
+            if group not in blocked:
+                del self._blocked[(k, group)]
+        for group, value in blocked.items():
+            self._blocked[(key, group)] = value
+        if blocked:
+            await self._emit(QueueEvent("blocked", key, blocked={
+                g: {"reason": r, "waiting": w} for g, (r, w) in blocked.items()}))
+        await self.reports.flush()  # claims made from new grants get confirmed now
+        await self._admit_pending_safely()
+
+    def _apply_outcomes(self, outcomes: list[dict]) -> None:
+        """Confirmed claims admit their items; claims the holder refused go back in line."""
+        admitted = False
+        for outcome in outcomes:
+            grant = self.store.grant(outcome.get("grantId"))
+            if grant is None:
+                continue
+            status = outcome.get("status")
+            if status == NOT_FOUND:
+                confirmed = grant.confirmed
+            else:
+                confirmed = max(grant.confirmed, min(int(outcome["claimed"]), grant.claimed))
+            claiming = self.store.claiming(grant.grant_id)
+            newly = confirmed - grant.confirmed
+            for item in claiming[:newly]:
+                self.store.set_state(item.id, ADMITTED, grant.grant_id, "grant")
+                admitted = True
+            refused = grant.claimed - confirmed if status != OK else 0
+            for item in claiming[newly:newly + refused]:
+                self.store.set_state(item.id, QUEUED)
+            grant = replace(grant, claimed=grant.claimed - refused, confirmed=confirmed,
+                            permits=grant.permits if status == NOT_FOUND else int(outcome["permits"]))
+            settled = status == NOT_FOUND or outcome.get("released") == outcome.get("permits") == grant.released
+            if settled and grant.released >= grant.confirmed:
+                self.store.delete_grant(grant.grant_id)
+            else:
+                self.store.put_grant(grant)
+            if refused:
+                self._wake(grant.key, now_ms())
+        if admitted:
+            self.scheduler.schedule_by(PARTICIPANT, ADMIT, now_ms())
+
+    async def _send_reports(self, messages: list[OutboxMessage]) -> None:
+        """The outbox's sender: a ``sync`` per key with its cumulative counts."""
+        by_key: dict[str, list[OutboxMessage]] = {}
+        for message in messages:
+            by_key.setdefault(message.body["key"], []).append(message)
+        for key, batch in by_key.items():
+            sync = {"type": "sync", "v": VERSION, "clientId": self.client_id,
+                    "grants": [_report_of(m) for m in batch]}
+            reply = _reply_of(
+                await asyncio.wait_for(self.server.sync(key, sync), self.attempt_timeout_ms / 1000), "synced"
+            )
+            self.scheduler.transaction(lambda: self._apply_outcomes(reply["reports"]))
+            await self.scheduler.sync()
+        await self._admit_pending_safely()
+
+    # -- admission, release and the finished() sweep ----------------------------------
+    async def _admit_pending_safely(self) -> None:
+        try:
+            await self._admit_pending()
+        except Exception as error:  # the admit timer retries
+            log.warning("admit() failed: %r; it will be retried", error)
+
+    async def _admit_pending(self) -> None:
+        async with self._admitting:
+            items = self.store.to_admit()
+            if not items:
+                return
+            admitted = [AdmittedItem(i.id, i.key, i.group, i.body, i.via or "grant") for i in items]
+            result = self.admit(admitted)
+            if inspect.isawaitable(result):
+                await result
+
+            def done() -> None:
+                now = now_ms()
+                self.store.mark_admit_returned([i.id for i in items], now)
+                self.scheduler.cancel(PARTICIPANT, ADMIT)
+                if self.finished is not None:
+                    self.scheduler.schedule_by(PARTICIPANT, FINISHED, now + self.finished_check_ms)
+
+            self.scheduler.transaction(done)
+            await self.scheduler.sync()
+        for key in sorted({i.key for i in items}):
+            await self._emit(QueueEvent("admitted", key, tuple(i.id for i in items if i.key == key)))
+
+    async def _check_finished(self) -> None:
+        if self.finished is None:
+            return
+        now = now_ms()
+        candidates = self.store.admitted_since_before(now - self.finished_check_ms, 1_000_000)
+        for start in range(0, len(candidates), FINISHED_BATCH):
+            chunk = candidates[start:start + FINISHED_BATCH]
+            asked = {item.id: item for item in chunk}
+            result = self.finished(list(asked))
+            done = await result if inspect.isawaitable(result) else result
+            finished_items = [asked[i] for i in done if i in asked]
+            if finished_items:
+                def release_all() -> None:
+                    for item in finished_items:
+                        current = self.store.item(item.id)
+                        if current is not None and current.state == ADMITTED:
+                            self._release(current)
+
+                self.scheduler.transaction(release_all)
+        if self.store.oldest_admit_return() is not None:
+            self.scheduler.schedule(PARTICIPANT, FINISHED, now_ms() + self.finished_check_ms)
+        await self.scheduler.sync()
+
+    async def _emit(self, event: QueueEvent) -> None:
+        if self.on_lifecycle_event is None:
+            return
+        try:
+            result = self.on_lifecycle_event(event)
+            if inspect.isawaitable(result):
+                await result
+        except Exception:
+            log.exception("queue lifecycle listener failed on %s", event.type)
+
+
+def _report_of(message: OutboxMessage) -> dict:
+    body = message.body
+    return {"grantId": body["grantId"], "claimed": body["claimed"], "released": body["released"]}

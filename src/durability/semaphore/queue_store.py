@@ -1,0 +1,208 @@
+"""The queue's storage: items, this object's copy of its grants, and every query on them.
+
+Lives here: the schema and SQL of ``DurabilitySemaphoreQueue``. Must not
+know: the protocol with the holder, timers, or when anything happens.
+
+Items and grants are WITHOUT ROWID tables keyed by id with no secondary
+index: each state change of an item writes one row. Finding the oldest
+queued items scans the table; reads cost a thousandth of writes.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from .._schema import drop, migrate
+from .._sql import Sql
+
+COMPONENT = "semaphore-queue"
+ITEMS = "durability_queue_items"
+GRANTS = "durability_queue_grants"
+_SCHEMA = {
+    1: [
+        f"""
+        CREATE TABLE IF NOT EXISTS {ITEMS} (
+          id TEXT PRIMARY KEY,
+          key TEXT NOT NULL,
+          grp TEXT NOT NULL,
+          body TEXT NOT NULL,
+          seq INTEGER NOT NULL,
+          enqueued_at REAL NOT NULL,
+          state TEXT NOT NULL,
+          grant_id TEXT,
+          via TEXT,
+          admitted_at REAL
+        ) WITHOUT ROWID
+        """,
+        f"""
+        CREATE TABLE IF NOT EXISTS {GRANTS} (
+          grant_id TEXT PRIMARY KEY,
+          key TEXT NOT NULL,
+          grp TEXT NOT NULL,
+          permits INTEGER NOT NULL,
+          claimed INTEGER NOT NULL,
+          confirmed INTEGER NOT NULL,
+          released INTEGER NOT NULL,
+          claim_deadline REAL NOT NULL
+        ) WITHOUT ROWID
+        """,
+    ]
+}
+
+QUEUED, CLAIMING, ADMITTED, RELEASED, CANCELLED = "queued", "claiming", "admitted", "released", "cancelled"
+
+
+@dataclass(frozen=True)
+class Item:
+    id: str
+    key: str
+    group: str
+    body: Any
+    seq: int
+    enqueued_at: float
+    state: str
+    grant_id: str | None
+    via: str | None
+    admitted_at: float | None
+
+
+@dataclass(frozen=True)
+class LocalGrant:
+    grant_id: str
+    key: str
+    group: str
+    permits: int  #: as the holder last said
+    claimed: int  #: claims made here (cumulative)
+    confirmed: int  #: claims the holder confirmed
+    released: int  #: releases made here (cumulative)
+    claim_deadline: float
+
+    @property
+    def unclaimed(self) -> int:
+        return self.permits - self.claimed
+
+
+_ITEM_COLUMNS = "id, key, grp, body, seq, enqueued_at, state, grant_id, via, admitted_at"
+_GRANT_COLUMNS = "grant_id, key, grp, permits, claimed, confirmed, released, claim_deadline"
+
+
+def _item(row: dict) -> Item:
+    return Item(row["id"], row["key"], row["grp"], json.loads(row["body"]), row["seq"],
+                row["enqueued_at"], row["state"], row["grant_id"], row["via"], row["admitted_at"])
+
+
+def _grant(row: dict) -> LocalGrant:
+    return LocalGrant(row["grant_id"], row["key"], row["grp"], row["permits"], row["claimed"],
+                      row["confirmed"], row["released"], row["claim_deadline"])
+
+
+class QueueStore:
+    def __init__(self, sql: Sql) -> None:
+        self.sql = sql
+        migrate(sql, COMPONENT, _SCHEMA)
+        self._seq: int | None = None
+
+    @staticmethod
+    def drop(sql: Sql) -> None:
+        drop(sql, COMPONENT, [ITEMS, GRANTS])
+
+    # -- items ----------------------------------------------------------------
+    def item(self, item_id: str) -> Item | None:
+        row = self.sql.one(f"SELECT {_ITEM_COLUMNS} FROM {ITEMS} WHERE id = ?", item_id)
+        return None if row is None else _item(row)
+
+    def next_seq(self) -> int:
+        if self._seq is None:
+            row = self.sql.one(f"SELECT max(seq) AS seq FROM {ITEMS}")
+            self._seq = int(row["seq"] or 0) if row else 0
+        self._seq += 1
+        return self._seq
+
+    def insert(self, item_id: str, key: str, group: str, body_json: str, now: float) -> None:
+        self.sql.exec(
+            f"INSERT INTO {ITEMS} (id, key, grp, body, seq, enqueued_at, state) VALUES (?, ?, ?, ?, ?, ?, ?)",
+            item_id, key, group, body_json, self.next_seq(), now, QUEUED,
+        )
+
+    def oldest_queued(self, key: str, group: str, limit: int) -> list[Item]:
+        rows = self.sql.exec(
+            f"SELECT {_ITEM_COLUMNS} FROM {ITEMS} WHERE key = ? AND grp = ? AND state = ? ORDER BY seq LIMIT ?",
+            key, group, QUEUED, limit,
+        )
+        return [_item(r) for r in rows]
+
+    def demand(self, key: str) -> list[tuple[str, int, float]]:
+        """(group, queued count, oldest enqueue time) for one key, oldest group first."""
+        rows = self.sql.exec(
+            f"SELECT grp, count(*) AS n, min(enqueued_at) AS oldest FROM {ITEMS} "
+            "WHERE key = ? AND state = ? GROUP BY grp ORDER BY oldest",
+            key, QUEUED,
+        )
+        return [(r["grp"], r["n"], r["oldest"]) for r in rows]
+
+    def queued_keys(self) -> list[str]:
+        rows = self.sql.exec(f"SELECT DISTINCT key FROM {ITEMS} WHERE state = ? ORDER BY key", QUEUED)
+        return [r["key"] for r in rows]
+
+    def claiming(self, grant_id: str) -> list[Item]:
+        rows = self.sql.exec(
+            f"SELECT {_ITEM_COLUMNS} FROM {ITEMS} WHERE grant_id = ? AND state = ? ORDER BY seq",
+            grant_id, CLAIMING,
+        )
+        return [_item(r) for r in rows]
+
+    def set_state(self, item_id: str, state: str, grant_id: str | None = None, via: str | None = None) -> None:
+        self.sql.exec(
+            f"UPDATE {ITEMS} SET state = ?, grant_id = ?, via = ? WHERE id = ?", state, grant_id, via, item_id
+        )
+
+    def to_admit(self) -> list[Item]:
+        rows = self.sql.exec(
+            f"SELECT {_ITEM_COLUMNS} FROM {ITEMS} WHERE state = ? AND admitted_at IS NULL ORDER BY seq",
+            ADMITTED,
+        )
+        return [_item(r) for r in rows]
+
+    def mark_admit_returned(self, item_ids: list[str], now: float) -> None:
+        for item_id in item_ids:
+            self.sql.exec(
+                f"UPDATE {ITEMS} SET admitted_at = ? WHERE id = ? AND state = ? AND admitted_at IS NULL",
+                now, item_id, ADMITTED,
+            )
+
+    def admitted_since_before(self, cutoff: float, limit: int) -> list[Item]:
+        rows = self.sql.exec(
+            f"SELECT {_ITEM_COLUMNS} FROM {ITEMS} WHERE state = ? AND admitted_at <= ? ORDER BY admitted_at LIMIT ?",
+            ADMITTED, cutoff, limit,
+        )
+        return [_item(r) for r in rows]
+
+    def oldest_admit_return(self) -> float | None:
+        row = self.sql.one(f"SELECT min(admitted_at) AS t FROM {ITEMS} WHERE state = ?", ADMITTED)
+        return None if row is None else row["t"]
+
+    # -- grants ---------------------------------------------------------------
+    def grant(self, grant_id: str) -> LocalGrant | None:
+        row = self.sql.one(f"SELECT {_GRANT_COLUMNS} FROM {GRANTS} WHERE grant_id = ?", grant_id)
+        return None if row is None else _grant(row)
+
+    def grants(self, key: str | None = None) -> list[LocalGrant]:
+        if key is None:
+            rows = self.sql.exec(f"SELECT {_GRANT_COLUMNS} FROM {GRANTS} ORDER BY grant_id")
+        else:
+            rows = self.sql.exec(f"SELECT {_GRANT_COLUMNS} FROM {GRANTS} WHERE key = ? ORDER BY grant_id", key)
+        return [_grant(r) for r in rows]
+
+    def put_grant(self, grant: LocalGrant) -> None:
+        self.sql.exec(
+            f"INSERT INTO {GRANTS} ({_GRANT_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?) "
+            "ON CONFLICT (grant_id) DO UPDATE SET permits = excluded.permits, claimed = excluded.claimed, "
+            "confirmed = excluded.confirmed, released = excluded.released, claim_deadline = excluded.claim_deadline",
+            grant.grant_id, grant.key, grant.group, grant.permits, grant.claimed, grant.confirmed,
+            grant.released, grant.claim_deadline,
+        )
+
+    def delete_grant(self, grant_id: str) -> None:
+        self.sql.exec(f"DELETE FROM {GRANTS} WHERE grant_id = ?", grant_id)

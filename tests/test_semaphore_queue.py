@@ -1,0 +1,200 @@
+"""DurabilitySemaphoreQueue on the embedded runtime, against a real holder."""
+
+import asyncio
+
+import pytest
+
+from durability.testing import Faults, JsException
+
+from support import holders_runtime
+
+
+@pytest.fixture
+def runtime():
+    with holders_runtime(seed=1) as rt:
+        yield rt
+
+
+def jobs(prefix, n, ms=3_000, group="g", key="holder"):
+    return [{"id": f"{prefix}{i}", "key": key, "group": group, "body": {"ms": ms}} for i in range(n)]
+
+
+def shard(runtime, name="s1"):
+    return runtime.env.SHARD.getByName(name)
+
+
+def test_items_are_admitted_within_the_limit_oldest_first_and_released(runtime):
+    world = runtime.module.WORLD
+
+    async def scenario():
+        await shard(runtime, "a").submit(jobs("a", 4))
+        await asyncio.sleep(0.1)
+        await shard(runtime, "b").submit(jobs("b", 4))
+        await asyncio.sleep(2)
+        early = sorted(world["running"])
+        await asyncio.sleep(60)
+        return early, await shard(runtime, "a").states(), await runtime.env.HOLDER.getByName("holder").usage()
+
+    early, states, usage = runtime.run(scenario())
+    assert early == ["a0", "a1", "a2"]  # the oldest three, all from the first shard
+    assert set(states.values()) == {"released"}
+    assert world["violations"] == [] and world["max_running"] == 3
+    assert len(world["completed"]) == 8 and usage["outstanding"] == 0
+
+
+def test_enqueue_is_idempotent_by_id_and_refuses_bad_items(runtime):
+    async def scenario():
+        first = await shard(runtime).submit(jobs("j", 2))
+        again = await shard(runtime).submit([{"id": "j0", "key": "holder", "group": "g", "body": {"ms": 9}}])
+        errors = []
+        for bad in (
+            [{"key": "holder", "body": {}}],
+            [{"id": "x", "key": "", "body": {}}],
+            [{"id": "x", "key": "holder", "body": {"t": {1, 2}}}],
+            [{"id": "x", "key": "holder", "body": {"a": 1}}, {"id": "x", "key": "holder", "body": {"a": 2}}],
+            [],
+        ):
+            with pytest.raises(JsException) as caught:
+                await shard(runtime).submit(bad)
+            errors.append(caught.value.message.strip().splitlines()[-1])
+        return first, again, errors, await shard(runtime).states()
+
+    first, again, errors, states = runtime.run(scenario())
+    assert first == ["j0", "j1"] and again == ["j0"]
+    assert all(e.startswith("ValueError") for e in errors)
+    assert set(states) == {"j0", "j1"}  # nothing from the refused calls
+
+
+def test_cancel_only_while_queued_and_status_carries_the_blocked_reason(runtime):
+    async def scenario():
+        await shard(runtime).submit(jobs("j", 5, ms=60_000))
+        await asyncio.sleep(3)
+        queued = await shard(runtime).status("j4")
+        admitted = await shard(runtime).status("j0")
+        cancelled = await shard(runtime).cancel("j4")
+        with pytest.raises(JsException, match="only a queued item can be cancelled"):
+            await shard(runtime).cancel("j0")
+        return queued, admitted, cancelled, await shard(runtime).status("j4")
+
+    queued, admitted, cancelled, after = runtime.run(scenario())
+    assert queued["state"] == "queued" and queued["blocked"] == {"reason": "limit", "waiting": 2}
+    assert admitted["state"] == "admitted" and admitted["via"] == "grant" and admitted["blocked"] is None
+    assert cancelled is True and after["state"] == "cancelled"
+
+
+def test_admit_is_retried_until_it_returns_and_registers_each_job_once(runtime):
+    runtime.module.CONFIG["admit_failures"] = 2
+    world = runtime.module.WORLD
+
+    async def scenario():
+        await shard(runtime).submit(jobs("j", 2))
+        await asyncio.sleep(30)
+        return await shard(runtime).states()
+
+    states = runtime.run(scenario())
+    assert world["admit_calls"] >= 3
+    assert world["starts"] == {"j0": 1, "j1": 1}
+    assert set(states.values()) == {"released"}
+
+
+def test_a_lost_release_is_recovered_by_finished(runtime):
+    runtime.module.CONFIG.update(lose_releases=1.0, finished_check_ms=5_000)
+
+    async def scenario():
+        await shard(runtime).submit(jobs("j", 5, ms=1_000))
+        await asyncio.sleep(60)
+        return await shard(runtime).states(), await runtime.env.HOLDER.getByName("holder").usage()
+
+    states, usage = runtime.run(scenario())
+    assert set(states.values()) == {"released"} and usage["outstanding"] == 0
+
+
+def test_without_finished_a_lost_release_leaks(runtime):
+    runtime.module.CONFIG.update(lose_releases=1.0, use_finished=False)
+
+    async def scenario():
+        await shard(runtime).submit(jobs("j", 2, ms=1_000))
+        await asyncio.sleep(60)
+        return await shard(runtime).states(), await runtime.env.HOLDER.getByName("holder").usage()
+
+    states, usage = runtime.run(scenario())
+    assert set(states.values()) == {"admitted"} and usage["outstanding"] == 2
+
+
+def test_items_are_admitted_from_unclaimed_permits_without_a_request(runtime):
+    async def scenario():
+        await shard(runtime).submit(jobs("j", 3, ms=60_000))
+        await asyncio.sleep(0.5)
+        await shard(runtime).cancel("j2")  # the grant will be sized for it all the same
+        await asyncio.sleep(1)
+        granted_at = runtime.now_ms()
+        requests_before = _requests(runtime)
+        await shard(runtime).submit(jobs("late", 1, ms=60_000))
+        await asyncio.sleep(0.2)
+        return granted_at, requests_before, _requests(runtime), await shard(runtime).status("late0")
+
+    granted_at, before, after, status = runtime.run(scenario())
+    assert status["state"] == "admitted"
+    assert after == before  # admitted by a claim and its sync, with no new request
+
+
+def _requests(runtime):
+    host = runtime.host_of(runtime.env.HOLDER.getByName("holder"))
+    return host.instance.semaphore._last_round_at
+
+
+def test_a_malformed_or_old_holder_reply_is_refused_without_losing_items(runtime):
+    runtime.module.CONFIG["fake_reply"] = {"type": "grants", "v": 0, "grants": "all of them"}
+
+    async def scenario():
+        await shard(runtime).submit(jobs("j", 2))
+        await asyncio.sleep(10)
+        return await shard(runtime).states()
+
+    assert runtime.run(scenario()) == {"j0": "queued", "j1": "queued"}
+
+
+def test_failed_requests_are_retried_with_backoff():
+    runtime = holders_runtime(seed=2, faults=Faults(lost_request=1.0, targets=frozenset({"Holder"})))
+
+    async def scenario():
+        await shard(runtime).submit(jobs("j", 1))
+        await asyncio.sleep(60)
+
+    runtime.run(scenario())
+    times = [t for t, _, event, detail in runtime.trace if event == "lost request" and detail == "permits"]
+    gaps = [b - a for a, b in zip(times, times[1:])]
+    assert len(times) >= 4 and gaps[0] < gaps[-1]  # backing off, not hammering
+    runtime.close()
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_end_to_end_under_faults(seed):
+    faults = Faults(lost_request=0.1, lost_reply=0.1, duplicate=0.1, latency_ms=(0, 60), evict=0.05,
+                    crash_before_commit=0.02, alarm_failure=0.05, duplicate_alarm=0.05)
+    runtime = holders_runtime(seed=seed, faults=faults)
+    config, world = runtime.module.CONFIG, runtime.module.WORLD
+    config.update(limit=4, lose_releases=0.1, finished_check_ms=10_000, grant_timeout_ms=5_000)
+    names = [f"shard-{i}" for i in range(5)]
+
+    async def scenario():
+        with runtime.no_faults():
+            for n, name in enumerate(names):
+                await shard(runtime, name).submit(
+                    jobs(f"{name}/", 8, ms=1_000 + 500 * n, group=f"wf{n % 2}"))
+        await asyncio.sleep(180)
+        runtime.faults.enabled = False
+        await asyncio.sleep(240)
+        with runtime.no_faults():
+            states = {name: await shard(runtime, name).states() for name in names}
+            return states, await runtime.env.HOLDER.getByName("holder").usage()
+
+    states, usage = runtime.run(scenario())
+    assert world["violations"] == []
+    assert world["max_running"] == 4
+    assert all(count == 1 for count in world["starts"].values())  # no job ran twice
+    assert len(world["completed"]) == 40
+    assert all(set(s.values()) == {"released"} for s in states.values())
+    assert usage["outstanding"] == len(world["running"]) == 0  # no leaked permit
+    assert runtime.totals()["evictions"] > 0
+    runtime.close()
