@@ -205,3 +205,20 @@ def test_scheduling_costs_one_row_and_at_most_one_alarm_write(runtime):
     before, later, sooner = runtime.run(scenario())
     assert (later[0] - before[0], later[1] - before[1]) == (1, 0)
     assert (sooner[0] - later[0], sooner[1] - later[1]) == (1, 1)
+
+
+def test_a_timer_that_comes_due_while_another_runs_starts_at_its_time(runtime):
+    stub = runtime.env.TIMERS.getByName("t")
+
+    async def scenario():
+        start = runtime.now_ms()
+        await stub.schedule("slow", 1_000)  # its handler takes 2 s
+        await stub.schedule("quick", 1_500)
+        await asyncio.sleep(1.2)
+        await runtime.env.TIMERS.getByName("t").schedule("now", 0)  # scheduled during the alarm
+        await asyncio.sleep(5)
+        return start, await runtime.env.TIMERS.getByName("t").runs()
+
+    start, runs = runtime.run(scenario())
+    assert sorted((r["key"], r["at"] - start) for r in runs) == [("now", 1_200), ("quick", 1_500), ("slow", 1_000)]
+    assert runtime.hosts()[0].stats.alarm_invocations == 1  # one alarm dispatched all three

@@ -5,12 +5,14 @@ only this package, the standard library and the ``workers`` SDK;
 ``durability.testing`` (the embedded runtime) is for tests and demos.
 """
 
+from .jobs import Durability
 from .outbox import DurabilityOutbox, OutboxChannel, OutboxMessage
 from .retry import Backoff
 from .scheduler import DurabilityScheduler, Timer
 
 __all__ = [
     "Backoff",
+    "Durability",
     "DurabilityOutbox",
     "DurabilityScheduler",
     "OutboxChannel",

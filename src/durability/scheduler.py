@@ -95,7 +95,7 @@ class DurabilityScheduler:
     """
 
     def __init__(self, ctx: Any, *, backoff: Backoff = Backoff(),
-                 max_concurrency: int = 8, alarm_budget_ms: float = 10 * 60_000) -> None:
+                 max_concurrency: int = 32, alarm_budget_ms: float = 10 * 60_000) -> None:
         if max_concurrency < 1:
             raise ValueError("max_concurrency must be at least 1")
         self.ctx = ctx
@@ -110,6 +110,10 @@ class DurabilityScheduler:
         # moves its version, or the run's end would delete the new request.
         self._running: dict[tuple[str, str], None] = {}
         self.outbox: Any = None  # the object's one DurabilityOutbox, if any (DurabilityOutbox.of)
+        # While alarm() dispatches, newly scheduled timers wake it instead of
+        # moving the alarm: it runs them itself and re-arms when it ends.
+        self._dispatching = False
+        self._wake = asyncio.Event()
         migrate(self.sql, "scheduler", _SCHEMA)
 
     @staticmethod
@@ -138,6 +142,7 @@ class DurabilityScheduler:
         self._upsert(participant, key, at_ms, "excluded.due_at < durability_timers.due_at")
 
     def _upsert(self, participant: str, key: str, at_ms: float, when: str) -> None:
+        self._wake.set()
         if (participant, key) in self._running:
             when = "1"  # its due time is being consumed: any request is a new one
         self.sql.exec(
@@ -182,6 +187,8 @@ class DurabilityScheduler:
         nothing: that wake-up is billed as a request, a seventh of the price
         of the write that ``deleteAlarm`` would cost.
         """
+        if self._dispatching:
+            return  # alarm() is running: it starts due timers itself and re-arms at its end
         async with self._sync_lock:
             while True:
                 earliest = self._earliest()
@@ -197,23 +204,57 @@ class DurabilityScheduler:
                     raise
 
     async def alarm(self, alarm_info: Any = None) -> None:
-        """The object's ``alarm()`` delegates here: run every due timer, then re-arm."""
+        """The object's ``alarm()`` delegates here: run due timers, then re-arm.
+
+        While timers run, the alarm keeps dispatching: a timer that comes due
+        meanwhile, or that a call schedules for now, starts as soon as one of
+        the ``max_concurrency`` slots is free, instead of waiting for the
+        slowest handler and a fresh alarm.
+        """
         self._armed = None  # the alarm that fired is spent
         started = now_ms()
-        due = self.sql.exec(
+        running: dict[tuple[str, str], asyncio.Task] = {}
+        self._dispatching = True
+        try:
+            while True:
+                room = self.max_concurrency - len(running)
+                if room > 0 and now_ms() - started < self.alarm_budget_ms:
+                    for row in self._due(now_ms(), running, room):
+                        key = (row["participant"], row["key"])
+                        running[key] = asyncio.ensure_future(self._run_timer(row))
+                if not running:
+                    break
+                self._wake.clear()
+                waker = asyncio.ensure_future(self._wake.wait())
+                next_due = self._next_due(running)
+                timeout = None if next_due is None else max(0.0, (next_due - now_ms()) / 1000)
+                await asyncio.wait([*running.values(), waker], timeout=timeout,
+                                   return_when=asyncio.FIRST_COMPLETED)
+                waker.cancel()
+                for key, task in list(running.items()):
+                    if task.done():
+                        del running[key]
+                        task.result()  # _run_timer keeps handler errors to itself
+        finally:
+            self._dispatching = False
+            for task in running.values():
+                task.cancel()
+        await self.sync()
+
+    def _due(self, now: float, running: dict, limit: int) -> list[dict[str, Any]]:
+        rows = self.sql.exec(
             "SELECT participant, key, due_at, attempt, version FROM durability_timers "
             "WHERE due_at <= ? ORDER BY due_at",
-            started,
+            now,
         )
-        slots = asyncio.Semaphore(self.max_concurrency)
+        return [r for r in rows if (r["participant"], r["key"]) not in running][:limit]
 
-        async def run(row: dict[str, Any]) -> None:
-            async with slots:
-                if now_ms() - started < self.alarm_budget_ms:
-                    await self._run_timer(row)
-
-        await asyncio.gather(*(run(row) for row in due))
-        await self.sync()
+    def _next_due(self, running: dict) -> float | None:
+        rows = self.sql.exec("SELECT participant, key, due_at FROM durability_timers ORDER BY due_at")
+        for row in rows:
+            if (row["participant"], row["key"]) not in running:
+                return row["due_at"]
+        return None
 
     async def _run_timer(self, row: dict[str, Any]) -> None:
         participant, key, version = row["participant"], row["key"], row["version"]

@@ -1,0 +1,318 @@
+"""Durability: durable jobs, each run to completion or final failure, retried with backoff.
+
+Lives here: the job table, ``run(id=..., payload=...)`` that records a job
+idempotently on its id together with the scheduler timer that will run it,
+running one attempt per timer firing, retrying failed attempts under a
+``retry.Backoff``, results and errors, and best-effort lifecycle events.
+Must not know: what a handler does with its payload, or what a listener
+does with an event.
+
+A job is one row of ``durability_jobs``; its timer (participant
+``durability.jobs``, key = the job id) is written in the same transaction,
+so an accepted job is never lost. Each firing of the timer runs one
+attempt:
+
+1. the attempt is marked started (``attempt + 1``, status ``running``)
+   before the handler is called, and that write commits at the first await
+   that follows (the listener's or the handler's), so an attempt
+   that a crash or an eviction cuts short is still counted: when the timer
+   fires again and finds the job ``running``, that attempt is settled as
+   failed (interrupted) and retried like any other failure;
+2. the handler runs; its exceptions are caught here, never left to the
+   scheduler (whose own backoff applies only when storage itself fails);
+3. the outcome is written: ``completed`` with the JSON result, or a failure,
+   which either moves the timer by ``retries`` (status back to ``pending``)
+   or, once the attempts are spent, makes the job ``failed``. The outcome
+   and the timer move commit together.
+
+Timers run at least once, so a firing for a job that is already completed
+or failed does nothing. An attempt cut short after its handler had
+effects is retried all the same, so handlers must be idempotent on the job
+id. A crash also delays the retry: the platform retries the failed alarm
+first, then ``retries`` adds its own delay.
+
+Lifecycle events (``attempt_started``, ``attempt_settled``, ``terminal``)
+are delivered after the write they report, awaited in line; anything a
+listener sends out is held by the output gate until that write commits. They
+are best effort: a crash between the commit and the listener loses the
+event, and a listener that raises is logged and ignored. Read
+``run.get_result(id)`` for the authoritative state.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import logging
+import random
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping
+
+from ._schema import drop, migrate
+from ._sql import Sql
+from .retry import Backoff, decide_retry
+from .scheduler import DurabilityScheduler, Timer, now_ms
+
+PARTICIPANT = "durability.jobs"
+MAX_ID_LENGTH = 256
+MAX_ERROR_LENGTH = 4_000
+
+log = logging.getLogger("durability.jobs")
+
+# One WITHOUT ROWID table keyed by id, with no other index: recording a job,
+# starting an attempt and settling it each write one row. ``status`` is
+# pending (waiting for its timer), running (an attempt started and has not
+# settled), completed or failed (terminal). ``error`` keeps the last failure.
+_SCHEMA = {
+    1: [
+        """
+        CREATE TABLE IF NOT EXISTS durability_jobs (
+          id TEXT NOT NULL PRIMARY KEY,
+          handler TEXT NOT NULL,
+          payload TEXT NOT NULL,
+          status TEXT NOT NULL,
+          attempt INTEGER NOT NULL DEFAULT 0,
+          result TEXT,
+          error TEXT,
+          created_at REAL NOT NULL
+        ) WITHOUT ROWID
+        """
+    ]
+}
+_TABLES = ["durability_jobs"]
+_TERMINAL = ("completed", "failed")
+
+
+@dataclass(frozen=True)
+class JobEvent:
+    """A lifecycle event as ``on_lifecycle_event`` receives it.
+
+    ``type`` is ``attempt_started``, ``attempt_settled`` (with ``outcome``
+    ``completed`` or ``failed``, also for a failure that will be retried) or
+    ``terminal`` (once per job, with the final ``outcome``).
+    """
+
+    type: str
+    id: str
+    attempt: int  #: the attempt it concerns, from 1
+    outcome: str | None = None
+    result: Any = None  #: the handler's result, on completion
+    error: str | None = None  #: what failed, on failure
+
+
+Handler = Callable[[Any], Any]  # payload -> result, or an awaitable of it
+Listener = Callable[[JobEvent], Any]
+
+
+def _error_text(error: BaseException) -> str:
+    text = f"{type(error).__name__}: {error}"
+    return text if len(text) <= MAX_ERROR_LENGTH else text[: MAX_ERROR_LENGTH - 1] + "…"
+
+
+def _json(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"), allow_nan=False)
+
+
+class JobRunner:
+    """``durability.run``: call it to start a job; ``get_result(id)`` reads one."""
+
+    def __init__(self, durability: "Durability") -> None:
+        self._durability = durability
+
+    async def __call__(self, id: str, payload: Any = None, handler: str | None = None) -> dict[str, Any]:
+        """Record job ``id`` and schedule its first attempt now; idempotent on ``id``.
+
+        A job already recorded under ``id`` is left as it is (whatever
+        payload or handler this call gives) and its state is returned, as
+        ``get_result`` reads it. Raises ``ValueError`` for an empty or
+        over-long id, an unknown handler or a payload that is not JSON;
+        nothing is stored then.
+        """
+        d = self._durability
+        if not isinstance(id, str) or not id or len(id) > MAX_ID_LENGTH:
+            raise ValueError(f"a job id must be a string of 1 to {MAX_ID_LENGTH} characters, not {id!r}")
+        name = d._handler_name(handler)
+        try:
+            text = _json(payload)
+        except (TypeError, ValueError) as error:
+            raise ValueError(f"job payload must be JSON: {error}") from None
+
+        def record() -> dict[str, Any] | None:
+            existing = d._row(id)
+            if existing is not None:
+                return _state(existing)
+            d.sql.exec(
+                "INSERT INTO durability_jobs (id, handler, payload, status, created_at) "
+                "VALUES (?, ?, ?, 'pending', ?)",
+                id, name, text, now_ms(),
+            )
+            d.scheduler.schedule(PARTICIPANT, id, now_ms())
+            return None
+
+        existing = d.sql.transaction(record)
+        if existing is not None:
+            return existing
+        await d.scheduler.sync()
+        return {"status": "pending"}
+
+    async def get_result(self, id: str) -> dict[str, Any]:
+        """``{"status": "pending"}`` (also while an attempt runs), ``{"status":
+        "completed", "result": ...}``, ``{"status": "failed", "error": "..."}``
+        or ``{"status": "not_found"}``."""
+        row = self._durability._row(id) if isinstance(id, str) else None
+        return {"status": "not_found"} if row is None else _state(row)
+
+
+def _state(row: dict[str, Any]) -> dict[str, Any]:
+    if row["status"] == "completed":
+        return {"status": "completed", "result": json.loads(row["result"])}
+    if row["status"] == "failed":
+        return {"status": "failed", "error": row["error"]}
+    return {"status": "pending"}
+
+
+class Durability:
+    """Durable jobs on a scheduler: each runs until it completes or its attempts are spent.
+
+    Args:
+        scheduler: the object's ``DurabilityScheduler``; jobs use its
+            participant ``durability.jobs`` (one ``Durability`` per scheduler).
+        handlers: handler name -> ``handler(payload)``, sync or async,
+            returning a JSON value. Raising fails the attempt.
+        on_lifecycle_event: optional ``listener(JobEvent)``, sync or async;
+            best effort (see the module's docstring).
+        retries: backoff between failed attempts and the attempt limit
+            (default: 3 attempts, from 1 s). ``max_attempts=None`` retries forever.
+    """
+
+    def __init__(self, scheduler: DurabilityScheduler, *, handlers: Mapping[str, Handler],
+                 on_lifecycle_event: Listener | None = None,
+                 retries: Backoff | None = None) -> None:
+        if not handlers:
+            raise ValueError("Durability needs at least one handler")
+        for name, handler in handlers.items():
+            if not isinstance(name, str) or not name:
+                raise ValueError(f"a handler name must be a non-empty string, not {name!r}")
+            if not callable(handler):
+                raise ValueError(f"handler {name!r} is not callable")
+        self.scheduler = scheduler
+        self.sql: Sql = scheduler.sql
+        self.handlers = dict(handlers)
+        self.on_lifecycle_event = on_lifecycle_event
+        self.retries = retries or Backoff(max_attempts=3)
+        self.run = JobRunner(self)
+        # Jobs whose attempt runs in this instance now: a second firing of
+        # the timer meanwhile must not take it for an interrupted attempt.
+        self._in_flight: set[str] = set()
+        migrate(self.sql, "jobs", _SCHEMA)
+        scheduler.register(PARTICIPANT, self._on_timer)
+
+    @staticmethod
+    def migrate(ctx: Any, version: int | None) -> None:
+        """``migrate(ctx, None)`` removes the jobs' table."""
+        if version is not None:
+            raise ValueError("only migrate(ctx, None), which removes the schema, is supported")
+        drop(Sql(ctx), "jobs", _TABLES)
+
+    def _handler_name(self, handler: str | None) -> str:
+        if handler is None:
+            if len(self.handlers) != 1:
+                raise ValueError(f"name a handler: there are {len(self.handlers)} ({', '.join(sorted(self.handlers))})")
+            return next(iter(self.handlers))
+        if handler not in self.handlers:
+            raise ValueError(f"no job handler named {handler!r}")
+        return handler
+
+    def _row(self, job_id: str) -> dict[str, Any] | None:
+        return self.sql.one(
+            "SELECT handler, payload, status, attempt, result, error FROM durability_jobs WHERE id = ?",
+            job_id,
+        )
+
+    # -- one attempt per timer firing ---------------------------------------
+    async def _on_timer(self, timer: Timer) -> None:
+        job_id = timer.key
+        if job_id in self._in_flight:
+            return  # its attempt, still running here, settles and reschedules itself
+        row = self._row(job_id)
+        if row is None or row["status"] in _TERMINAL:
+            return  # a repeated firing, or a job removed under its timer
+        attempt = int(row["attempt"])
+        if row["status"] == "running":
+            error = f"attempt {attempt} was interrupted before it settled (the object was evicted or crashed)"
+            await self._emit(self._fail(job_id, attempt, error))
+            return
+        attempt += 1
+        self.sql.exec(
+            "UPDATE durability_jobs SET status = 'running', attempt = ? WHERE id = ?", attempt, job_id
+        )
+        self._in_flight.add(job_id)
+        try:
+            await self._emit([JobEvent("attempt_started", job_id, attempt)])
+            try:
+                result, text = await self._call(row["handler"], json.loads(row["payload"]))
+            except Exception as error:
+                events = self._fail(job_id, attempt, _error_text(error))
+            else:
+                events = self._complete(job_id, attempt, text, result)
+        finally:
+            self._in_flight.discard(job_id)
+        await self._emit(events)
+
+    async def _call(self, name: str, payload: Any) -> tuple[Any, str]:
+        """Run the handler; return its result and the result's JSON text."""
+        handler = self.handlers.get(name)
+        if handler is None:
+            raise LookupError(f"no job handler named {name!r} in this object")
+        result = handler(payload)
+        if inspect.isawaitable(result):
+            result = await result
+        try:
+            return result, _json(result)
+        except (TypeError, ValueError) as error:
+            raise TypeError(f"job handler {name!r} returned a result that is not JSON: {error}") from None
+
+    def _complete(self, job_id: str, attempt: int, text: str, result: Any) -> list[JobEvent]:
+        self.sql.exec(
+            "UPDATE durability_jobs SET status = 'completed', result = ?, error = NULL WHERE id = ?",
+            text, job_id,
+        )
+        return [
+            JobEvent("attempt_settled", job_id, attempt, "completed", result=result),
+            JobEvent("terminal", job_id, attempt, "completed", result=result),
+        ]
+
+    def _fail(self, job_id: str, attempt: int, error: str) -> list[JobEvent]:
+        """Settle ``attempt`` as failed: retry by moving the timer, or give up."""
+        decision = decide_retry(self.retries, attempt, now_ms(), random.random())
+        settled = JobEvent("attempt_settled", job_id, attempt, "failed", error=error)
+        if decision.retry:
+            log.warning("job %s: attempt %d failed: %s; retrying", job_id, attempt, error)
+
+            def retry() -> None:
+                self.sql.exec(
+                    "UPDATE durability_jobs SET status = 'pending', error = ? WHERE id = ?", error, job_id
+                )
+                # The timer is running, so this always moves it and the
+                # scheduler keeps it; its alarm() re-arms afterwards.
+                self.scheduler.schedule(PARTICIPANT, job_id, decision.at_ms)
+
+            self.sql.transaction(retry)
+            return [settled]
+        log.error("job %s: attempt %d failed: %s; giving up", job_id, attempt, error)
+        self.sql.exec(
+            "UPDATE durability_jobs SET status = 'failed', error = ? WHERE id = ?", error, job_id
+        )
+        return [settled, JobEvent("terminal", job_id, attempt, "failed", error=error)]
+
+    async def _emit(self, events: list[JobEvent]) -> None:
+        listener = self.on_lifecycle_event
+        if listener is None:
+            return
+        for event in events:
+            try:
+                outcome = listener(event)
+                if inspect.isawaitable(outcome):
+                    await outcome
+            except Exception:
+                log.exception("job %s: lifecycle listener failed on %s", event.id, event.type)

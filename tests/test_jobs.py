@@ -1,0 +1,300 @@
+"""Durability: durable jobs run to completion or final failure, retried with backoff."""
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from durability.testing import Faults, JsException, Runtime, load_worker_module
+
+JOBS = Path(__file__).resolve().parent / "workers" / "jobs.py"
+
+
+def jobs_runtime(**options) -> Runtime:
+    return Runtime(load_worker_module(JOBS), {"JOBS": "Jobs", "PLAIN": "Plain"}, **options)
+
+
+@pytest.fixture
+def runtime():
+    with jobs_runtime() as rt:
+        yield rt
+
+
+def started_at(events, start):
+    return [(e["attempt"], e["at"] - start) for e in events if e["type"] == "attempt_started"]
+
+
+def kinds(events):
+    return [(e["type"], e["attempt"], e["outcome"]) for e in events]
+
+
+def test_run_is_idempotent_on_id(runtime):
+    stub = runtime.env.JOBS.getByName("j")
+
+    async def scenario():
+        first = await stub.submit("job-1", {"job": "job-1", "result": "first"})
+        again = await stub.submit("job-1", {"job": "job-1", "result": "second"})
+        await asyncio.sleep(5)
+        after = await stub.submit("job-1", {"job": "job-1", "result": "third"})
+        return first, again, after, await stub.calls("job-1"), await stub.stored()
+
+    first, again, after, calls, stored = runtime.run(scenario())
+    assert first == again == {"status": "pending"}
+    assert after == {"status": "completed", "result": "first"}
+    assert calls == 1
+    assert stored["jobs"] == 1 and stored["timers"] == 0
+
+
+def test_get_result_reports_pending_then_completed(runtime):
+    stub = runtime.env.JOBS.getByName("j")
+
+    async def scenario():
+        missing = await stub.result("job-1")
+        await stub.submit_default("job-1", {"job": "job-1", "sleep": 2, "result": {"answer": 42}})
+        await asyncio.sleep(1)
+        running = await stub.result("job-1")
+        await asyncio.sleep(2)
+        return missing, running, await stub.result("job-1")
+
+    missing, running, done = runtime.run(scenario())
+    assert missing == {"status": "not_found"}
+    assert running == {"status": "pending"}
+    assert done == {"status": "completed", "result": {"answer": 42}}
+
+
+def test_failed_attempts_are_retried_with_backoff(runtime):
+    stub = runtime.env.JOBS.getByName("j")
+
+    async def scenario():
+        start = runtime.now_ms()
+        await stub.submit("job-1", {"job": "job-1", "fail_times": 2})
+        await asyncio.sleep(30)
+        return start, await stub.events("job-1"), await stub.result("job-1"), await stub.calls("job-1")
+
+    start, events, result, calls = runtime.run(scenario())
+    assert started_at(events, start) == [(1, 0), (2, 1_000), (3, 3_000)]  # 1 s, then 2 s
+    assert result == {"status": "completed", "result": {"job": "job-1", "calls": 3}}
+    assert calls == 3
+
+
+def test_a_job_fails_for_good_after_its_attempts(runtime):
+    stub = runtime.env.JOBS.getByName("j")
+
+    async def scenario():
+        start = runtime.now_ms()
+        await stub.submit("job-1", {"job": "job-1", "error": "the disk is full"})
+        await asyncio.sleep(60)
+        return (start, await stub.events("job-1"), await stub.result("job-1"),
+                await stub.calls("job-1"), await stub.stored())
+
+    start, events, result, calls, stored = runtime.run(scenario())
+    assert result == {"status": "failed", "error": "RuntimeError: the disk is full"}
+    assert calls == 3
+    assert started_at(events, start) == [(1, 0), (2, 1_000), (3, 3_000)]
+    assert stored["timers"] == 0
+
+
+def test_lifecycle_events_come_in_order_after_their_writes(runtime):
+    stub = runtime.env.JOBS.getByName("j")
+
+    async def scenario():
+        await stub.submit("ok", {"job": "ok", "fail_times": 1})
+        await stub.submit("bad", {"job": "bad", "error": "no"})
+        await asyncio.sleep(60)
+        return await stub.events("ok"), await stub.events("bad")
+
+    ok, bad = runtime.run(scenario())
+    assert kinds(ok) == [
+        ("attempt_started", 1, None), ("attempt_settled", 1, "failed"),
+        ("attempt_started", 2, None), ("attempt_settled", 2, "completed"),
+        ("terminal", 2, "completed"),
+    ]
+    assert ok[1]["error"] == "RuntimeError: ok fails (call 1)"
+    assert ok[-1]["result"] == '{"job": "ok", "calls": 2}'
+    # Each event's write is made before the listener hears of it.
+    assert [e["status"] for e in ok] == ["pending"] * 3 + ["completed"] * 2
+    assert kinds(bad) == [
+        ("attempt_started", 1, None), ("attempt_settled", 1, "failed"),
+        ("attempt_started", 2, None), ("attempt_settled", 2, "failed"),
+        ("attempt_started", 3, None), ("attempt_settled", 3, "failed"),
+        ("terminal", 3, "failed"),
+    ]
+    assert bad[-1]["status"] == "failed" and bad[-1]["error"] == "RuntimeError: no"
+    assert [e["type"] for e in ok + bad].count("terminal") == 2
+
+
+def test_an_attempt_cut_short_by_eviction_counts_and_is_retried(runtime):
+    stub = runtime.env.JOBS.getByName("j")
+
+    async def scenario():
+        await stub.submit("job-1", {"job": "job-1", "sleep": 5})
+        await asyncio.sleep(1)  # the first attempt sleeps in its handler
+        assert await stub.calls("job-1") == 1
+        runtime.evict(stub)
+        await asyncio.sleep(60)
+        stub2 = runtime.env.JOBS.getByName("j")
+        return (await stub2.events("job-1"), await stub2.result("job-1"),
+                await stub2.completions("job-1"), await stub2.calls("job-1"))
+
+    events, result, completions, calls = runtime.run(scenario())
+    assert result == {"status": "completed", "result": {"job": "job-1", "calls": 2}}
+    assert completions == 1 and calls == 2
+    assert kinds(events) == [
+        ("attempt_started", 1, None), ("attempt_settled", 1, "failed"),
+        ("attempt_started", 2, None), ("attempt_settled", 2, "completed"),
+        ("terminal", 2, "completed"),
+    ]
+    assert "interrupted" in events[1]["error"]
+
+
+def test_interrupted_attempts_count_towards_the_limit(runtime):
+    stub = runtime.env.JOBS.getByName("j")
+
+    async def scenario():
+        await stub.submit("job-1", {"job": "job-1", "sleep": 5})
+        for _ in range(3):  # every attempt is cut short
+            while await runtime.env.JOBS.getByName("j").calls("job-1") <= _:
+                await asyncio.sleep(0.5)
+            runtime.evict(runtime.env.JOBS.getByName("j"))
+        await asyncio.sleep(60)
+        stub2 = runtime.env.JOBS.getByName("j")
+        return await stub2.result("job-1"), await stub2.calls("job-1"), await stub2.completions("job-1")
+
+    result, calls, completions = runtime.run(scenario())
+    assert result["status"] == "failed" and "attempt 3 was interrupted" in result["error"]
+    assert (calls, completions) == (3, 0)
+
+
+def test_a_repeated_alarm_does_not_rerun_a_finished_job():
+    runtime = jobs_runtime(faults=Faults(duplicate_alarm=1.0))
+    stub = runtime.env.JOBS.getByName("j")
+
+    async def scenario():
+        await stub.submit("done", {"job": "done"})
+        await stub.submit("dead", {"job": "dead", "error": "no"})
+        await asyncio.sleep(30)
+        for job in ("done", "dead"):  # the timer fires once more, as at-least-once allows
+            await stub.retrigger(job)
+        await asyncio.sleep(30)
+        return ([await stub.calls(j) for j in ("done", "dead")], await stub.completions("done"),
+                [e["type"] for e in await stub.events()].count("terminal"),
+                await stub.result("done"), await stub.stored())
+
+    calls, completions, terminals, result, stored = runtime.run(scenario())
+    assert calls == [1, 3] and completions == 1 and terminals == 2
+    assert result == {"status": "completed", "result": {"job": "done", "calls": 1}}
+    assert stored["timers"] == 0
+    assert runtime.hosts()[0].stats.alarm_invocations >= 8
+    runtime.close()
+
+
+def test_eviction_after_the_outcome_commits_does_not_rerun_the_job(runtime):
+    stub = runtime.env.JOBS.getByName("j")
+
+    async def scenario():
+        await stub.submit("slow-listener", {"job": "slow-listener"})
+        await asyncio.sleep(1)  # the terminal listener sleeps; the timer is not yet deleted
+        assert await stub.stored() == {"jobs": 1, "timers": 1, "alarm": None}
+        runtime.evict(stub)
+        await asyncio.sleep(60)
+        stub2 = runtime.env.JOBS.getByName("j")
+        return (await stub2.calls("slow-listener"), await stub2.result("slow-listener"),
+                await stub2.stored())
+
+    calls, result, stored = runtime.run(scenario())
+    assert calls == 1 and result["status"] == "completed"
+    assert stored["timers"] == 0
+
+
+@pytest.mark.parametrize("args", [
+    ("", {"job": "x"}),
+    ("x" * 257, {"job": "x"}),
+    ("x", {"job": "x"}, "nope"),
+    ("x", {"job": "x", "not json": {1, 2}}),
+    ("x", {"job": "x", "nan": float("nan")}),
+])
+def test_bad_input_is_refused_and_stores_nothing(runtime, args):
+    async def scenario():
+        with pytest.raises(JsException, match="ValueError"):
+            await runtime.env.JOBS.getByName("j").submit(*args)
+        return await runtime.env.JOBS.getByName("j").stored()
+
+    assert runtime.run(scenario()) == {"jobs": 0, "timers": 0, "alarm": None}
+
+
+def test_the_handler_must_be_named_when_there_are_several(runtime):
+    stub = runtime.env.PLAIN.getByName("p")
+
+    async def scenario():
+        with pytest.raises(JsException, match="ValueError: name a handler"):
+            await stub.submit("a", "hi")
+        stub2 = runtime.env.PLAIN.getByName("p")
+        await stub2.submit("b", "hi", "upper")
+        await asyncio.sleep(1)
+        return await stub2.result("a"), await stub2.result("b")
+
+    assert runtime.run(scenario()) == ({"status": "not_found"}, {"status": "completed", "result": "HI"})
+
+
+def test_a_result_that_is_not_json_fails_the_attempt(runtime):
+    stub = runtime.env.JOBS.getByName("j")
+
+    async def scenario():
+        await stub.submit("job-1", {"job": "job-1", "bad_result": True})
+        await asyncio.sleep(60)
+        return await stub.result("job-1"), await stub.calls("job-1")
+
+    result, calls = runtime.run(scenario())
+    assert result["status"] == "failed" and calls == 3
+    assert result["error"].startswith("TypeError: job handler 'run' returned a result that is not JSON")
+
+
+def test_a_listener_that_raises_does_not_break_the_runner(runtime):
+    stub = runtime.env.JOBS.getByName("j")
+
+    async def scenario():
+        await stub.submit("boom-1", {"job": "boom-1", "fail_times": 1})
+        await asyncio.sleep(30)
+        return await stub.result("boom-1"), await stub.events("boom-1"), await stub.calls("boom-1")
+
+    result, events, calls = runtime.run(scenario())
+    assert result == {"status": "completed", "result": {"job": "boom-1", "calls": 2}}
+    assert calls == 2
+    assert [e["type"] for e in events] == [
+        "attempt_started", "attempt_settled", "attempt_started", "attempt_settled", "terminal"
+    ]
+    assert not runtime.errors
+
+
+def test_migrate_none_removes_the_tables(runtime):
+    stub = runtime.env.JOBS.getByName("j")
+
+    async def scenario():
+        await stub.submit("job-1", {"job": "job-1"})
+        await asyncio.sleep(2)
+        with pytest.raises(JsException, match="ValueError"):
+            await stub.drop(1)
+        return await runtime.env.JOBS.getByName("j").drop()
+
+    tables = runtime.run(scenario())
+    assert "durability_jobs" not in tables
+    assert "durability_timers" in tables  # the scheduler's are its own
+
+
+def test_a_job_that_succeeds_first_time_costs_six_rows_written(runtime):
+    stub = runtime.env.PLAIN.getByName("p")
+
+    async def scenario():
+        await stub.submit("warm", "x", "echo")  # schema, first alarm
+        await asyncio.sleep(1)
+        host = runtime.host_of(stub)
+        before = host.db.rows_written + host.stats.alarm_writes, host.db.rows_read
+        await stub.submit("job-1", {"n": 1}, "echo")
+        await asyncio.sleep(1)
+        after = host.db.rows_written + host.stats.alarm_writes, host.db.rows_read
+        return before, after, await stub.result("job-1")
+
+    before, after, result = runtime.run(scenario())
+    assert result == {"status": "completed", "result": {"n": 1}}
+    written, read = after[0] - before[0], after[1] - before[1]
+    assert (written, read) == (6, 11)  # job, timer, alarm; attempt started, outcome, timer gone
