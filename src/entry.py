@@ -1,23 +1,36 @@
-"""The example Worker: counters that report to tallies through a durable outbox.
+"""The example Worker: jobs admitted under each account's concurrency budget,
+and counters that report to tallies through a durable outbox.
 
 Lives here: the Durable Object classes and the ``Default`` entrypoint that
 ``wrangler deploy`` ships, written the way a user of the library writes them.
 Must not know: the embedded runtime; this module runs unmodified on
 Cloudflare and in tests.
 
-Each ``Counter`` counts increments per tally. Its increment and the report
-of its new cumulative count to the ``Tally`` commit in one transaction; the
-outbox then delivers the report at least once. A tally keeps, per counter,
-the highest count it was told, so lost, repeated and reordered reports
-still add up to exactly what was counted.
+Account concurrency: jobs are submitted to one of ``SHARDS`` ``JobShard``
+objects (by a hash of the job id). Each shard queues its jobs per account
+with ``DurabilitySemaphoreQueue``; the account's ``AccountLimit`` holder
+admits them, oldest first across all shards, within the account's limit
+(``ACCOUNT_LIMITS`` per account, else ``ACCOUNT_CONCURRENCY``) and each
+workflow's limit (``WORKFLOW_LIMITS``). An admitted job runs through the
+``Durability`` runner; its permit goes back when the job ends, and the
+queue's ``finished()`` sweep returns any permit whose release was lost.
+
+Outbox: each ``Counter`` counts increments per tally. Its increment and the
+report of its new cumulative count to the ``Tally`` commit in one
+transaction; the outbox then delivers the report at least once. A tally
+keeps, per counter, the highest count it was told, so lost, repeated and
+reordered reports still add up to exactly what was counted.
 """
 
+import asyncio
 import json
+import zlib
 
 from workers import DurableObject, Response, WorkerEntrypoint
 
-from durability import DurabilityOutbox, DurabilityScheduler
-from durability.semaphore import DurabilitySemaphore
+from durability import Backoff, Durability, DurabilityOutbox, DurabilityScheduler
+from durability.semaphore import DurabilitySemaphore, DurabilitySemaphoreQueue
+from durability.transforms import timeout
 
 MAX_NAME_LENGTH = 256
 MAX_AMOUNT = 1_000_000_000
@@ -113,6 +126,10 @@ class Tally(DurableObject):
         ).one()["total"]
 
 
+def _json_var(env, name):
+    return json.loads(getattr(env, name, "") or "{}")
+
+
 class AccountLimit(DurableObject):
     """One instance per account (the account id is its name): the account's
     concurrency budget, shared by every object that queues its work."""
@@ -121,13 +138,16 @@ class AccountLimit(DurableObject):
         super().__init__(ctx, env)
         self.scheduler = DurabilityScheduler(ctx)
         self.semaphore = DurabilitySemaphore(
-            self.scheduler,
-            limit=lambda: int(self.env.ACCOUNT_CONCURRENCY),
-            group_limit=self._workflow_limit,
+            self.scheduler, limit=self._account_limit, group_limit=self._workflow_limit
         )
 
+    def _account_limit(self):
+        # Read every round: a change of the vars takes effect without a restart.
+        limits = _json_var(self.env, "ACCOUNT_LIMITS")
+        return int(limits.get(self.ctx.id.name, self.env.ACCOUNT_CONCURRENCY))
+
     def _workflow_limit(self, workflow_id):
-        return json.loads(getattr(self.env, "WORKFLOW_LIMITS", "{}") or "{}").get(workflow_id)
+        return _json_var(self.env, "WORKFLOW_LIMITS").get(workflow_id)
 
     async def permits(self, message):
         return await self.semaphore.handle(message)
@@ -139,9 +159,98 @@ class AccountLimit(DurableObject):
         await self.scheduler.alarm(alarm_info)
 
 
-# Client objects reach an account's holder through this factory:
-# `limits.bind(self.env).request(account_id, message)`.
-limits = DurabilitySemaphore.client(binding="ACCOUNT_LIMIT")
+# Client objects reach an account's holder through this factory.
+limits = DurabilitySemaphore.client(binding="ACCOUNT_LIMIT").with_(timeout, 5_000)
+
+MAX_WORK_MS = 15 * 60_000
+_JOB_FIELDS = {"id", "account", "workflow", "work_ms", "fail"}
+
+
+def _job(job):
+    """A job as submitted: ``{id, account, workflow?, work_ms?, fail?}``."""
+    if not isinstance(job, dict):
+        raise ValueError("a job must be an object")
+    unknown = set(job) - _JOB_FIELDS
+    if unknown:
+        raise ValueError(f"unknown job fields: {sorted(unknown)}")
+    work_ms = job.get("work_ms", 0)
+    if isinstance(work_ms, bool) or not isinstance(work_ms, int) or not 0 <= work_ms <= MAX_WORK_MS:
+        raise ValueError(f"work_ms must be an integer from 0 to {MAX_WORK_MS}")
+    if not isinstance(job.get("fail", False), bool):
+        raise ValueError("fail must be true or false")
+    return {
+        "id": _name(job.get("id"), "id"),
+        "account": _name(job.get("account"), "account"),
+        "workflow": _name(job.get("workflow", "default"), "workflow"),
+        "work_ms": work_ms,
+        "fail": job.get("fail", False),
+    }
+
+
+async def run_job(env, job):
+    """The work of one job. This example only waits ``work_ms`` (and fails when
+    told to); a real Worker calls the service that does the work here."""
+    await asyncio.sleep(job["work_ms"] / 1000)
+    if job["fail"]:
+        raise RuntimeError(f"job {job['id']} failed, as it was asked to")
+    return {"worked_ms": job["work_ms"]}
+
+
+class JobShard(DurableObject):
+    """Queues jobs of many accounts, runs each once its account admits it."""
+
+    def __init__(self, ctx, env):
+        super().__init__(ctx, env)
+        self.scheduler = DurabilityScheduler(ctx, max_concurrency=64)
+        self.jobs = Durability(
+            self.scheduler,
+            handlers={"run": lambda job: run_job(self.env, job)},
+            on_lifecycle_event=self._on_job_event,
+            retries=Backoff(initial_ms=1_000, max_attempts=3),
+        )
+        self.permits = DurabilitySemaphoreQueue(
+            self.scheduler,
+            client_id=ctx.id.toString(),
+            server=limits.bind(env),
+            admit=self._admit,
+            finished=self._finished,
+        )
+
+    async def submit(self, job):
+        job = _job(job)
+        [item] = await self.permits.enqueue(
+            [{"id": job["id"], "key": job["account"], "group": job["workflow"], "body": job}]
+        )
+        return {"id": item.id, "state": item.state}
+
+    async def status(self, job_id):
+        queued = self.permits.status(_name(job_id, "id"))
+        if queued is None:
+            return {"id": job_id, "state": "not_found"}
+        return {**queued, "job": await self.jobs.run.get_result(job_id)}
+
+    async def _admit(self, items):
+        # Idempotent: a job id already known to the runner is not run again.
+        for item in items:
+            await self.jobs.run(id=item.id, payload=item.body)
+
+    async def _on_job_event(self, event):
+        # The fast path only: a failed attempt that will be retried keeps its
+        # permit, and finished() returns any permit whose release is lost.
+        if event.type == "terminal" or (event.type == "attempt_settled" and event.outcome == "completed"):
+            await self.permits.release(event.id)
+
+    async def _finished(self, ids):
+        results = [await self.jobs.run.get_result(job_id) for job_id in ids]
+        return [job_id for job_id, result in zip(ids, results) if result["status"] != "pending"]
+
+    async def alarm(self, alarm_info=None):
+        await self.scheduler.alarm(alarm_info)
+
+
+def _shard(env, job_id):
+    shards = int(getattr(env, "SHARDS", "16"))
+    return env.JOB_SHARD.getByName(f"shard-{zlib.crc32(job_id.encode()) % shards}")
 
 
 class Default(WorkerEntrypoint):
@@ -158,6 +267,13 @@ class Default(WorkerEntrypoint):
     async def account_usage(self, account):
         return await self.env.ACCOUNT_LIMIT.getByName(_name(account, "account")).usage()
 
+    async def submit_job(self, job):
+        job = _job(job)
+        return await _shard(self.env, job["id"]).submit(job)
+
+    async def job_status(self, job_id):
+        return await _shard(self.env, _name(job_id, "id")).status(job_id)
+
     async def fetch(self, request):
         token = getattr(self.env, "API_TOKEN", None)
         if not token or request.headers.get("authorization") != f"Bearer {token}":
@@ -173,6 +289,12 @@ class Default(WorkerEntrypoint):
                 return Response.json({"count": value})
             if request.method == "GET" and len(parts) == 2 and parts[0] == "tallies":
                 return Response.json({"total": await self.total(parts[1])})
+            if request.method == "POST" and parts == ["jobs"]:
+                return Response.json(await self.submit_job(await request.json()), status=202)
+            if request.method == "GET" and len(parts) == 2 and parts[0] == "jobs":
+                return Response.json(await self.job_status(parts[1]))
+            if request.method == "GET" and len(parts) == 3 and parts[::2] == ["accounts", "usage"]:
+                return Response.json(await self.account_usage(parts[1]))
         except ValueError as error:
             return Response.json({"error": str(error)}, status=400)
         return Response.json({"error": "not found"}, status=404)

@@ -14,7 +14,7 @@ from support import ROOT, example_runtime
 
 
 def test_wrangler_toml_bindings_and_vars_are_loaded(example):
-    assert set(example.namespaces) == {"COUNTER", "TALLY", "ACCOUNT_LIMIT"}
+    assert set(example.namespaces) == {"COUNTER", "TALLY", "ACCOUNT_LIMIT", "JOB_SHARD"}
     assert example.env.ACCOUNT_CONCURRENCY == "10"
     assert example.env.API_TOKEN == "t0ken"
 
@@ -117,7 +117,7 @@ def test_tallies_are_exact_under_faults(seed):
 
 def test_the_demo_command_reports_exact_tallies():
     result = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "demo.py"), "--json", "--counters", "4", "--increments", "15"],
+        [sys.executable, str(ROOT / "scripts" / "demo_outbox.py"), "--json", "--counters", "4", "--increments", "15"],
         capture_output=True, text=True, timeout=300,
     )
     assert result.returncode == 0, result.stderr

@@ -188,11 +188,16 @@ class Runtime:
             self.faults.paused -= 1
 
     def close(self) -> None:
-        for task in asyncio.all_tasks(self.loop):
+        """Stop everything still running and close the loop."""
+        if self.loop.is_closed():
+            return
+        tasks = list(asyncio.all_tasks(self.loop))
+        for task in tasks:
             task.cancel()
-        if not self.loop.is_closed():
-            self.loop.run_until_complete(asyncio.sleep(0))
-            self.loop.close()
+        if tasks:
+            with patched_wall_clock(self.loop):
+                self.loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
+        self.loop.close()
 
     def __enter__(self) -> "Runtime":
         return self
