@@ -29,6 +29,7 @@ sys.path.insert(0, str(ROOT / "src"))
 from durability.testing import Faults, JsException, Runtime  # noqa: E402
 
 LIMITS = [3, 5, 8, 4, 6, 2]
+SETTLE_MS = 4 * 3_600_000  # give up waiting for jobs and permits after this much virtual time
 
 
 class Ledger:
@@ -99,7 +100,7 @@ async def workload(runtime: Runtime, args: argparse.Namespace, ledger: Ledger, a
             submitted += 1
         await asyncio.sleep(rng.uniform(1, 8))
     # Wait for every job to end, then for the finished() sweep to return lost permits.
-    deadline = runtime.now_ms() + 4 * 3_600_000
+    deadline = runtime.now_ms() + SETTLE_MS
     last_report = 0.0
     while runtime.now_ms() < deadline:
         await asyncio.sleep(30)

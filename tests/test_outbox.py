@@ -178,3 +178,12 @@ def test_steady_writes_do_not_turn_one_alarm_into_endless_sends():
     # The channel waits delay_ms = 1 s between sends: about one report a second.
     assert reports <= 20
     runtime.close()
+
+
+def test_a_late_acknowledgement_never_deletes_a_newer_message(runtime):
+    source, _ = stubs(runtime)
+
+    async def scenario():
+        return await source.stale_acknowledgement()
+
+    assert runtime.run(scenario()) == [{"key": "k", "value": 2}]

@@ -52,7 +52,7 @@ class OutboxMessage:
     id: str  #: the coalescing key, or a sequence number for unkeyed messages
     body: Any  #: the JSON value that was enqueued
     created_at: float  #: epoch ms of the first enqueue under this id
-    version: int  #: bumped each time a newer message replaced this one
+    version: int  #: changes each time a newer message replaces this one
 
 
 Sender = Callable[[list[OutboxMessage]], Awaitable[None]]
@@ -84,15 +84,19 @@ class OutboxChannel:
         if key is not None and (not isinstance(key, str) or not key or key.startswith("#")):
             raise ValueError(f"outbox key must be a non-empty string not starting with '#', not {key!r}")
         outbox = self.outbox
-        seq = outbox._next_seq()
+        # One number from a counter that only grows within this instance
+        # serves as the position of a new message and the version of every
+        # write: an acknowledgement naming an older version (even of a message
+        # deleted and written again since) can never delete the newer one.
+        version = outbox._next_seq()
         # Unkeyed ids must never repeat, even once the table emptied and a new
         # instance counts from 1 again: a receiver may deduplicate by id.
         message_id = key if key is not None else f"#{int(now_ms()):013x}{random.getrandbits(48):012x}"
         outbox.sql.exec(
-            "INSERT INTO durability_outbox (channel, id, seq, body, created_at) "
-            "VALUES (?, ?, ?, ?, ?) ON CONFLICT (channel, id) DO UPDATE SET "
-            "body = excluded.body, version = durability_outbox.version + 1",
-            self.name, message_id, seq, text, now_ms(),
+            "INSERT INTO durability_outbox (channel, id, seq, body, created_at, version) "
+            "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (channel, id) DO UPDATE SET "
+            "body = excluded.body, version = excluded.version",
+            self.name, message_id, version, text, now_ms(), version,
         )
         outbox.scheduler.schedule_by(PARTICIPANT, self.name, now_ms() + self.delay_ms)
         return message_id
@@ -205,7 +209,7 @@ class DurabilityOutbox:
 
     def _next_seq(self) -> int:
         if self._seq is None:
-            row = self.sql.one("SELECT max(seq) AS seq FROM durability_outbox")
+            row = self.sql.one("SELECT max(version) AS seq FROM durability_outbox")
             self._seq = int(row["seq"] or 0) if row else 0
         self._seq += 1
         return self._seq

@@ -79,6 +79,15 @@ class Timers(DurableObject):
         await self.scheduler.sync()
         return message_id
 
+    async def stale_acknowledgement(self):
+        """Acknowledge a message after it was delivered, deleted and written again."""
+        self.events.enqueue({"key": "k", "value": 1}, key="k")
+        [first] = self.events.pending()
+        self.events.acknowledge([first])
+        self.events.enqueue({"key": "k", "value": 2}, key="k")
+        self.events.acknowledge([first])  # a late reply to the first delivery
+        return [m.body for m in self.events.pending()]
+
     async def bad_message(self):
         self.events.enqueue({"not json": object()})
 
