@@ -97,6 +97,41 @@ def test_admit_is_retried_until_it_returns_and_registers_each_job_once(runtime):
     assert set(states.values()) == {"released"}
 
 
+def test_a_crash_between_admission_and_admit_runs_admit_again_and_registers_once(runtime):
+    runtime.module.CONFIG["abort_in_admit"] = 1
+    world = runtime.module.WORLD
+
+    async def scenario():
+        await shard(runtime).submit(jobs("j", 2))
+        await asyncio.sleep(30)
+        return await shard(runtime).states()
+
+    states = runtime.run(scenario())
+    assert world["admit_calls"] >= 2
+    assert world["starts"] == {"j0": 1, "j1": 1}
+    assert set(states.values()) == {"released"}
+    assert runtime.host_of(shard(runtime)).stats.evictions == 1
+
+
+def test_lost_claim_replies_are_repaired_by_cumulative_counts():
+    runtime = holders_runtime(seed=4, faults=Faults(lost_reply=1.0, targets=frozenset({"Holder"})))
+    world = runtime.module.WORLD
+
+    async def scenario():
+        await shard(runtime).submit(jobs("j", 5, ms=2_000))
+        await asyncio.sleep(20)  # every reply from the holder is lost meanwhile
+        lost_phase = dict(world["starts"])
+        runtime.faults.enabled = False
+        await asyncio.sleep(60)
+        return lost_phase, await shard(runtime).states(), await runtime.env.HOLDER.getByName("holder").usage()
+
+    lost_phase, states, usage = runtime.run(scenario())
+    assert lost_phase == {}  # nothing starts without a confirmed claim
+    assert world["violations"] == [] and world["starts"] == {f"j{i}": 1 for i in range(5)}
+    assert set(states.values()) == {"released"} and usage["outstanding"] == 0
+    runtime.close()
+
+
 def test_a_lost_release_is_recovered_by_finished(runtime):
     runtime.module.CONFIG.update(lose_releases=1.0, finished_check_ms=5_000)
 

@@ -25,6 +25,7 @@ CONFIG = {
     "use_finished": True,
     "lose_releases": 0.0,  # share of releases the shard "forgets" to make
     "admit_failures": 0,  # admit() raises this many times first
+    "abort_in_admit": 0,  # admit() resets the object (ctx.abort) this many times first
     "fake_reply": None,  # when set, the shard's holder answers every message with this
 }
 WORLD = {"running": {}, "violations": [], "max_running": 0, "completed": set(), "admit_calls": 0,
@@ -240,6 +241,9 @@ class Shard(DurableObject):
 
     async def _admit(self, items):
         WORLD["admit_calls"] += 1
+        if CONFIG["abort_in_admit"] > 0:
+            CONFIG["abort_in_admit"] -= 1
+            self.ctx.abort("crashed between the admission and admit()")
         if CONFIG["admit_failures"] > 0:
             CONFIG["admit_failures"] -= 1
             raise RuntimeError("admit fails")

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
 from ._sql import SqlDatabase
-from ._storage import DurableObjectId, DurableObjectState
+from ._storage import DurableObjectAbort, DurableObjectId, DurableObjectState
 from ._values import JsDict, JsException, rpc_copy
 
 if TYPE_CHECKING:
@@ -345,7 +345,7 @@ class ObjectHost:
             await self.run_event(self._alarm_event(info))
             await self.flushed(since=mark)
             succeeded = not self.runtime.faults.alarm_fails(self)
-        except Exception as error:  # the handler threw, or the instance was reset
+        except (Exception, DurableObjectAbort) as error:  # the handler threw, or the instance was reset
             self.runtime.log_event(self, "alarm failed", repr(error))
         finally:
             self._alarm_running = False
@@ -389,6 +389,8 @@ class ObjectHost:
             reply = await self.run_event(event())
         except JsException:
             raise
+        except DurableObjectAbort as abort:
+            raise reset_error(str(abort)) from None
         except Exception as error:
             raise python_error(error) from None
         await self.flushed(since=mark)

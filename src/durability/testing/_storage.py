@@ -156,4 +156,11 @@ class DurableObjectState:
         return host.spawn(run(), background=False)
 
     def abort(self, reason: str | None = None) -> None:
-        self.storage._live_host().evict(reason or "aborted by ctx.abort()")
+        """Reset the object now, as production's ``ctx.abort()``; the calling code stops here."""
+        message = reason or "Application called abort() to reset Durable Object."
+        self.storage._live_host().evict(message)
+        raise DurableObjectAbort(message)
+
+
+class DurableObjectAbort(BaseException):
+    """Raised by ``ctx.abort()``: a BaseException, so ``except Exception`` does not swallow it."""
