@@ -189,6 +189,21 @@ def test_a_malformed_or_old_holder_reply_is_refused_without_losing_items(runtime
     assert runtime.run(scenario()) == {"j0": "queued", "j1": "queued"}
 
 
+def test_a_blocked_key_is_asked_at_most_once_per_next_request_at(runtime):
+    world = runtime.module.WORLD
+
+    async def scenario():
+        await shard(runtime, "busy").submit(jobs("b", 3, ms=30_000))
+        await asyncio.sleep(2)
+        await shard(runtime, "waiting").submit(jobs("w", 2, ms=1_000))
+        await asyncio.sleep(20)
+
+    runtime.run(scenario())
+    asked = [t for t, client in world["requests"] if client == "waiting"]
+    gaps = [b - a for a, b in zip(asked, asked[1:])]
+    assert len(asked) >= 5 and min(gaps) >= runtime.module.CONFIG["round_period_ms"]
+
+
 def test_failed_requests_are_retried_with_backoff():
     runtime = holders_runtime(seed=2, faults=Faults(lost_request=1.0, targets=frozenset({"Holder"})))
 

@@ -29,7 +29,7 @@ CONFIG = {
     "fake_reply": None,  # when set, the shard's holder answers every message with this
 }
 WORLD = {"running": {}, "violations": [], "max_running": 0, "completed": set(), "admit_calls": 0,
-         "started": {}, "starts": {}, "events": []}
+         "started": {}, "starts": {}, "events": [], "requests": []}
 
 
 def _start(item):
@@ -67,6 +67,8 @@ class Holder(DurableObject):
         return CONFIG["group_limits"].get(group)
 
     async def permits(self, message):
+        if isinstance(message, dict) and message.get("type") == "request":
+            WORLD["requests"].append((time.time() * 1000, message.get("clientId")))
         return await self.semaphore.handle(message)
 
     async def usage(self):
