@@ -159,8 +159,9 @@ class AccountLimit(DurableObject):
         await self.scheduler.alarm(alarm_info)
 
 
-# Client objects reach an account's holder through this factory.
-limits = DurabilitySemaphore.client(binding="ACCOUNT_LIMIT").with_(timeout, 5_000)
+# Client objects reach an account's holder through this factory. The timeout
+# leaves room for the queue's long poll (request_wait_ms, 20 s) and a round.
+limits = DurabilitySemaphore.client(binding="ACCOUNT_LIMIT").with_(timeout, 30_000)
 
 MAX_WORK_MS = 15 * 60_000
 _JOB_FIELDS = {"id", "account", "workflow", "work_ms", "fail"}

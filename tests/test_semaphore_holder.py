@@ -15,12 +15,15 @@ def runtime():
         yield rt
 
 
-def request(client, demand=(), grants=()):
-    return {
+def request(client, demand=(), grants=(), wait=None):
+    message = {
         "type": "request", "v": 1, "clientId": client,
         "demand": [{"group": g, "count": n, "oldestAt": t} for g, n, t in demand],
         "grants": [{"grantId": i, "claimed": c, "released": r} for i, c, r in grants],
     }
+    if wait is not None:
+        message["wait"] = wait
+    return message
 
 
 def sync(client, grants):
@@ -145,6 +148,36 @@ def test_eviction_mid_round_fails_the_waiting_calls_and_grants_nothing(runtime):
     assert [g["permits"] for g in again["grants"]] == [2]
 
 
+def test_a_request_that_may_wait_is_held_until_a_permit_frees(runtime):
+    async def scenario():
+        first = await holder(runtime).permits(request("a", [("g", 3, 0)]))
+        grant = first["grants"][0]["grantId"]
+        await holder(runtime).permits(sync("a", [(grant, 3, 0)]))
+        asked = runtime.now_ms()
+        waiting = asyncio.ensure_future(holder(runtime).permits(request("b", [("g", 1, 0)], wait=20_000)))
+        await asyncio.sleep(6)
+        held = not waiting.done()
+        await runtime.env.HOLDER.getByName("holder").permits(sync("a", [(grant, 3, 1)]))
+        reply = await waiting
+        return held, runtime.now_ms() - asked, reply
+
+    held, elapsed, reply = runtime.run(scenario())
+    assert held and 6_000 <= elapsed <= 6_000 + 2_000
+    assert [g["permits"] for g in reply["grants"]] == [1]
+
+
+def test_a_held_request_is_answered_by_its_deadline(runtime):
+    async def scenario():
+        await holder(runtime).permits(request("a", [("g", 3, 0)]))
+        asked = runtime.now_ms()
+        reply = await holder(runtime).permits(request("b", [("g", 1, 0)], wait=9_000))
+        return runtime.now_ms() - asked, reply
+
+    elapsed, reply = runtime.run(scenario())
+    assert 7_000 <= elapsed <= 9_000
+    assert reply["grants"] == [] and reply["blocked"][0]["reason"] == "limit"
+
+
 def test_a_repeated_request_after_a_lost_reply_is_not_served_twice(runtime):
     async def scenario():
         first = await holder(runtime).permits(request("a", [("g", 2, 0)]))
@@ -167,6 +200,8 @@ def test_a_repeated_request_after_a_lost_reply_is_not_served_twice(runtime):
     (request("x" * 300, [("g", 1, 0)]), "invalid_message"),
     (request("a", [(f"g{i}", 1, 0) for i in range(65)]), "too_large"),
     (request("a", grants=[("z", 1, 2)]), "invalid_message"),
+    (request("a", [("g", 1, 0)], wait=-1), "invalid_message"),
+    (request("a", [("g", 1, 0)], wait=60_001), "invalid_message"),
     ("not an object", "invalid_message"),
 ])
 def test_bad_messages_get_an_error_reply_and_change_nothing(runtime, message, code):

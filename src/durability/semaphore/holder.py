@@ -65,6 +65,10 @@ class DurabilitySemaphore:
         round_wait_ms: how long a request waits so that concurrent requests
             are allocated together.
         round_period_ms: the least time between two rounds.
+            A request that asks to ``wait`` and gets nothing is held for the
+            following rounds (up to its wait) instead of being answered
+            empty, so a blocked client costs one request per wait, not one
+            per round, and is present in every round that could serve it.
         grant_timeout_ms: how long granted permits stay reserved unclaimed.
     """
 
@@ -85,7 +89,8 @@ class DurabilitySemaphore:
         self.store = HolderStore(scheduler.sql)
         scheduler.register(PARTICIPANT, self._on_timer)
         self._book: dict[str, Grant] | None = None
-        self._waiting: list[tuple[Request, asyncio.Future]] = []
+        # Requests waiting for a round: (request, reply future, hold-until ms).
+        self._waiting: list[tuple[Request, asyncio.Future, float]] = []
         self._round: asyncio.Task | None = None
         self._last_round_at: float | None = None
 
@@ -133,7 +138,7 @@ class DurabilitySemaphore:
         if isinstance(parsed, Sync):
             return await self._sync(parsed)
         waiter = asyncio.get_running_loop().create_future()
-        self._waiting.append((parsed, waiter))
+        self._waiting.append((parsed, waiter, now_ms() + parsed.wait_ms))
         self._ensure_round()
         return await waiter
 
@@ -166,7 +171,7 @@ class DurabilitySemaphore:
             self._run_round(batch)
         except Exception as error:  # storage failed: nobody is told anything was granted
             log.exception("semaphore round failed")
-            for _, waiter in batch:
+            for _, waiter, _ in batch:
                 if not waiter.done():
                     waiter.set_exception(error)
         else:
@@ -174,23 +179,31 @@ class DurabilitySemaphore:
         if self._waiting:
             self._ensure_round()
 
-    def _run_round(self, batch: list[tuple[Request, asyncio.Future]]) -> None:
+    def _run_round(self, batch: list[tuple[Request, asyncio.Future, float]]) -> None:
         now = now_ms()
         self._last_round_at = now
-        requests = [request for request, _ in batch]
+        requests = [request for request, _, _ in batch]
         limits = self._resolve_limits(requests)
         result: RoundResult = run_round(
             self._grants(), requests, limits, now, self.grant_timeout_ms, self._new_grant_id
         )
         self._commit(result.changes, merged(self._grants(), result.changes))
         next_request_at = now + self.round_period_ms
-        for index, (request, waiter) in enumerate(batch):
+        held = []
+        for index, (request, waiter, hold_until) in enumerate(batch):
             if waiter.done():
-                continue
+                continue  # its caller is gone
             if index in result.errors:
                 waiter.set_result(result.errors[index].reply())
+                continue
+            outcome = result.outcomes[request.client_id]
+            if not outcome.new_grants and outcome.blocked and hold_until > next_request_at:
+                # Nothing to grant yet: keep the request for the next round
+                # instead of having the client ask again (a long poll).
+                held.append((request, waiter, hold_until))
             else:
-                waiter.set_result(_grants_reply(result.outcomes[request.client_id], next_request_at))
+                waiter.set_result(_grants_reply(outcome, next_request_at))
+        self._waiting = held + self._waiting
 
     def _resolve_limits(self, requests: list[Request]) -> Limits:
         total = self._resolve(self.limit) if callable(self.limit) else self.limit

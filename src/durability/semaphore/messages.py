@@ -19,6 +19,7 @@ MAX_ID_LENGTH = 256  # clientId, group, grantId
 MAX_DEMAND_ENTRIES = 64  # groups in one request
 MAX_REPORTS = 256  # grant reports in one message
 MAX_COUNT = 1_000_000  # demand in one group, permits claimed or released on one grant
+MAX_WAIT_MS = 60_000  # how long a request may ask to be held for a grant
 
 # Blocked reasons, in the order they are checked.
 LIMIT_RESOLUTION_ERROR = "limit_resolution_error"
@@ -66,6 +67,7 @@ class Request:
     client_id: str
     demand: tuple[Demand, ...]
     reports: tuple[Report, ...]
+    wait_ms: float = 0.0  #: hold the reply up to this long while nothing can be granted
 
 
 @dataclass(frozen=True)
@@ -156,4 +158,7 @@ def parse(message: Any) -> Request | Sync:
     reports = _reports(message)
     if kind == "sync":
         return Sync(client_id, reports)
-    return Request(client_id, _demand(message), reports)
+    wait = message.get("wait", 0)
+    if isinstance(wait, bool) or not isinstance(wait, (int, float)) or not 0 <= wait <= MAX_WAIT_MS:
+        raise ProtocolError("invalid_message", f"wait must be a number of ms from 0 to {MAX_WAIT_MS}")
+    return Request(client_id, _demand(message), reports, float(wait))

@@ -28,7 +28,16 @@ from ..outbox import DurabilityOutbox, OutboxMessage
 from ..retry import Backoff
 from ..scheduler import DurabilityScheduler, Timer, now_ms
 from .client import SemaphoreClient
-from .messages import MAX_DEMAND_ENTRIES, MAX_ID_LENGTH, MAX_REPORTS, NOT_FOUND, OK, VERSION, ProtocolError
+from .messages import (
+    MAX_DEMAND_ENTRIES,
+    MAX_ID_LENGTH,
+    MAX_REPORTS,
+    MAX_WAIT_MS,
+    NOT_FOUND,
+    OK,
+    VERSION,
+    ProtocolError,
+)
 from .queue_store import ADMITTED, CANCELLED, CLAIMING, QUEUED, RELEASED, Item, LocalGrant, QueueStore
 
 log = logging.getLogger("durability.semaphore.queue")
@@ -113,6 +122,9 @@ class DurabilitySemaphoreQueue:
         retries: backoff for ``admit()``, failed requests and report syncs.
         attempt_timeout_ms: a request unanswered this long counts as failed.
         report_delay_ms: how long releases gather before a ``sync`` sends them.
+        request_wait_ms: how long the holder may hold a request that it cannot
+            serve yet (a long poll). A timeout transform on ``server`` must
+            allow this plus a round.
     """
 
     def __init__(self, scheduler: DurabilityScheduler, *, client_id: str, server: SemaphoreClient,
@@ -121,7 +133,7 @@ class DurabilitySemaphoreQueue:
                  on_lifecycle_event: Callable[[QueueEvent], Any] | None = None,
                  retries: Backoff = Backoff(initial_ms=1_000, max_ms=60_000),
                  attempt_timeout_ms: float = 10_000, finished_check_ms: float = 60_000,
-                 report_delay_ms: float = 1_000) -> None:
+                 report_delay_ms: float = 1_000, request_wait_ms: float = 20_000) -> None:
         self.scheduler = scheduler
         self.client_id = _identifier(client_id, "client_id")
         self.server = server
@@ -130,6 +142,9 @@ class DurabilitySemaphoreQueue:
         self.on_lifecycle_event = on_lifecycle_event
         self.attempt_timeout_ms = attempt_timeout_ms
         self.finished_check_ms = finished_check_ms
+        if not 0 <= request_wait_ms <= MAX_WAIT_MS:
+            raise ValueError(f"request_wait_ms must be from 0 to {MAX_WAIT_MS}")
+        self.request_wait_ms = request_wait_ms
         self.store = QueueStore(scheduler.sql)
         self.reports = DurabilityOutbox.of(scheduler).channel(
             CHANNEL, self._send_reports, delay_ms=report_delay_ms, batch_size=MAX_REPORTS
@@ -278,10 +293,10 @@ class DurabilitySemaphoreQueue:
             "type": "request", "v": VERSION, "clientId": self.client_id,
             "demand": [{"group": g, "count": n, "oldestAt": oldest} for g, n, oldest in demand],
             "grants": [_report_of(m) for m in piggybacked],
+            "wait": self.request_wait_ms,
         }
-        reply = _reply_of(
-            await asyncio.wait_for(self.server.request(key, message), self.attempt_timeout_ms / 1000), "grants"
-        )
+        limit_s = (self.attempt_timeout_ms + self.request_wait_ms) / 1000
+        reply = _reply_of(await asyncio.wait_for(self.server.request(key, message), limit_s), "grants")
         self.scheduler.transaction(lambda: self._apply_grants_reply(key, reply, piggybacked))
         await self.scheduler.sync()
         await self._after_reply(key, reply)
