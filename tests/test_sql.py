@@ -181,3 +181,15 @@ def test_rollback_of_the_batch_discards_uncommitted_writes(db):
     db.exec("INSERT INTO g VALUES ('uncommitted', 1, 1)", ())
     db.rollback_batch()
     assert db.exec("SELECT count(*) AS n FROM g WHERE id = 'uncommitted'", ()).one()["n"] == 0
+
+
+def test_writes_are_still_counted_after_the_schema_changes():
+    db = SqlDatabase()
+    db.exec("CREATE TABLE t (id TEXT PRIMARY KEY, v) WITHOUT ROWID", ())
+    first = counts(db, "INSERT INTO t VALUES (?, ?)", "a", 1)
+    db.exec("CREATE TABLE IF NOT EXISTS t (id TEXT PRIMARY KEY, v) WITHOUT ROWID", ())  # a no-op
+    db.exec("CREATE TABLE other (x)", ())
+    second = counts(db, "INSERT INTO t VALUES (?, ?)", "b", 1)
+    db.exec("CREATE INDEX t_v ON t (v)", ())
+    third = counts(db, "INSERT INTO t VALUES (?, ?)", "c", 1)
+    assert (first, second, third) == ((0, 1), (0, 1), (0, 2))

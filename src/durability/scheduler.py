@@ -109,6 +109,7 @@ class DurabilityScheduler:
         # Timers whose handler is running now: scheduling one of them always
         # moves its version, or the run's end would delete the new request.
         self._running: dict[tuple[str, str], None] = {}
+        self._version: int | None = None
         self.outbox: Any = None  # the object's one DurabilityOutbox, if any (DurabilityOutbox.of)
         # While alarm() dispatches, newly scheduled timers wake it instead of
         # moving the alarm: it runs them itself and re-arms when it ends.
@@ -146,11 +147,22 @@ class DurabilityScheduler:
         if (participant, key) in self._running:
             when = "1"  # its due time is being consumed: any request is a new one
         self.sql.exec(
-            "INSERT INTO durability_timers (participant, key, due_at) VALUES (?, ?, ?) "
+            "INSERT INTO durability_timers (participant, key, due_at, version) VALUES (?, ?, ?, ?) "
             "ON CONFLICT (participant, key) DO UPDATE SET due_at = excluded.due_at, "
-            f"attempt = 0, version = durability_timers.version + 1 WHERE {when}",
-            _name(participant, "participant"), _name(key, "timer key"), _time(at_ms),
+            f"attempt = 0, version = excluded.version WHERE {when}",
+            _name(participant, "participant"), _name(key, "timer key"), _time(at_ms), self._next_version(),
         )
+
+    def _next_version(self) -> int:
+        # Versions come from a counter that only grows in this instance: a run
+        # that ends deletes its timer only if no write came since, even one
+        # that deleted the timer and wrote it again (which would reuse a
+        # version that restarted from zero).
+        if self._version is None:
+            row = self.sql.one("SELECT max(version) AS v FROM durability_timers")
+            self._version = int(row["v"] or 0) if row else 0
+        self._version += 1
+        return self._version
 
     def cancel(self, participant: str, key: str) -> None:
         self.sql.exec(
@@ -226,7 +238,8 @@ class DurabilityScheduler:
                     break
                 self._wake.clear()
                 waker = asyncio.ensure_future(self._wake.wait())
-                next_due = self._next_due(running)
+                can_start = len(running) < self.max_concurrency and now_ms() - started < self.alarm_budget_ms
+                next_due = self._next_due(running) if can_start else None
                 timeout = None if next_due is None else max(0.0, (next_due - now_ms()) / 1000)
                 await asyncio.wait([*running.values(), waker], timeout=timeout,
                                    return_when=asyncio.FIRST_COMPLETED)
@@ -291,9 +304,9 @@ class DurabilityScheduler:
             log.warning("timer %s/%s failed (attempt %d): %r; retrying",
                         timer.participant, timer.key, failures, error)
             self.sql.exec(
-                "UPDATE durability_timers SET due_at = ?, attempt = ?, version = version + 1 "
+                "UPDATE durability_timers SET due_at = ?, attempt = ?, version = ? "
                 "WHERE participant = ? AND key = ? AND version = ?",
-                decision.at_ms, failures, timer.participant, timer.key, version,
+                decision.at_ms, failures, self._next_version(), timer.participant, timer.key, version,
             )
         else:
             log.error("timer %s/%s failed %d times: %r; giving up",

@@ -306,8 +306,10 @@ class DurabilitySemaphoreQueue:
         for entry in reply["grants"]:
             known = self.store.grant(entry["grantId"])
             if known is None:
-                known = LocalGrant(entry["grantId"], key, entry["group"], entry["permits"],
-                                   entry.get("claimed", 0), entry.get("claimed", 0), 0, entry["claimDeadline"])
+                if entry.get("claimed", 0):
+                    continue  # claimed here before and settled since: a late reply, not a new grant
+                known = LocalGrant(entry["grantId"], key, entry["group"], entry["permits"], 0, 0, 0,
+                                   entry["claimDeadline"])
             self.store.put_grant(replace(known, permits=entry["permits"], claim_deadline=entry["claimDeadline"]))
         self.reports.acknowledge(piggybacked)
         now = now_ms()
@@ -345,13 +347,16 @@ class DurabilitySemaphoreQueue:
             for item in claiming[:newly]:
                 self.store.set_state(item.id, ADMITTED, grant.grant_id, "grant")
                 admitted = True
-            refused = grant.claimed - confirmed if status != OK else 0
+            if status != OK:
+                refused = grant.claimed - confirmed
+            else:  # the holder's permits never grow: claims beyond them can never be confirmed
+                refused = max(0, grant.claimed - max(confirmed, int(outcome["permits"])))
             for item in claiming[newly:newly + refused]:
                 self.store.set_state(item.id, QUEUED)
             grant = replace(grant, claimed=grant.claimed - refused, confirmed=confirmed,
                             permits=grant.permits if status == NOT_FOUND else int(outcome["permits"]))
             settled = status == NOT_FOUND or outcome.get("released") == outcome.get("permits") == grant.released
-            if settled and grant.released >= grant.confirmed:
+            if settled and grant.released >= grant.confirmed and grant.claimed == grant.confirmed:
                 self.store.delete_grant(grant.grant_id)
             else:
                 self.store.put_grant(grant)
@@ -361,19 +366,34 @@ class DurabilitySemaphoreQueue:
             self.scheduler.schedule_by(PARTICIPANT, ADMIT, now_ms())
 
     async def _send_reports(self, messages: list[OutboxMessage]) -> None:
-        """The outbox's sender: a ``sync`` per key with its cumulative counts."""
+        """The outbox's sender: a ``sync`` per key with its cumulative counts.
+
+        Each key's reports are acknowledged as soon as its holder answered, so
+        one unreachable holder delays only its own account's reports.
+        """
         by_key: dict[str, list[OutboxMessage]] = {}
         for message in messages:
             by_key.setdefault(message.body["key"], []).append(message)
+        failure: Exception | None = None
         for key, batch in by_key.items():
             sync = {"type": "sync", "v": VERSION, "clientId": self.client_id,
                     "grants": [_report_of(m) for m in batch]}
-            reply = _reply_of(
-                await asyncio.wait_for(self.server.sync(key, sync), self.attempt_timeout_ms / 1000), "synced"
-            )
-            self.scheduler.transaction(lambda: self._apply_outcomes(reply["reports"]))
+            try:
+                reply = _reply_of(
+                    await asyncio.wait_for(self.server.sync(key, sync), self.attempt_timeout_ms / 1000), "synced"
+                )
+            except Exception as error:
+                failure = failure or error
+                continue
+
+            def apply(reply=reply, batch=batch) -> None:
+                self._apply_outcomes(reply["reports"])
+                self.reports.acknowledge(batch)
+
+            self.scheduler.transaction(apply)
             await self.scheduler.sync()
-        await self._admit_pending_safely()
+        if failure is not None:
+            raise failure
 
     # -- admission, release and the finished() sweep ----------------------------------
     async def _admit_pending_safely(self) -> None:
@@ -395,7 +415,8 @@ class DurabilitySemaphoreQueue:
             def done() -> None:
                 now = now_ms()
                 self.store.mark_admit_returned([i.id for i in items], now)
-                self.scheduler.cancel(PARTICIPANT, ADMIT)
+                if not self.store.to_admit():  # items admitted meanwhile still need the timer
+                    self.scheduler.cancel(PARTICIPANT, ADMIT)
                 if self.finished is not None:
                     self.scheduler.schedule_by(PARTICIPANT, FINISHED, now + self.finished_check_ms)
 

@@ -194,6 +194,7 @@ class SqlDatabase:
         self._conn.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, MAX_ROW_BYTES)
         self._conn.set_authorizer(self._authorize)
         self._shapes: dict[str, _Shape] = {}
+        self._schema_version = 0
         self._tables: dict[str, _TableInfo] = {}
         self._learning: _Shape | None = None
         self._refusal: str | None = None
@@ -307,8 +308,11 @@ class SqlDatabase:
         shape = _Shape(has_limit=bool(_LIMIT.search(statement)))
         self._learning, self._refusal = shape, None
         try:
-            # Preparing EXPLAIN runs the authorizer over the real statement.
-            plan = self._conn.execute("EXPLAIN QUERY PLAN " + statement, values).fetchall()
+            # Preparing EXPLAIN runs the authorizer over the real statement. The
+            # schema version in the text keeps sqlite3's statement cache from
+            # answering without preparing (and so without the authorizer).
+            explain = f"EXPLAIN QUERY PLAN /* schema {self._schema_version} */ {statement}"
+            plan = self._conn.execute(explain, values).fetchall()
         except sqlite3.Error as error:
             if self._refusal is not None:
                 raise JsException(self._refusal) from None
@@ -337,8 +341,11 @@ class SqlDatabase:
         columns = [d[0] for d in cursor.description] if cursor.description else []
         changed = self._conn.total_changes - changes_before
         if shape.is_ddl:
-            self._tables.clear()
-            self._shapes.clear()
+            version = self._conn.execute(_INTERNAL + "PRAGMA schema_version").fetchone()[0]
+            if version != self._schema_version:  # not an IF NOT EXISTS that did nothing
+                self._schema_version = version
+                self._tables.clear()
+                self._shapes.clear()
             reads, writes = 0, 0
         else:
             inserted = (self._count_rows(target) - rows_before) if target else None
@@ -423,6 +430,12 @@ class SqlDatabase:
     def _count_rows(self, table: str) -> int:
         quoted = table.replace('"', '""')
         return self._conn.execute(_INTERNAL + f'SELECT count(*) FROM "{quoted}"').fetchone()[0]
+
+    def inspect(self, query: str, *bindings: Any) -> list[dict[str, Any]]:
+        """Read state for a test or a demo: not billed, not refused, not in any batch."""
+        cursor = self._conn.execute(_INTERNAL + query, [sql_binding(b) for b in bindings])
+        columns = [d[0] for d in cursor.description or []]
+        return [dict(zip(columns, row)) for row in cursor.fetchall()]
 
     def database_size(self) -> int:
         pages = self._conn.execute(_INTERNAL + "PRAGMA page_count").fetchone()[0]
