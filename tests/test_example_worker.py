@@ -143,3 +143,22 @@ def test_the_deployed_code_imports_only_the_standard_library_and_the_sdk():
     for path in deployed:
         foreign = set(_imports(path)) - allowed
         assert not foreign, f"{path.relative_to(ROOT)} imports {foreign}"
+
+
+def test_the_main_demo_keeps_every_promise_on_a_small_workload():
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "demo.py"), "--json", "--jobs", "80", "--shards", "4",
+         "--seed", "3", "--fault-rate", "0.05"],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    summary = json.loads(result.stdout)
+    for field in ("submitted", "admitted", "completed", "limit", "max_running", "p50_wait_s", "p99_wait_s",
+                  "rows_written_per_admission", "rows_read_per_admission", "rpc_per_admission",
+                  "leaked_permits"):
+        assert field in summary
+    assert summary["submitted"] == summary["admitted"] == 80
+    assert summary["completed"] + summary["failed"] == 80
+    assert all(summary["max_running"][a] <= summary["limit"][a] for a in summary["limit"])
+    assert summary["leaked_permits"] == 0 and summary["jobs_run_twice_at_once"] == 0
+    assert summary["evictions"] > 0
