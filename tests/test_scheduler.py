@@ -222,3 +222,23 @@ def test_a_timer_that_comes_due_while_another_runs_starts_at_its_time(runtime):
     start, runs = runtime.run(scenario())
     assert sorted((r["key"], r["at"] - start) for r in runs) == [("now", 1_200), ("quick", 1_500), ("slow", 1_000)]
     assert runtime.hosts()[0].stats.alarm_invocations == 1  # one alarm dispatched all three
+
+
+def test_timers_outlive_an_alarm_whose_retries_run_out(runtime):
+    stub = runtime.env.TIMERS.getByName("t")
+
+    async def scenario():
+        await stub.schedule("slow", 1_000)  # each run takes 2 s
+        host = runtime.host_of(stub)
+        for _ in range(8):  # more failures in a row than the runtime retries
+            seen, give_up = host.stats.alarm_invocations, runtime.now_ms() + 120_000
+            while host.stats.alarm_invocations == seen and runtime.now_ms() < give_up:
+                await asyncio.sleep(0.25)
+            await asyncio.sleep(0.5)
+            host.evict()
+        await asyncio.sleep(600)
+        fresh = runtime.env.TIMERS.getByName("t")
+        return await fresh.timer_count(), len(await fresh.runs())
+
+    left, runs = runtime.run(scenario())
+    assert left == 0 and runs >= 2  # cut short again and again, then finished

@@ -50,6 +50,7 @@ _SCHEMA = {
 _TABLES = ["durability_timers"]
 
 _UNKNOWN = object()
+BACKSTOP_MS = 60_000
 
 
 @dataclass(frozen=True)
@@ -225,6 +226,13 @@ class DurabilityScheduler:
         """
         self._armed = None  # the alarm that fired is spent
         started = now_ms()
+        if getattr(alarm_info, "retryCount", 0):
+            # Earlier runs of this alarm failed, and the runtime gives up after
+            # six retries: keep an alarm set while this run works, so that the
+            # timers are not stranded if it fails too. (Each run that follows a
+            # failure pays this one write; a healthy object never does.)
+            self._armed = math.ceil(started + BACKSTOP_MS)
+            await self.sql.set_alarm(self._armed)
         running: dict[tuple[str, str], asyncio.Task] = {}
         self._dispatching = True
         try:

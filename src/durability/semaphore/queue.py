@@ -195,9 +195,7 @@ class DurabilitySemaphoreQueue:
 
     async def release(self, item_id: str) -> bool:
         """Return an admitted item's permit. True if released now or before."""
-        item = self.store.item(_identifier(item_id, "id"))
-        if item is None:
-            raise KeyError(f"no item {item_id!r}")
+        item = self._known(item_id)
         if item.state == RELEASED:
             return True
         if item.state != ADMITTED:
@@ -209,15 +207,19 @@ class DurabilitySemaphoreQueue:
 
     async def cancel(self, item_id: str) -> bool:
         """Remove an item that is still queued."""
-        item = self.store.item(_identifier(item_id, "id"))
-        if item is None:
-            raise KeyError(f"no item {item_id!r}")
+        item = self._known(item_id)
         if item.state == CANCELLED:
             return True
         if item.state != QUEUED:
             raise ValueError(f"item {item_id!r} is {item.state}: only a queued item can be cancelled")
         self.store.set_state(item.id, CANCELLED)
         return True
+
+    def _known(self, item_id: str) -> Item:
+        item = self.store.item(_identifier(item_id, "id"))
+        if item is None:
+            raise KeyError(f"no item {item_id!r}")
+        return item
 
     def status(self, item_id: str) -> dict | None:
         item = self.store.item(item_id)
