@@ -145,9 +145,9 @@ class Client:
         self.claimed = 0
         self.errors = 0
 
-    def burst(self, rng: random.Random, now: float) -> None:
+    def burst(self, rng: random.Random, now: float, most: int) -> None:
         for group in rng.sample(self.groups, rng.randint(1, len(self.groups))):
-            self.queue[group].extend([now] * rng.randint(1, 4))
+            self.queue[group].extend([now] * rng.randint(1, most))
 
     def finish(self, now: float) -> None:
         still = []
@@ -206,7 +206,7 @@ async def one_call(stub, client: Client, now: float, rng: random.Random) -> int:
 
 
 # -- one scale --------------------------------------------------------------------------------
-def bench(n: int, rounds: int, seed: int) -> dict:
+def bench(n: int, rounds: int, seed: int, burst: int = 4) -> dict:
     rng = random.Random(seed)
     limit = 3 * n
     module = load_worker_module(WORKER)
@@ -224,7 +224,7 @@ def bench(n: int, rounds: int, seed: int) -> dict:
             now = runtime.now_ms()
             for client in clients:
                 if rng.random() < 0.25:
-                    client.burst(rng, now)
+                    client.burst(rng, now, burst)
             # Everyone asks at the same instant: the holder serves them in one round.
             sent = await asyncio.gather(*(one_call(holder, c, now, rng) for c in clients))
             calls.append(sum(sent))
@@ -261,6 +261,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="a fast smoke run: few rounds, smaller scales")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--scales", default=None, help="comma-separated client counts")
+    parser.add_argument("--burst", type=int, default=4, help="items per group in one burst: 1 to this")
     args = parser.parse_args()
 
     if args.quick:
@@ -272,7 +273,7 @@ def main() -> None:
         plan = {n: plan.get(n, 3 if args.quick else 6) for n in wanted}
 
     print(f"holder benchmark: seed {args.seed}; limit = 3 x clients; demand in 1-5 of {len(GROUPS)} groups, "
-          f"{len(LIMITED)} of them capped at {next(iter(LIMITED.values()))}; a burst of 1-4 items per group for "
+          f"{len(LIMITED)} of them capped at {next(iter(LIMITED.values()))}; a burst of 1-{args.burst} items per group for "
           "25% of clients each round; items run 2-8 s")
     print("rounds per scale: " + ", ".join(f"{n:,}: {r}" for n, r in plan.items())
           + ("  (--quick smoke run)" if args.quick else "  (the same at every scale, so rounds compare)"))
@@ -281,7 +282,7 @@ def main() -> None:
           f"{'grants':>6} {'wall':>5}")
     results = []
     for n, rounds in plan.items():
-        r = bench(n, rounds, args.seed)
+        r = bench(n, rounds, args.seed, args.burst)
         # The holder's own CPU: the round without the embedded SQL's billing emulation (it counts
         # a table's rows on every upsert, O(table)) and without collections of the whole process
         # heap (this script's clients live in it), but with the same writes on plain sqlite3.
