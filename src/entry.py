@@ -160,8 +160,8 @@ class AccountLimit(DurableObject):
 
 
 # Client objects reach an account's holder through this factory. The timeout
-# leaves room for the queue's long poll (request_wait_ms, 20 s) and a round.
-limits = DurabilitySemaphore.client(binding="ACCOUNT_LIMIT").with_(timeout, 30_000)
+# leaves room for the queue's long poll (request_wait_ms, 50 s) and a round.
+limits = DurabilitySemaphore.client(binding="ACCOUNT_LIMIT").with_(timeout, 60_000)
 
 MAX_WORK_MS = 15 * 60_000
 _JOB_FIELDS = {"id", "account", "workflow", "work_ms", "fail"}

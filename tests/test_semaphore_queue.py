@@ -213,10 +213,10 @@ def test_requests_are_paced_by_next_request_at():
     world = runtime.module.WORLD
 
     async def scenario():
-        await shard(runtime, "busy").submit(jobs("b", 3, ms=30_000))
+        await shard(runtime, "busy").submit(jobs("b", 3, ms=150_000))
         await asyncio.sleep(2)
         await shard(runtime, "waiting").submit(jobs("w", 2, ms=1_000))
-        await asyncio.sleep(60)
+        await asyncio.sleep(140)  # each held request is answered empty at its deadline
 
     runtime.run(scenario())
     asked = [t for t, client in world["requests"] if client == "waiting"]

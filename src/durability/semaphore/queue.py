@@ -133,7 +133,7 @@ class DurabilitySemaphoreQueue:
                  on_lifecycle_event: Callable[[QueueEvent], Any] | None = None,
                  retries: Backoff = Backoff(initial_ms=1_000, max_ms=60_000),
                  attempt_timeout_ms: float = 10_000, finished_check_ms: float = 60_000,
-                 report_delay_ms: float = 1_000, request_wait_ms: float = 20_000) -> None:
+                 report_delay_ms: float = 1_000, request_wait_ms: float = 50_000) -> None:
         self.scheduler = scheduler
         self.client_id = _identifier(client_id, "client_id")
         self.server = server
