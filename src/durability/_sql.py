@@ -47,3 +47,24 @@ class Sql:
 
     async def delete_alarm(self) -> None:
         await self._storage.deleteAlarm()
+
+
+class GrowingCounter:
+    """Numbers that only grow within this instance, starting above a column's maximum.
+
+    ``max_query`` returns that maximum as ``n`` (NULL when the table is
+    empty). It is read once, at the first number, so a counter costs one
+    scan per instance and no write.
+    """
+
+    def __init__(self, sql: Sql, max_query: str) -> None:
+        self._sql = sql
+        self._query = max_query
+        self._last: int | None = None
+
+    def next(self) -> int:
+        if self._last is None:
+            row = self._sql.one(self._query)
+            self._last = int(row["n"] or 0) if row else 0
+        self._last += 1
+        return self._last

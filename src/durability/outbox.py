@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any, Awaitable, Callable
 
 from ._schema import drop, migrate
-from ._sql import Sql
+from ._sql import GrowingCounter, Sql
 from .retry import Backoff
 from .scheduler import DurabilityScheduler, Timer, now_ms
 
@@ -88,7 +88,7 @@ class OutboxChannel:
         # serves as the position of a new message and the version of every
         # write: an acknowledgement naming an older version (even of a message
         # deleted and written again since) can never delete the newer one.
-        version = outbox._next_seq()
+        version = outbox._versions.next()
         # Unkeyed ids must never repeat, even once the table emptied and a new
         # instance counts from 1 again: a receiver may deduplicate by id.
         message_id = key if key is not None else f"#{int(now_ms()):013x}{random.getrandbits(48):012x}"
@@ -168,7 +168,7 @@ class DurabilityOutbox:
         self.scheduler = scheduler
         self.sql: Sql = scheduler.sql
         self._channels: dict[str, OutboxChannel] = {}
-        self._seq: int | None = None
+        self._versions = GrowingCounter(self.sql, "SELECT max(version) AS n FROM durability_outbox")
         migrate(self.sql, "outbox", _SCHEMA)
         scheduler.register(PARTICIPANT, self._on_timer, backoff=backoff)
 
@@ -206,13 +206,6 @@ class DurabilityOutbox:
     def _count(self, channel: str) -> int:
         row = self.sql.one("SELECT count(*) AS n FROM durability_outbox WHERE channel = ?", channel)
         return int(row["n"]) if row else 0
-
-    def _next_seq(self) -> int:
-        if self._seq is None:
-            row = self.sql.one("SELECT max(version) AS seq FROM durability_outbox")
-            self._seq = int(row["seq"] or 0) if row else 0
-        self._seq += 1
-        return self._seq
 
     async def _on_timer(self, timer: Timer) -> None:
         channel = self._channels.get(timer.key)

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, TypeVar
 
 from ._schema import drop, migrate
-from ._sql import Sql
+from ._sql import GrowingCounter, Sql
 from .retry import Backoff, decide_retry
 
 T = TypeVar("T")
@@ -110,7 +110,11 @@ class DurabilityScheduler:
         # Timers whose handler is running now: scheduling one of them always
         # moves its version, or the run's end would delete the new request.
         self._running: dict[tuple[str, str], None] = {}
-        self._version: int | None = None
+        # Versions come from a counter that only grows in this instance: a run
+        # that ends deletes its timer only if no write came since, even one
+        # that deleted the timer and wrote it again (a version restarting
+        # from zero would be taken for the one that ran).
+        self._versions = GrowingCounter(self.sql, "SELECT max(version) AS n FROM durability_timers")
         self.outbox: Any = None  # the object's one DurabilityOutbox, if any (DurabilityOutbox.of)
         # While alarm() dispatches, newly scheduled timers wake it instead of
         # moving the alarm: it runs them itself and re-arms when it ends.
@@ -151,19 +155,8 @@ class DurabilityScheduler:
             "INSERT INTO durability_timers (participant, key, due_at, version) VALUES (?, ?, ?, ?) "
             "ON CONFLICT (participant, key) DO UPDATE SET due_at = excluded.due_at, "
             f"attempt = 0, version = excluded.version WHERE {when}",
-            _name(participant, "participant"), _name(key, "timer key"), _time(at_ms), self._next_version(),
+            _name(participant, "participant"), _name(key, "timer key"), _time(at_ms), self._versions.next(),
         )
-
-    def _next_version(self) -> int:
-        # Versions come from a counter that only grows in this instance: a run
-        # that ends deletes its timer only if no write came since, even one
-        # that deleted the timer and wrote it again (which would reuse a
-        # version that restarted from zero).
-        if self._version is None:
-            row = self.sql.one("SELECT max(version) AS v FROM durability_timers")
-            self._version = int(row["v"] or 0) if row else 0
-        self._version += 1
-        return self._version
 
     def cancel(self, participant: str, key: str) -> None:
         self.sql.exec(
@@ -314,7 +307,7 @@ class DurabilityScheduler:
             self.sql.exec(
                 "UPDATE durability_timers SET due_at = ?, attempt = ?, version = ? "
                 "WHERE participant = ? AND key = ? AND version = ?",
-                decision.at_ms, failures, self._next_version(), timer.participant, timer.key, version,
+                decision.at_ms, failures, self._versions.next(), timer.participant, timer.key, version,
             )
         else:
             log.error("timer %s/%s failed %d times: %r; giving up",

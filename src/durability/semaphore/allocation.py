@@ -174,8 +174,6 @@ class ResolutionFailed:
         return f"ResolutionFailed({self.error!r})"
 
 
-
-
 @dataclass(frozen=True)
 class Limits:
     """Everything the user's callbacks said for one round, resolved in advance."""

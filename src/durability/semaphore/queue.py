@@ -22,7 +22,7 @@ import inspect
 import json
 import logging
 from dataclasses import dataclass, replace
-from typing import Any, Awaitable, Callable
+from typing import Any, Callable
 
 from ..outbox import DurabilityOutbox, OutboxMessage
 from ..retry import Backoff
@@ -439,7 +439,7 @@ class DurabilitySemaphoreQueue:
             done = await result if inspect.isawaitable(result) else result
             finished_items = [asked[i] for i in done if i in asked]
             if finished_items:
-                def release_all() -> None:
+                def release_all(finished_items=finished_items) -> None:
                     for item in finished_items:
                         current = self.store.item(item.id)
                         if current is not None and current.state == ADMITTED:

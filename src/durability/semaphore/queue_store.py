@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .._schema import drop, migrate
-from .._sql import Sql
+from .._sql import GrowingCounter, Sql
 
 COMPONENT = "semaphore-queue"
 ITEMS = "durability_queue_items"
@@ -102,7 +102,7 @@ class QueueStore:
     def __init__(self, sql: Sql) -> None:
         self.sql = sql
         migrate(sql, COMPONENT, _SCHEMA)
-        self._seq: int | None = None
+        self._seq = GrowingCounter(sql, f"SELECT max(seq) AS n FROM {ITEMS}")
 
     @staticmethod
     def drop(sql: Sql) -> None:
@@ -113,17 +113,10 @@ class QueueStore:
         row = self.sql.one(f"SELECT {_ITEM_COLUMNS} FROM {ITEMS} WHERE id = ?", item_id)
         return None if row is None else _item(row)
 
-    def next_seq(self) -> int:
-        if self._seq is None:
-            row = self.sql.one(f"SELECT max(seq) AS seq FROM {ITEMS}")
-            self._seq = int(row["seq"] or 0) if row else 0
-        self._seq += 1
-        return self._seq
-
     def insert(self, item_id: str, key: str, group: str, body_json: str, now: float) -> None:
         self.sql.exec(
             f"INSERT INTO {ITEMS} (id, key, grp, body, seq, enqueued_at, state) VALUES (?, ?, ?, ?, ?, ?, ?)",
-            item_id, key, group, body_json, self.next_seq(), now, QUEUED,
+            item_id, key, group, body_json, self._seq.next(), now, QUEUED,
         )
 
     def oldest_queued(self, key: str, group: str, limit: int) -> list[Item]:
