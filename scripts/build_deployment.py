@@ -14,6 +14,11 @@
    paths relative to src/, and the vendored files under python_modules/.
 3. Checks DIR holds the entry module, every .py file of src/ (so the
    `durability` library), and the SDK at the pinned version.
+4. Imports the bundle as the runtime would: DIR's modules and the SDK
+   vendored in DIR/python_modules, in real Pyodide 0.28.2 under Node
+   (fidelity/pyodide/host.mjs). A module that cannot import there (a
+   missing module, a CPython-only import) fails the build, as does a
+   Durable Object class of wrangler.toml that the entry module lacks.
 
 Needs only the standard library, uv and node_modules/ (from `npm ci`).
 """
@@ -31,6 +36,9 @@ import tomllib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from fidelity.pyodide_host import PyodideHostError, node_ready, run_host  # noqa: E402
 SDK = "workers-runtime-sdk"
 SDK_DIST = "workers_runtime_sdk"
 
@@ -156,6 +164,25 @@ def check_bundle(outdir: Path, pin: str) -> None:
     )
 
 
+def check_imports(outdir: Path) -> None:
+    """Import the bundle in Pyodide with its vendored SDK; its classes must match wrangler.toml."""
+    missing = node_ready()
+    if missing:
+        fail(f"cannot import the bundle in Pyodide: {missing}")
+    with open(ROOT / "wrangler.toml", "rb") as f:
+        settings = tomllib.load(f)
+    wanted = sorted({b["class_name"] for b in settings.get("durable_objects", {}).get("bindings", [])})
+    try:
+        report = run_host({"kind": "import"}, module_dir=outdir, sdk_dir=outdir / "python_modules")
+    except PyodideHostError as error:
+        fail(f"the bundle does not import in Pyodide:\n{error}")
+    found = report["result"]
+    absent = [name for name in wanted if name not in found["durableObjects"]]
+    if absent or "Default" not in found["workerEntrypoints"]:
+        fail(f"the entry module lacks {absent + ([] if 'Default' in found['workerEntrypoints'] else ['Default'])}")
+    print(f"Bundle imports in Pyodide: Durable Objects {', '.join(found['durableObjects'])}; entrypoint Default")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
@@ -171,6 +198,7 @@ def main() -> None:
     vendor_sdk(pin)
     wrangler_dry_run(outdir)
     check_bundle(outdir, pin)
+    check_imports(outdir)
 
 
 if __name__ == "__main__":

@@ -224,6 +224,33 @@ def test_a_timer_that_comes_due_while_another_runs_starts_at_its_time(runtime):
     assert runtime.hosts()[0].stats.alarm_invocations == 1  # one alarm dispatched all three
 
 
+def test_a_timer_due_within_two_ms_is_waited_for_without_spinning(runtime, monkeypatch):
+    # Pyodide runs a wait of 2 ms or less at once and workerd's clock does
+    # not move meanwhile: a dispatcher that waited that little would spin.
+    waits = []
+    real_wait = asyncio.wait
+
+    async def counted_wait(*args, timeout=None, **kwargs):
+        waits.append(timeout)
+        if len(waits) > 1_000:
+            raise AssertionError(f"the dispatcher spins: last timeouts {waits[-3:]}")
+        return await real_wait(*args, timeout=timeout, **kwargs)
+
+    monkeypatch.setattr(asyncio, "wait", counted_wait)
+    stub = runtime.env.TIMERS.getByName("t")
+
+    async def scenario():
+        start = runtime.now_ms()
+        await stub.schedule("slow", 1_000)  # its handler takes 2 s
+        await stub.schedule("soon-after", 1_001.5)
+        await asyncio.sleep(5)
+        return start, await runtime.env.TIMERS.getByName("t").runs()
+
+    start, runs = runtime.run(scenario())
+    assert sorted(r["key"] for r in runs) == ["slow", "soon-after"]
+    assert len(waits) < 10
+
+
 def test_timers_outlive_an_alarm_whose_retries_run_out(runtime):
     stub = runtime.env.TIMERS.getByName("t")
 

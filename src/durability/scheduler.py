@@ -51,6 +51,10 @@ _TABLES = ["durability_timers"]
 
 _UNKNOWN = object()
 BACKSTOP_MS = 60_000
+# Pyodide runs a callback due within 2 ms at once, and workerd's clock only
+# moves on I/O: a shorter wait for the next timer would return with the
+# clock unmoved and spin the dispatcher until the CPU limit.
+MIN_WAIT_S = 0.005
 
 
 @dataclass(frozen=True)
@@ -241,7 +245,7 @@ class DurabilityScheduler:
                 waker = asyncio.ensure_future(self._wake.wait())
                 can_start = len(running) < self.max_concurrency and now_ms() - started < self.alarm_budget_ms
                 next_due = self._next_due(running) if can_start else None
-                timeout = None if next_due is None else max(0.0, (next_due - now_ms()) / 1000)
+                timeout = None if next_due is None else max(MIN_WAIT_S, (next_due - now_ms()) / 1000)
                 await asyncio.wait([*running.values(), waker], timeout=timeout,
                                    return_when=asyncio.FIRST_COMPLETED)
                 waker.cancel()

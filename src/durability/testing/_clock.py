@@ -7,6 +7,10 @@ When every task is waiting and a timer is due later, the loop moves its
 clock straight to that timer instead of sleeping, so an hour of simulated
 traffic costs only the CPU it takes. A loop with nothing ready and no timer
 can never make progress; that is a deadlock and it is reported as one.
+
+Like Pyodide's event loop, it runs a callback due within 2 ms at once,
+with the clock unmoved: code that waits a millisecond for time to pass
+spins here as it would in production, instead of passing.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from collections.abc import Iterator
 
 # 2026-01-01T00:00:00Z: a fixed epoch so that every run sees the same dates.
 DEFAULT_EPOCH_MS = 1_767_225_600_000
+PYODIDE_IMMEDIATE_S = 0.002
 
 
 class Deadlock(RuntimeError):
@@ -71,6 +76,12 @@ class VirtualClockLoop(asyncio.SelectorEventLoop):
 
     def time(self) -> float:
         return self._virtual_now
+
+    def call_later(self, delay, callback, *args, context=None):
+        # Pyodide's scheduleCallback runs a callback due within 2 ms at once.
+        if delay <= PYODIDE_IMMEDIATE_S:
+            return self.call_soon(callback, *args, context=context)
+        return super().call_later(delay, callback, *args, context=context)
 
     def now_ms(self) -> float:
         """Wall-clock milliseconds since the Unix epoch, as ``Date.now()`` gives."""

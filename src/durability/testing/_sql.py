@@ -47,6 +47,11 @@ TRANSACTION_REFUSED = (
     "with Durable Objects' automatic atomic write coalescing."
 )
 
+MULTIPLE_STATEMENTS_WITH_PARAMETERS = (
+    "When executing multiple SQL statements in a single call, only the last "
+    "statement can have parameters."
+)
+
 _PRIMARY_ERROR_NAMES = {
     1: "SQLITE_ERROR", 2: "SQLITE_INTERNAL", 3: "SQLITE_PERM", 4: "SQLITE_ABORT",
     5: "SQLITE_BUSY", 6: "SQLITE_LOCKED", 7: "SQLITE_NOMEM", 8: "SQLITE_READONLY",
@@ -287,17 +292,21 @@ class SqlDatabase:
         statements = split_statements(query)
         if not statements:
             raise JsException("SQL code did not contain a statement.")
-        if len(statements) > 1 and bindings:
-            raise JsException(
-                "Bindings are only supported when the SQL code holds one statement."
-            )
         values = [sql_binding(value) for value in bindings]
         cursor = None
-        for statement in statements:
-            shape = self._shape_of(statement, values)
+        for index, statement in enumerate(statements):
+            # workerd binds the values to the last statement; one before it
+            # that takes parameters is refused when its turn comes.
+            last = index == len(statements) - 1
+            try:
+                shape = self._shape_of(statement, values if last else [])
+            except JsException as error:
+                if not last and error.message.startswith("Incorrect number of bindings"):
+                    raise JsException(MULTIPLE_STATEMENTS_WITH_PARAMETERS) from None
+                raise
             if shape.writes:
                 self.open_batch()  # production starts its implicit transaction on a write
-            cursor = self._exec_one(statement, values)
+            cursor = self._exec_one(statement, values if last else [])
         assert cursor is not None
         return cursor
 
@@ -316,7 +325,7 @@ class SqlDatabase:
         except sqlite3.Error as error:
             if self._refusal is not None:
                 raise JsException(self._refusal) from None
-            raise _js_error(error) from None
+            raise _js_error(error, statement) from None
         finally:
             self._learning = None
         if not shape.is_ddl:
@@ -475,14 +484,23 @@ def _full_scans(plan: list[tuple]) -> list[str]:
     return tables
 
 
-def _js_error(error: sqlite3.Error) -> JsException:
-    """A SQLite error worded as workerd words it: message, code, extended code."""
+_SYNTAX_ERROR = re.compile(r'near "(.+)": syntax error')
+
+
+def _js_error(error: sqlite3.Error, statement: str = "") -> JsException:
+    """A SQLite error worded as workerd words it: message, offset, code, extended code."""
     code = getattr(error, "sqlite_errorcode", None)
     extended = getattr(error, "sqlite_errorname", None)
     if code is None:
         return JsException(str(error))
     primary = _PRIMARY_ERROR_NAMES.get(code & 0xFF, extended or "SQLITE_ERROR")
-    message = f"{error}: {primary}"
+    message = str(error)
+    # workerd adds where the syntax error is; Python's sqlite3 does not say,
+    # but the token SQLite quotes is found at that offset.
+    near = _SYNTAX_ERROR.fullmatch(message)
+    if near and near.group(1) in statement:
+        message += f" at offset {statement.index(near.group(1))}"
+    message = f"{message}: {primary}"
     if extended and extended != primary:
         message += f" (extended: {extended})"
     return JsException(message)

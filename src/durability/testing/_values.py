@@ -131,8 +131,9 @@ def sql_binding(value: object) -> object:
 
     Production binds every number as a REAL, ``None`` as NULL, strings as
     TEXT and bytes as BLOB. It binds ``True`` as the text ``'true'`` and
-    refuses integers beyond 2**53; both are refused here with a clear error,
-    since neither is ever what the caller meant.
+    refuses an int that Pyodide hands over as a BigInt (2**53 - 1 and
+    beyond, as the conformance probe shows); both are refused here with a
+    clear error, since neither is ever what the caller meant.
     """
     if value is None or isinstance(value, (str, bytes)):
         return value
@@ -142,10 +143,10 @@ def sql_binding(value: object) -> object:
             "'true'; bind int(flag) instead"
         )
     if isinstance(value, int):
-        if abs(value) > MAX_SAFE_INTEGER:
+        if abs(value) >= MAX_SAFE_INTEGER:
             raise TypeError(
-                f"the integer {value} is beyond 2**53 and cannot be bound to SQL "
-                "(production: Cannot convert a BigInt value to a number)"
+                "Cannot convert a BigInt value to a number (production's error: the int "
+                f"{value} is 2**53 - 1 or beyond, which Pyodide hands over as a BigInt)"
             )
         return float(value)
     if isinstance(value, float):

@@ -1,0 +1,25 @@
+"""What a scenario drives the Worker through, on the embedded runtime.
+
+Lives here: ``EmbeddedDriver``, the CPython twin of the Pyodide host's
+driver (entrypoint calls, ``env``, virtual time, the Worker module).
+Must not know: any scenario.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from durability.testing import Runtime
+
+
+class EmbeddedDriver:
+    def __init__(self, runtime: Runtime) -> None:
+        self.runtime = runtime
+        self.module = runtime.module
+        self.env = runtime.env
+
+    async def call(self, method: str, *args: Any) -> Any:
+        return await self.runtime.call_entrypoint(method, *args)
+
+    def now_ms(self) -> float:
+        return self.runtime.now_ms()

@@ -1,0 +1,34 @@
+"""What a scenario drives the Worker through, inside Pyodide.
+
+Lives here: ``PyodideDriver`` (entrypoint calls made as a service binding
+makes them, ``env`` wrapped by the real SDK, virtual time, the Worker
+module for instrumentation) and JSON output. Must not know: any scenario.
+The embedded runtime's twin is ``fidelity.drivers.EmbeddedDriver``.
+"""
+
+import json
+
+from workers import _EnvWrapper, python_from_rpc, python_to_rpc
+
+
+class PyodideDriver:
+    def __init__(self, host, module, now_ms):
+        self._host = host
+        self._now_ms = now_ms
+        self.module = module
+        self.env = _EnvWrapper(host.env)
+
+    async def call(self, method, *args):
+        reply = await self._host.callEntrypoint(method, python_to_rpc(list(args)))
+        return python_from_rpc(reply)
+
+    def now_ms(self):
+        return float(self._now_ms())
+
+
+async def run_scenario(scenario, driver, args_json):
+    return await scenario(driver, **json.loads(args_json))
+
+
+def to_json(value):
+    return json.dumps(value, sort_keys=True)

@@ -1,0 +1,103 @@
+"""Run a Worker in real Pyodide from Python: the launcher of ``fidelity/pyodide/host.mjs``.
+
+Lives here: building the host's request (the Worker's modules, the SDK
+vendored at the pinned version, the scenarios, the bindings and vars of
+``wrangler.toml``), running Node, and reading its one JSON line back.
+Must not know: what a scenario checks.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import tempfile
+import tomllib
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+HOST = ROOT / "fidelity" / "pyodide" / "host.mjs"
+SCENARIOS = ROOT / "fidelity" / "scenarios"
+SDK_DIST = "workers-runtime-sdk"
+
+
+class PyodideHostError(RuntimeError):
+    """The host could not run the task: the Worker failed in Pyodide."""
+
+
+def node_ready() -> str | None:
+    """Why the host cannot run here (no node, no `npm ci`), or None."""
+    if shutil.which("node") is None:
+        return "node is not installed"
+    if not (ROOT / "node_modules" / "pyodide" / "pyodide.mjs").is_file():
+        return "node_modules/pyodide is missing: run `npm ci`"
+    return None
+
+
+def copy_sdk(target: Path) -> str:
+    """Copy the installed SDK's files (the wheel uv.lock pins) to ``target``; return its version."""
+    dist = metadata.distribution(SDK_DIST)
+    for file in dist.files or []:
+        if file.parts[0].endswith(".dist-info") or file.suffix == ".pyc" or "__pycache__" in file.parts:
+            continue
+        source = Path(dist.locate_file(file))
+        destination = target / file
+        destination.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(source, destination)
+    return dist.version
+
+
+def wrangler_config(path: Path) -> dict[str, Any]:
+    with open(path, "rb") as f:
+        settings = tomllib.load(f)
+    bindings = settings.get("durable_objects", {}).get("bindings", [])
+    return {
+        "main": Path(settings["main"]).stem,
+        "module_dir": (path.parent / settings["main"]).parent,
+        "vars": {k: str(v) for k, v in settings.get("vars", {}).items()},
+        "durableObjects": [{"name": b["name"], "className": b["class_name"]} for b in bindings],
+    }
+
+
+def run_host(task: dict[str, Any], *, wrangler: Path = ROOT / "wrangler.toml",
+             module_dir: Path | None = None, sdk_dir: Path | None = None,
+             vars: dict[str, str] | None = None, worker: dict[str, Any] | None = None,
+             timeout: float = 600) -> dict[str, Any]:
+    """Run ``task`` on the Worker of ``wrangler`` in Pyodide; return the host's report.
+
+    ``module_dir`` replaces the directory of the main module (to run a
+    variant of the Worker); ``sdk_dir`` gives an SDK tree to use instead of
+    the installed one (the deployment's ``python_modules``, say); ``worker``
+    (``main``, ``module_dir``, ``vars``, ``durableObjects``) replaces the
+    configuration read from ``wrangler``.
+    """
+    config = worker or wrangler_config(wrangler)
+    config["vars"] = {**config.get("vars", {}), **(vars or {})}
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        if sdk_dir is None:
+            sdk_dir = tmp / "sdk"
+            copy_sdk(sdk_dir)
+        request = {
+            "trees": [
+                {"dir": str(module_dir or config["module_dir"]), "mount": "/worker"},
+                {"dir": str(sdk_dir), "mount": "/sdk"},
+                {"dir": str(SCENARIOS), "mount": "/fidelity/scenarios"},
+            ],
+            "paths": ["/worker", "/sdk", "/fidelity"],
+            "main": config["main"],
+            "config": {"vars": config["vars"], "durableObjects": config["durableObjects"]},
+            "task": task,
+        }
+        (tmp / "request.json").write_text(json.dumps(request))
+        done = subprocess.run(["node", str(HOST), str(tmp / "request.json")], cwd=ROOT,
+                              capture_output=True, text=True, timeout=timeout)
+    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    if not lines:
+        raise PyodideHostError(f"the host printed no report (exit {done.returncode}):\n{done.stderr[-4000:]}")
+    report = json.loads(lines[-1])
+    if not report.get("ok"):
+        raise PyodideHostError(report.get("error", "unknown error"))
+    return report

@@ -1,0 +1,47 @@
+"""The deployment check (tier T4) fails on a bundle that cannot run: it
+imports the bundle in real Pyodide with the SDK vendored next to it."""
+
+import importlib.util
+import shutil
+
+import pytest
+
+from fidelity.pyodide_host import ROOT, copy_sdk, node_ready
+
+pytestmark = [pytest.mark.pyodide, pytest.mark.skipif(node_ready() is not None, reason=str(node_ready()))]
+
+
+def _build_deployment():
+    spec = importlib.util.spec_from_file_location("build_deployment", ROOT / "scripts" / "build_deployment.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _bundle(tmp_path, edit=None):
+    """A bundle laid out as wrangler writes it: src/'s modules, the SDK in python_modules/."""
+    bundle = tmp_path / "bundle"
+    shutil.copytree(ROOT / "src", bundle, ignore=shutil.ignore_patterns("__pycache__"))
+    copy_sdk(bundle / "python_modules")
+    if edit:
+        entry = bundle / "entry.py"
+        old, new = edit
+        assert old in entry.read_text()
+        entry.write_text(entry.read_text().replace(old, new, 1))
+    return bundle
+
+
+def test_a_sound_bundle_passes(tmp_path, capsys):
+    _build_deployment().check_imports(_bundle(tmp_path))
+    assert "Bundle imports in Pyodide" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("edit, why", [
+    (("import zlib\n", "import zlib\nimport ssl  # noqa: F401\n"), "No module named 'ssl'"),
+    (("import zlib\n", "import zlib\nimport yaml  # noqa: F401\n"), "No module named 'yaml'"),
+    (("class AccountLimit(", "class AccountLimits("), "lacks ['AccountLimit']"),
+])
+def test_a_bundle_that_cannot_run_fails(tmp_path, capsys, edit, why):
+    with pytest.raises(SystemExit):
+        _build_deployment().check_imports(_bundle(tmp_path, edit))
+    assert why in capsys.readouterr().err

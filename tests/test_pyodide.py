@@ -1,0 +1,93 @@
+"""The Worker in real Pyodide 0.28.2 with the real `workers` SDK (tier T2).
+
+The example Worker's account composition runs end to end under
+``fidelity/pyodide/host.mjs`` and must end as it ends on the embedded
+runtime. Variants of the Worker that break only where the real
+interpreter and SDK run show that the tier can fail.
+"""
+
+import json
+import shutil
+
+import pytest
+
+from durability.testing import Runtime
+from fidelity.embedded import EmbeddedDriver
+from fidelity.pyodide_host import ROOT, PyodideHostError, node_ready, run_host
+from fidelity.scenarios import account_jobs
+
+pytestmark = [pytest.mark.pyodide, pytest.mark.skipif(node_ready() is not None, reason=str(node_ready()))]
+
+LIMITS = {"acct-a": 2, "acct-b": 3}
+VARS = {"ACCOUNT_LIMITS": json.dumps(LIMITS), "SHARDS": "3"}
+SCENARIO = {"kind": "scenario", "module": "scenarios.account_jobs", "function": "run", "args": {"jobs": 200}}
+
+
+@pytest.fixture(scope="module")
+def pyodide_outcome():
+    return run_host(SCENARIO, vars=VARS)
+
+
+@pytest.fixture(scope="module")
+def embedded_outcome():
+    with Runtime.from_wrangler(ROOT / "wrangler.toml", vars=VARS) as runtime:
+        return runtime.run(account_jobs.run(EmbeddedDriver(runtime), **SCENARIO["args"]))
+
+
+def check_promises(outcome):
+    assert len(outcome["statuses"]) == 200
+    for account, limit in LIMITS.items():
+        assert 1 <= outcome["max_running"][account] <= limit, account
+    assert outcome["overlaps"] == 0
+    assert outcome["runs_of_completed"] == [1]
+    assert outcome["outstanding_after"] == {"acct-a": 0, "acct-b": 0, account_jobs.GHOST_ACCOUNT: 0}
+    # The ghost's grant was out, and only the holder's alarm took it back.
+    assert outcome["ghost"] == {"granted": 1, "outstanding_before_reclaim": 1}
+
+
+def test_composition_runs_in_pyodide(pyodide_outcome):
+    check_promises(pyodide_outcome["result"])
+    assert pyodide_outcome["background_errors"] == []
+    assert pyodide_outcome["stats"]["alarms"] > 0
+
+
+def test_pyodide_and_embedded_runtime_agree(pyodide_outcome, embedded_outcome):
+    check_promises(embedded_outcome)
+    result = pyodide_outcome["result"]
+    assert result["statuses"] == embedded_outcome["statuses"]
+    assert result["limits"] == embedded_outcome["limits"] == LIMITS
+
+
+def test_worker_classes_import_in_pyodide():
+    report = run_host({"kind": "import"})
+    assert report["result"] == {
+        "durableObjects": ["AccountLimit", "Counter", "JobShard", "Tally"],
+        "workerEntrypoints": ["Default"],
+    }
+
+
+def _variant(tmp_path, replace):
+    """A copy of src/ whose entry.py has one edit: a broken Worker, for this test only."""
+    variant = tmp_path / "src"
+    shutil.copytree(ROOT / "src", variant, ignore=shutil.ignore_patterns("__pycache__"))
+    entry = variant / "entry.py"
+    old, new = replace
+    text = entry.read_text()
+    assert old in text
+    entry.write_text(text.replace(old, new, 1))
+    return variant
+
+
+def test_a_cpython_only_import_fails(tmp_path):
+    # `ssl` is not in Pyodide's standard library.
+    variant = _variant(tmp_path, ("import zlib\n", "import zlib\nimport ssl  # noqa: F401\n"))
+    with pytest.raises(PyodideHostError, match="ModuleNotFoundError: No module named 'ssl'"):
+        run_host({"kind": "import"}, module_dir=variant)
+
+
+def test_a_reply_rpc_cannot_carry_fails_the_scenario(tmp_path):
+    # The real SDK's python_to_rpc refuses a tuple in a reply.
+    variant = _variant(tmp_path, ('return {"id": item.id, "state": item.state}',
+                                  'return {"id": item.id, "state": item.state, "at": (1, 2)}'))
+    with pytest.raises(PyodideHostError, match="cannot be sent over RPC"):
+        run_host({**SCENARIO, "args": {"jobs": 5}}, module_dir=variant, vars=VARS)
