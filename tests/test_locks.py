@@ -309,3 +309,124 @@ def test_a_lost_reply_to_acquire_finds_the_same_place_on_retry(runtime):
 
     seen, acquires = runtime.run(scenario())
     assert acquires == 2 and seen["held"] == 1  # granted once, found again by the retry
+
+
+def test_a_cancelled_waiter_leaves_the_line(runtime):
+    uploads = semaphore(runtime.env.SLOTS, "uploads", limit=1)
+
+    async def scenario():
+        async with uploads.hold("u"):
+            waiter = asyncio.ensure_future(uploads.hold("u", lambda: "never"))
+            await asyncio.sleep(1)
+            waiting = (await usage(runtime, "u"))["waiting"]
+            waiter.cancel()
+            await asyncio.sleep(0.001)
+            return waiting, (await usage(runtime, "u"))["waiting"], waiter.cancelled()
+
+    assert runtime.run(scenario()) == (1, 0, True)
+
+
+def test_holder_eviction_and_restart_lose_no_place(runtime):
+    uploads = semaphore(runtime.env.SLOTS, "uploads", limit=2, ttl="3s")
+    stub = holder(runtime, "u")
+
+    async def scenario():
+        async with uploads.hold("u") as a, uploads.hold("u") as b:
+            waiter = asyncio.ensure_future(uploads.hold("u", lambda: runtime.now_ms()))
+            await asyncio.sleep(1)
+            runtime.evict(stub)  # the waiter's call fails; the places are in the table
+            async with uploads.try_hold("u") as extra:
+                pass
+            await asyncio.sleep(0.5)  # the waiter calls again after a short backoff
+            seen = await usage(runtime, "u")
+            await asyncio.sleep(20)  # renewals reach the restarted holder
+            runtime.evict(stub)
+            still = (a.lost(), b.lost(), (await usage(runtime, "u"))["held"])
+            released = runtime.now_ms()
+        return extra, seen, still, await waiter, released
+
+    extra, seen, still, admitted, released = runtime.run(scenario())
+    assert extra is None and seen["held"] == 2 and seen["waiting"] == 1  # the waiter called again
+    assert still == (False, False, 2)
+    assert 0 <= admitted - released <= 200  # its call failed at each eviction; it called again soon after
+    assert runtime.host_of(stub).stats.instances_created == 3
+
+
+def test_two_opens_with_different_limits(runtime):
+    three = semaphore(runtime.env.SLOTS, "uploads", limit=3)
+    one = semaphore(runtime.env.SLOTS, "uploads", limit=1)
+    five = semaphore(runtime.env.SLOTS, "uploads", limit=5)
+    log = []
+
+    async def hold(sem, name, seconds, delay=0):
+        await asyncio.sleep(delay)
+        async with sem.hold("u") as permit:
+            log.append((name, "in", runtime.now_ms() - start))
+            await asyncio.sleep(seconds)
+            assert not permit.lost()  # a smaller limit lets no holder go
+        log.append((name, "out", runtime.now_ms() - start))
+
+    async def probe():
+        await asyncio.sleep(15)
+        return await usage(runtime, "u")
+
+    async def scenario():
+        return await together(
+            hold(three, "a", 10), hold(three, "b", 20), hold(three, "c", 30),
+            hold(one, "small", 1, delay=1),  # waits until every holder is gone
+            hold(five, "big", 1, delay=2),  # behind "small" in line, though its limit has room
+            probe(),
+        )
+
+    start = runtime.now_ms()
+    midway = runtime.run(scenario())[-1]
+    times = {(name, what): at for name, what, at in log}
+    assert (midway["held"], midway["waiting"]) == (2, 2)  # "a" left at 10 s; nobody came in
+    assert times["c", "out"] == times["small", "in"] == 30_000  # the last holder of three left
+    assert times["big", "in"] == 30_000  # right behind it: 1 held < 5
+
+
+def test_bad_options_are_clear_errors_and_call_nothing(runtime):
+    env = runtime.env
+    for bad in (dict(limit=0), dict(limit=1_001), dict(limit="3"), dict(limit=2, ttl="-1s"),
+                dict(limit=2, ttl="soon"), dict(limit=2, wait=-5), dict(limit=2, max_hold="0s")):
+        with pytest.raises(InvalidOption):
+            semaphore(env.SLOTS, "uploads", **bad)
+    with pytest.raises(InvalidOption, match="namespace"):
+        semaphore("SLOTS", "uploads", limit=1)
+    uploads = semaphore(env.SLOTS, "uploads", limit=1)
+    with pytest.raises(InvalidOption, match="key"):
+        uploads.hold("")
+    with pytest.raises(InvalidOption, match="wait"):
+        uploads.hold("u", wait="later")
+    with pytest.raises(InvalidOption, match="max_hold"):
+        uploads.try_hold("u", max_hold=-1)
+    assert calls(runtime) == []
+
+
+def test_bad_messages_and_foreign_tokens_change_nothing(runtime):
+    uploads = semaphore(runtime.env.SLOTS, "uploads", limit=1)
+
+    async def scenario():
+        async with uploads.hold("u") as permit:
+            before = await usage(runtime, "u")
+            stub = holder(runtime, "u")
+            replies = [
+                await stub.semaphore_acquire({"v": 1, "requestId": "r", "limit": 0, "ttlMs": 30_000, "waitMs": 0}),
+                await stub.semaphore_acquire({"v": 1, "requestId": "r", "limit": 1, "ttlMs": -1, "waitMs": 0}),
+                await stub.semaphore_renew({"v": 1, "token": "not-mine"}),
+                await stub.semaphore_renew({"v": 1}),
+                await stub.semaphore_release({"v": 1, "token": "not-mine"}),
+                await stub.semaphore_cancel({"v": 1, "requestId": "not-mine"}),
+                await stub.semaphore_release("everything"),
+            ]
+            after = await usage(runtime, "u")
+            await asyncio.sleep(60)  # renewals still work
+            return before, replies, after, permit.lost()
+
+    before, replies, after, lost = runtime.run(scenario())
+    assert [r.get("code", r["status"]) for r in replies] == [
+        "invalid_message", "invalid_message", "not_holder", "invalid_message", "not_held", "cancelled",
+        "invalid_message"]
+    assert "never issued" in replies[2]["message"]
+    assert (before["held"], after["held"], lost) == (1, 1, False)

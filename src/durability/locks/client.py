@@ -171,6 +171,7 @@ class Semaphore:
                         return None
                     await asyncio.sleep(_backoff(failures - 1) / 1000)
                     continue
+                failures = 0
                 status = reply.get("status")
                 if status == m.GRANTED:
                     # The holder counts the lease from the call's arrival, which is no
