@@ -1,9 +1,9 @@
 """A Worker module for the lock semaphore's tests: a holder class and an uploader that holds places.
 
 ``WORLD`` is the ground truth outside the objects: every hold with the
-moment it began and the moment it stopped being surely its holder's
-(release, loss of the lease, or its code stopping), and the limit of the
-open that admitted it.
+moment its code began and the moment it stopped being surely its holder's
+(release, loss of the lease, or its code stopping), the limit of the open
+that admitted it, and the moment the holder object admitted it.
 """
 
 import asyncio
@@ -13,7 +13,7 @@ from workers import DurableObject
 
 from durability.locks import PlaceLost, SemaphoreHolder, WaitTimeout, semaphore
 
-WORLD = {"holds": []}
+WORLD = {"holds": [], "admitted_at": {}}
 
 
 def now_ms():
@@ -27,6 +27,13 @@ def stall(ms):
 
 class Slots(SemaphoreHolder):
     """The holder objects of every semaphore in these tests (one per name and key)."""
+
+    async def semaphore_acquire(self, message):
+        reply = await super().semaphore_acquire(message)
+        if reply.get("status") == "granted":  # when the holder admitted it, by its own clock
+            place = self.semaphore_places.line.places[reply["token"]]
+            WORLD["admitted_at"][reply["token"]] = place.granted_at
+        return reply
 
 
 class Uploader(DurableObject):
@@ -42,6 +49,7 @@ class Uploader(DurableObject):
                 if permit is None:
                     return {"id": job["id"], "status": "busy"}
                 record["start"] = now_ms()
+                record["token"] = permit._token  # to find when the holder admitted it
                 WORLD["holds"].append(record)
                 try:
                     await self._work(job, permit)
