@@ -15,7 +15,7 @@ import logging
 import math
 import secrets
 from dataclasses import dataclass, replace
-from typing import Any, Awaitable, Callable
+from typing import Any, Callable
 
 from ..scheduler import now_ms
 from . import messages as m
