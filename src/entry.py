@@ -20,6 +20,11 @@ report of its new cumulative count to the ``Tally`` commit in one
 transaction; the outbox then delivers the report at least once. A tally
 keeps, per counter, the highest count it was told, so lost, repeated and
 reordered reports still add up to exactly what was counted.
+
+Uploads: at most ``UPLOADS_PER_USER`` uploads of one user run at once,
+held like a lock around the upload with ``durability.locks.semaphore``; a
+further upload waits up to ten seconds for a place. ``UploadSlots`` holds
+the places, one instance per user.
 """
 
 import asyncio
@@ -29,6 +34,7 @@ import zlib
 from workers import DurableObject, Response, WorkerEntrypoint
 
 from durability import Backoff, Durability, DurabilityOutbox, DurabilityScheduler
+from durability.locks import PlaceLost, SemaphoreHolder, WaitTimeout, semaphore
 from durability.semaphore import DurabilitySemaphore, DurabilitySemaphoreQueue
 from durability.transforms import timeout
 
@@ -249,6 +255,29 @@ class JobShard(DurableObject):
         await self.scheduler.alarm(alarm_info)
 
 
+class UploadSlots(SemaphoreHolder):
+    """One instance per user (named ``uploads:<user>``): the places of that user's uploads."""
+
+
+MAX_UPLOAD_MS = 10 * 60_000
+
+
+def _uploads(env):
+    # Opened per request: opening checks the options and makes no call.
+    limit = int(getattr(env, "UPLOADS_PER_USER", "3"))
+    return semaphore(env.UPLOAD_SLOTS, "uploads", limit=limit, ttl="30s", wait="10s")
+
+
+async def run_upload(user, work_ms, permit):
+    """The upload itself. This example only waits ``work_ms``, stopping early if
+    the place is lost; a real Worker streams the file to storage here."""
+    left = work_ms
+    while left > 0 and not permit.lost():
+        step = min(left, 1_000)
+        await asyncio.sleep(step / 1000)
+        left -= step
+
+
 def _shard(env, job_id):
     shards = int(getattr(env, "SHARDS", "16"))
     return env.JOB_SHARD.getByName(f"shard-{zlib.crc32(job_id.encode()) % shards}")
@@ -275,6 +304,20 @@ class Default(WorkerEntrypoint):
     async def job_status(self, job_id):
         return await _shard(self.env, _name(job_id, "id")).status(job_id)
 
+    async def upload(self, user, work_ms=0):
+        """Run one upload of ``user`` inside one of the user's places."""
+        user = _name(user, "user")
+        if isinstance(work_ms, bool) or not isinstance(work_ms, int) or not 0 <= work_ms <= MAX_UPLOAD_MS:
+            raise ValueError(f"work_ms must be an integer from 0 to {MAX_UPLOAD_MS}")
+        try:
+            async with _uploads(self.env).hold(user) as permit:
+                await run_upload(user, work_ms, permit)
+        except WaitTimeout:
+            return {"status": "busy"}
+        except PlaceLost as lost:
+            return {"status": "interrupted", "reason": lost.reason}
+        return {"status": "uploaded"}
+
     async def fetch(self, request):
         token = getattr(self.env, "API_TOKEN", None)
         if not token or request.headers.get("authorization") != f"Bearer {token}":
@@ -296,6 +339,13 @@ class Default(WorkerEntrypoint):
                 return Response.json(await self.job_status(parts[1]))
             if request.method == "GET" and len(parts) == 3 and parts[::2] == ["accounts", "usage"]:
                 return Response.json(await self.account_usage(parts[1]))
+            if request.method == "POST" and len(parts) == 3 and parts[::2] == ["users", "uploads"]:
+                body = await request.json()
+                if not isinstance(body, dict):
+                    raise ValueError("the body must be a JSON object")
+                result = await self.upload(parts[1], body.get("work_ms", 0))
+                status = {"uploaded": 200, "busy": 429}.get(result["status"], 503)
+                return Response.json(result, status=status)
         except ValueError as error:
             return Response.json({"error": str(error)}, status=400)
         return Response.json({"error": "not found"}, status=404)

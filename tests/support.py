@@ -27,3 +27,9 @@ HOLDERS = Path(__file__).resolve().parent / "workers" / "holders.py"
 def holders_runtime(**options) -> Runtime:
     return Runtime(load_worker_module(HOLDERS), {"HOLDER": "Holder", "SIM": "SimClient", "SHARD": "Shard"},
                    **options)
+
+LOCKS = Path(__file__).resolve().parent / "workers" / "locks.py"
+
+
+def locks_runtime(**options) -> Runtime:
+    return Runtime(load_worker_module(LOCKS), {"SLOTS": "Slots", "UPLOADER": "Uploader"}, **options)

@@ -14,7 +14,7 @@ from support import ROOT, example_runtime
 
 
 def test_wrangler_toml_bindings_and_vars_are_loaded(example):
-    assert set(example.namespaces) == {"COUNTER", "TALLY", "ACCOUNT_LIMIT", "JOB_SHARD"}
+    assert set(example.namespaces) == {"COUNTER", "TALLY", "ACCOUNT_LIMIT", "JOB_SHARD", "UPLOAD_SLOTS"}
     assert example.env.ACCOUNT_CONCURRENCY == "10"
     assert example.env.API_TOKEN == "t0ken"
 

@@ -1,0 +1,127 @@
+"""The wire format between a semaphore's clients and its holder object.
+
+Lives here: the four messages clients send (acquire, renew, release,
+cancel), their validation into typed values, and the replies the holder
+returns. Must not know: storage, time, the line's rules.
+
+A message that breaks any rule below is refused whole with an ``error``
+reply carrying a machine-readable ``code``, and changes nothing.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from .options import MAX_DURATION_MS, MAX_LIMIT, MAX_TTL_MS, MIN_LIMIT, MIN_TTL_MS
+
+VERSION = 1
+MAX_ID_LENGTH = 128  # requestId, token
+# One acquire call stands in line at most this long; a client that means to
+# wait longer says so (``more``) and calls again with the same request id,
+# keeping its place in line. Calls stay well inside any client timeout.
+MAX_CALL_WAIT_MS = 50_000
+
+# Reply statuses.
+GRANTED = "granted"
+PENDING = "pending"  #: the call's time is up, the request keeps its place in line: call again
+TIMEOUT = "timeout"
+RENEWED = "renewed"
+RELEASED = "released"
+NOT_HELD = "not_held"
+CANCELLED = "cancelled"
+ERROR = "error"
+
+# Error codes.
+INVALID_MESSAGE = "invalid_message"
+UNSUPPORTED = "unsupported"
+NOT_HOLDER = "not_holder"
+
+
+class ProtocolError(ValueError):
+    """A message the holder refuses; ``code`` is machine-readable."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+    def reply(self) -> dict[str, Any]:
+        return {"status": ERROR, "v": VERSION, "code": self.code, "message": str(self)}
+
+
+@dataclass(frozen=True)
+class Acquire:
+    request_id: str
+    limit: int
+    ttl_ms: float
+    wait_ms: float  #: how long this call stands in line
+    more: bool  #: the client calls again after ``wait_ms`` if it has no place by then
+    max_hold_ms: float | None
+
+
+def _object(value: Any) -> dict:
+    if not isinstance(value, dict):
+        raise ProtocolError(INVALID_MESSAGE, "a message must be an object")
+    version = value.get("v")
+    if version != VERSION or isinstance(version, bool):
+        raise ProtocolError(UNSUPPORTED, f"protocol version {version!r} is not supported (this holder speaks {VERSION})")
+    return value
+
+
+def _identifier(message: dict, name: str) -> str:
+    value = message.get(name)
+    if not isinstance(value, str) or not value or len(value) > MAX_ID_LENGTH:
+        raise ProtocolError(INVALID_MESSAGE, f"{name} must be a string of 1 to {MAX_ID_LENGTH} characters")
+    return value
+
+
+def _ms(message: dict, name: str, low: float, high: float, *, optional: bool = False) -> float | None:
+    value = message.get(name)
+    if value is None and optional:
+        return None
+    if (isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)
+            or not low <= value <= high):
+        raise ProtocolError(INVALID_MESSAGE, f"{name} must be a number of ms from {low:g} to {high:g}")
+    return float(value)
+
+
+def parse_acquire(message: Any) -> Acquire:
+    message = _object(message)
+    request_id = _identifier(message, "requestId")
+    limit = message.get("limit")
+    if isinstance(limit, bool) or not isinstance(limit, int) or not MIN_LIMIT <= limit <= MAX_LIMIT:
+        raise ProtocolError(INVALID_MESSAGE, f"limit must be an integer from {MIN_LIMIT} to {MAX_LIMIT}")
+    ttl_ms = _ms(message, "ttlMs", MIN_TTL_MS, MAX_TTL_MS)
+    wait_ms = _ms(message, "waitMs", 0, MAX_CALL_WAIT_MS)
+    more = message.get("more", False)
+    if not isinstance(more, bool):
+        raise ProtocolError(INVALID_MESSAGE, "more must be true or false")
+    max_hold_ms = _ms(message, "maxHoldMs", 0, MAX_DURATION_MS, optional=True)
+    if max_hold_ms == 0:
+        raise ProtocolError(INVALID_MESSAGE, "maxHoldMs must be longer than 0")
+    return Acquire(request_id, limit, ttl_ms, wait_ms, more, max_hold_ms)
+
+
+def parse_token(message: Any) -> str:
+    """A renew or release names the place by the token the holder issued."""
+    return _identifier(_object(message), "token")
+
+
+def parse_cancel(message: Any) -> str:
+    """A cancel names the acquire it withdraws by its request id."""
+    return _identifier(_object(message), "requestId")
+
+
+def granted(token: str, lease_ms: float, final: bool) -> dict[str, Any]:
+    """``lease_ms`` counts from the call's arrival, on the holder's clock: a client that
+    adds it to the time it sent the call gets a lease end no later than the holder's."""
+    return {"status": GRANTED, "v": VERSION, "token": token, "leaseMs": lease_ms, "final": final}
+
+
+def renewed(lease_ms: float, final: bool) -> dict[str, Any]:
+    return {"status": RENEWED, "v": VERSION, "leaseMs": lease_ms, "final": final}
+
+
+def status(name: str, **fields: Any) -> dict[str, Any]:
+    return {"status": name, "v": VERSION, **fields}

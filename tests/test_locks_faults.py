@@ -1,0 +1,91 @@
+"""A randomized fault run of lock semaphores: lost, duplicated, delayed calls, holder evictions and
+crashes, stalled holders, two opens with different limits; checked against ground truth."""
+
+import asyncio
+import random
+
+import pytest
+
+from durability.testing import Faults
+
+from support import locks_runtime
+
+KEYS = ["alice", "bob", "carol"]
+
+
+def overlaps_beyond_limits(holds):
+    """Every hold admitted while as many others surely held the key as its open's limit allows.
+
+    A key admits by the limit of the open that waits, so a hold's limit binds
+    at its admission: later holds admitted by larger limits may join it.
+    """
+    found = []
+    for hold in holds:
+        others = [other for other in holds if other is not hold and other["key"] == hold["key"]
+                  and other["start"] <= hold["admitted"] < other["end"]]
+        if len(others) >= hold["limit"]:
+            found.append((hold["id"], hold["limit"], sorted(o["id"] for o in others)))
+    return found
+
+
+def test_the_checker_sees_an_overlap():
+    holds = [{"id": "a", "key": "k", "limit": 2, "admitted": 0, "start": 0, "end": 10},
+             {"id": "b", "key": "k", "limit": 2, "admitted": 1, "start": 1, "end": 10},
+             {"id": "c", "key": "k", "limit": 3, "admitted": 2, "start": 2, "end": 5},
+             {"id": "d", "key": "k", "limit": 2, "admitted": 3, "start": 3, "end": 4},
+             {"id": "e", "key": "other", "limit": 1, "admitted": 3, "start": 3, "end": 4},
+             {"id": "f", "key": "k", "limit": 3, "admitted": 4.5, "start": 5, "end": 6}]
+    assert overlaps_beyond_limits(holds) == [("d", 2, ["a", "b", "c"]), ("f", 3, ["a", "b", "c"])]
+
+
+def jobs(rng, count):
+    for i in range(count):
+        job = {"id": f"j{i}", "key": rng.choice(KEYS), "limit": rng.choice([1, 2, 3]), "ttl": "2s",
+               "work_ms": rng.choice([0, 300, 1_500, 4_000]), "at": rng.uniform(0, 30_000)}
+        kind = rng.random()
+        if kind < 0.15:
+            job["try"] = True
+        elif kind < 0.35:
+            job["wait"] = "5s"
+        if rng.random() < 0.05:
+            job["stall_ms"] = 2_500  # past its lease: it must be told, and its place given on
+        if rng.random() < 0.1:
+            job["max_hold"] = "2.5s"
+        yield job
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_holders_never_exceed_the_limit_of_the_open_that_admitted_them(seed):
+    faults = Faults(lost_request=0.05, lost_reply=0.05, duplicate=0.05, latency_ms=(0, 40), evict=0.03,
+                    crash_before_commit=0.03, targets={"Slots"})
+    with locks_runtime(seed=seed, faults=faults) as runtime:
+        world = runtime.module.WORLD
+        rng = random.Random(seed)
+        work = list(jobs(rng, 80))
+
+        async def one(job):
+            await asyncio.sleep(job.pop("at") / 1000)
+            return await runtime.env.UPLOADER.getByName(f"uploader-{rng.randrange(4)}").upload(job)
+
+        async def scenario():
+            results = await asyncio.gather(*(one(job) for job in work))
+            await asyncio.sleep(10)  # every lease left behind ends
+            with runtime.no_faults():
+                left = [await runtime.env.SLOTS.getByName(f"uploads:{key}").semaphore_usage() for key in KEYS]
+            return results, left
+
+        results, left = runtime.run(scenario())
+        holds = [dict(hold, admitted=world["admitted_at"][hold["token"]]) for hold in world["holds"]]
+        assert all(hold["admitted"] <= hold["start"] for hold in holds)
+        assert overlaps_beyond_limits(holds) == []
+        statuses = {}
+        for result in results:
+            statuses[result["status"]] = statuses.get(result["status"], 0) + 1
+        assert set(statuses) <= {"done", "timeout", "busy", "lost"} and statuses.get("done", 0) > 10
+        stalled = {job["id"] for job in work if job.get("stall_ms")}
+        for result in results:
+            if result["id"] in stalled and result["status"] != "timeout" and result["status"] != "busy":
+                assert result["status"] == "lost"  # a holder that stalled past its lease is told
+        assert [(u["held"], u["waiting"]) for u in left] == [(0, 0)] * len(KEYS)  # nothing leaks
+        assert runtime.errors == []
+        assert sum(host.stats.evictions for host in runtime.hosts()) > 0
