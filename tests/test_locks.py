@@ -1,6 +1,7 @@
 """Lock semaphores on the embedded runtime: admission, waiting, leases, losses, restarts, two opens."""
 
 import asyncio
+from functools import partial
 
 import pytest
 
@@ -17,6 +18,9 @@ from durability.locks import (
 from durability.testing import JsException
 
 from support import locks_runtime
+
+# Virtual times may end a few microseconds past the moment waited for (see durability._clock).
+approx = partial(pytest.approx, abs=0.01)
 
 
 @pytest.fixture
@@ -201,7 +205,7 @@ def test_wait_times_out_and_leaves_the_line(runtime):
             return waited, runtime.now_ms() - start - waited, await usage(runtime, "u")
 
     waited, waited_again, seen = runtime.run(scenario())
-    assert (waited, waited_again) == (2_000, 500) and seen["waiting"] == 0
+    assert (waited, waited_again) == (approx(2_000), approx(500)) and seen["waiting"] == 0
 
 
 def test_a_long_wait_keeps_its_place_in_line_across_calls(runtime):
@@ -245,7 +249,7 @@ def test_max_hold_ends_the_place_and_the_next_waiter_gets_it_then(runtime):
     start = runtime.now_ms()
     results = runtime.run(together(long_holder(), waiter(), return_exceptions=True))
     assert isinstance(results[0], PlaceLost) and results[0].reason == MAX_HOLD
-    assert results[1] - start == 10_000
+    assert results[1] - start == approx(10_000)
     renewals = calls(runtime, "semaphore_renew")
     assert len(renewals) == 7  # every ttl/3 until the renewal at 7 s reached max_hold (7 + 3 = 10 s)
 
@@ -293,12 +297,12 @@ def test_failed_renewals_lose_the_place_and_it_is_freed_only_after_expiry(runtim
 
     results = runtime.run(together(unlucky(), waiter(), return_exceptions=True))
     assert isinstance(results[0], PlaceLost) and results[0].reason == RENEWAL_FAILED
-    assert seen["lost"] == (seen["granted"] + 3_000, RENEWAL_FAILED)
+    assert seen["lost"] == (approx(seen["granted"] + 3_000), RENEWAL_FAILED)
     before, lost_before = seen["just_before"]
     assert (before["held"], before["waiting"], lost_before) == (1, 1, False)
     # Told lost at its lease's end as the client counts it; the holder frees the
     # place at the same moment, and not before: the waiter enters then.
-    assert seen["admitted"] == seen["granted"] + 3_000
+    assert seen["admitted"] == approx(seen["granted"] + 3_000) and seen["admitted"] >= seen["granted"] + 3_000
     assert len(calls(runtime, "semaphore_renew")) == 0  # none arrived
 
 
@@ -323,7 +327,7 @@ def test_a_cancelled_waiter_leaves_the_line(runtime):
             await asyncio.sleep(1)
             waiting = (await usage(runtime, "u"))["waiting"]
             waiter.cancel()
-            await asyncio.sleep(0.001)
+            await asyncio.sleep(0.01)
             return waiting, (await usage(runtime, "u"))["waiting"], waiter.cancelled()
 
     assert runtime.run(scenario()) == (1, 0, True)

@@ -22,7 +22,7 @@ def overlaps_beyond_limits(holds):
     found = []
     for hold in holds:
         others = [other for other in holds if other is not hold and other["key"] == hold["key"]
-                  and other["start"] <= hold["admitted"] < other["end"]]
+                  and other["start"] <= hold["admitted"] < other["end"] and other["seq"] < hold["seq"]]
         if len(others) >= hold["limit"]:
             found.append((hold["id"], hold["limit"], sorted(o["id"] for o in others)))
     return found
@@ -34,8 +34,15 @@ def test_the_checker_sees_an_overlap():
              {"id": "c", "key": "k", "limit": 3, "admitted": 2, "start": 2, "end": 5},
              {"id": "d", "key": "k", "limit": 2, "admitted": 3, "start": 3, "end": 4},
              {"id": "e", "key": "other", "limit": 1, "admitted": 3, "start": 3, "end": 4},
-             {"id": "f", "key": "k", "limit": 3, "admitted": 4.5, "start": 5, "end": 6}]
+             {"id": "f", "key": "k", "limit": 3, "admitted": 4.5, "start": 5, "end": 6},
+             # g (limit 1) and h (limit 3) admitted at one instant, g first: h may join g.
+             {"id": "g", "key": "t", "limit": 1, "admitted": 7, "start": 7, "end": 9},
+             {"id": "h", "key": "t", "limit": 3, "admitted": 7, "start": 7, "end": 9}]
+    for seq, hold in enumerate(holds):
+        hold["seq"] = seq
     assert overlaps_beyond_limits(holds) == [("d", 2, ["a", "b", "c"]), ("f", 3, ["a", "b", "c"])]
+    holds[-2]["seq"], holds[-1]["seq"] = holds[-1]["seq"], holds[-2]["seq"]  # h first: g joined h
+    assert ("g", 1, ["h"]) in overlaps_beyond_limits(holds)
 
 
 def jobs(rng, count):
@@ -75,7 +82,8 @@ def test_holders_never_exceed_the_limit_of_the_open_that_admitted_them(seed):
             return results, left
 
         results, left = runtime.run(scenario())
-        holds = [dict(hold, admitted=world["admitted_at"][hold["token"]]) for hold in world["holds"]]
+        holds = [dict(hold, admitted=world["admitted_at"][hold["token"]], seq=world["admission_seq"][hold["token"]])
+                 for hold in world["holds"]]
         assert all(hold["admitted"] <= hold["start"] for hold in holds)
         assert overlaps_beyond_limits(holds) == []
         statuses = {}

@@ -51,7 +51,8 @@ from typing import Any, Callable, Mapping
 from ._schema import drop, migrate
 from ._sql import Sql
 from .retry import Backoff, decide_retry
-from .scheduler import DurabilityScheduler, Timer, now_ms
+from ._clock import now_ms
+from .scheduler import DurabilityScheduler, Timer
 
 PARTICIPANT = "durability.jobs"
 MAX_ID_LENGTH = 256

@@ -22,7 +22,8 @@ from typing import Any, Awaitable, Callable
 from ._schema import drop, migrate
 from ._sql import GrowingCounter, Sql
 from .retry import Backoff
-from .scheduler import DurabilityScheduler, Timer, now_ms
+from ._clock import now_ms
+from .scheduler import DurabilityScheduler, Timer
 
 PARTICIPANT = "durability.outbox"
 

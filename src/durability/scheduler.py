@@ -18,10 +18,10 @@ import asyncio
 import logging
 import math
 import random
-import time
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, TypeVar
 
+from ._clock import now_ms, wait_s
 from ._schema import drop, migrate
 from ._sql import GrowingCounter, Sql
 from .retry import Backoff, decide_retry
@@ -51,10 +51,6 @@ _TABLES = ["durability_timers"]
 
 _UNKNOWN = object()
 BACKSTOP_MS = 60_000
-# Pyodide runs a callback due within 2 ms at once, and workerd's clock only
-# moves on I/O: a shorter wait for the next timer would return with the
-# clock unmoved and spin the dispatcher until the CPU limit.
-MIN_WAIT_S = 0.005
 
 
 @dataclass(frozen=True)
@@ -68,11 +64,6 @@ class Timer:
 
 
 TimerHandler = Callable[[Timer], Awaitable[None]]
-
-
-def now_ms() -> float:
-    # In production time.time() only moves after I/O: read it after awaits.
-    return time.time() * 1000.0
 
 
 def _name(value: Any, what: str) -> str:
@@ -245,7 +236,8 @@ class DurabilityScheduler:
                 waker = asyncio.ensure_future(self._wake.wait())
                 can_start = len(running) < self.max_concurrency and now_ms() - started < self.alarm_budget_ms
                 next_due = self._next_due(running) if can_start else None
-                timeout = None if next_due is None else max(MIN_WAIT_S, (next_due - now_ms()) / 1000)
+                # Never less than a few ms: a shorter wait returns with the clock unmoved and spins.
+                timeout = None if next_due is None else wait_s(next_due)
                 await asyncio.wait([*running.values(), waker], timeout=timeout,
                                    return_when=asyncio.FIRST_COMPLETED)
                 waker.cancel()

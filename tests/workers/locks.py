@@ -13,7 +13,7 @@ from workers import DurableObject
 
 from durability.locks import PlaceLost, SemaphoreHolder, WaitTimeout, semaphore
 
-WORLD = {"holds": [], "admitted_at": {}}
+WORLD = {"holds": [], "admitted_at": {}, "admission_seq": {}}
 
 
 def now_ms():
@@ -40,6 +40,9 @@ class Slots(SemaphoreHolder):
 
         def insert_and_record(place):  # when the holder admitted it, by its own clock
             WORLD["admitted_at"][place.token] = place.granted_at
+            # Two admissions at one instant (sub-2 ms waits do not move the
+            # clock, as in Pyodide) are told apart by their order.
+            WORLD["admission_seq"].setdefault(place.token, len(WORLD["admission_seq"]))
             insert(place)
 
         store.insert = insert_and_record

@@ -17,7 +17,7 @@ import secrets
 from dataclasses import dataclass, replace
 from typing import Any, Callable
 
-from ..scheduler import now_ms
+from .._clock import now_ms, sleep_until
 from . import messages as m
 from .options import (
     HoldOptions,
@@ -258,10 +258,10 @@ class Permit:
         failed = False
         while True:
             if self._final:  # max_hold reached: nothing to renew, the lease runs out
-                await asyncio.sleep(max(0.0, self.valid_until - now_ms()) / 1000)
+                await sleep_until(self.valid_until)
                 self.lost()
                 return
-            await asyncio.sleep(max(0.0, min(next_at, self.valid_until) - now_ms()) / 1000)
+            await sleep_until(min(next_at, self.valid_until))
             sent = now_ms()
             if sent >= self.valid_until:  # renewals failed, or this code did not run in time
                 self._lose(RENEWAL_FAILED if failed else EXPIRED)

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from .._sql import Sql
-from ..scheduler import now_ms
+from .._clock import now_ms, sleep_until
 from . import messages as m
 from .line import Line, NotHolder, Place
 from .store import PlaceStore
@@ -200,7 +200,6 @@ class PlaceKeeper:
         self._timer = None if at is None else asyncio.ensure_future(self._wake_at(at))
 
     async def _wake_at(self, at: float) -> None:
-        await asyncio.sleep(max(0.0, at - now_ms()) / 1000)
+        await sleep_until(at)
         self._timer = self._timer_at = None
-        # The clock may read a hair before ``at`` after the sleep: it is ``at``.
-        self._settle(max(now_ms(), at))
+        self._settle(now_ms())

@@ -16,7 +16,8 @@ import random
 from typing import Any, Callable
 
 from .._sql import Sql
-from ..scheduler import DurabilityScheduler, Timer, now_ms
+from .._clock import now_ms
+from ..scheduler import DurabilityScheduler, Timer
 from .allocation import (
     Changes,
     Grant,

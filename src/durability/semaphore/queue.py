@@ -26,7 +26,8 @@ from typing import Any, Callable
 
 from ..outbox import DurabilityOutbox, OutboxMessage
 from ..retry import Backoff
-from ..scheduler import DurabilityScheduler, Timer, now_ms
+from .._clock import now_ms
+from ..scheduler import DurabilityScheduler, Timer
 from .client import SemaphoreClient
 from .messages import (
     MAX_DEMAND_ENTRIES,
