@@ -25,7 +25,7 @@ from durability.testing._sql import SqlDatabase
 
 from .embedded import EmbeddedDriver
 from .pyodide_host import ROOT, run_host
-from .scenarios import account_jobs, probe_script
+from .scenarios import account_jobs, probe_script, uploads
 
 WORKERD_RUNNER = ROOT / "fidelity" / "workerd" / "run.mjs"
 PROBE_WORKER = ROOT / "fidelity" / "workers" / "conformance.py"
@@ -106,7 +106,7 @@ def recording_statements() -> Iterator[dict[str, list[dict[str, Any]]]]:
 
 
 def library_statements(jobs: int = 30) -> list[dict[str, Any]]:
-    """Run the example Worker (jobs and counters) and return each object's statements."""
+    """Run the example Worker (jobs, counters, uploads) and return each object's statements."""
     vars = {"ACCOUNT_LIMITS": json.dumps({"acct-a": 2, "acct-b": 3}), "SHARDS": "3"}
     with recording_statements() as log:
         with Runtime.from_wrangler(ROOT / "wrangler.toml", vars=vars) as runtime:
@@ -117,6 +117,7 @@ def library_statements(jobs: int = 30) -> list[dict[str, Any]]:
                     await runtime.call_entrypoint("add", f"counter-{i % 2}", "tally", i + 1)
                     await runtime.env.COUNTER.getByName(f"counter-{i % 2}").add("tally", 1)
             runtime.run(count())
+            runtime.run(uploads.run(EmbeddedDriver(runtime)))
             runtime.advance(30)
     return [{"object": f"replay-{n}", "ops": ops} for n, ops in enumerate(log.values())]
 

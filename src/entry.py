@@ -34,7 +34,8 @@ import zlib
 from workers import DurableObject, Response, WorkerEntrypoint
 
 from durability import Backoff, Durability, DurabilityOutbox, DurabilityScheduler
-from durability.locks import PlaceLost, SemaphoreHolder, WaitTimeout, semaphore
+from durability import locks
+from durability.locks import PlaceLost, WaitTimeout, semaphore
 from durability.semaphore import DurabilitySemaphore, DurabilitySemaphoreQueue
 from durability.transforms import timeout
 
@@ -255,7 +256,9 @@ class JobShard(DurableObject):
         await self.scheduler.alarm(alarm_info)
 
 
-class UploadSlots(SemaphoreHolder):
+# The module, not the class, is imported: workerd exports every public
+# Durable Object class of the main module, a bare base class included.
+class UploadSlots(locks.SemaphoreHolder):
     """One instance per user (named ``uploads:<user>``): the places of that user's uploads."""
 
 

@@ -4,18 +4,13 @@ statements the library issues are replayed on workerd; any difference
 outside ``fidelity.conformance.ALLOWED`` fails.
 """
 
-import shutil
-
 import pytest
 
 from durability.testing._sql import SqlCursor, SqlDatabase
 from fidelity import conformance
-from fidelity.pyodide_host import ROOT, node_ready
+from fidelity.pyodide_host import skip_without_node
 
-pytestmark = [pytest.mark.workerd,
-              pytest.mark.skipif(node_ready() is not None, reason=str(node_ready())),
-              pytest.mark.skipif(not (ROOT / "node_modules" / "miniflare").is_dir() or shutil.which("node") is None,
-                                 reason="node_modules/miniflare is missing: run `npm ci`")]
+pytestmark = [pytest.mark.workerd, skip_without_node()]
 
 
 @pytest.fixture(scope="module")

@@ -6,9 +6,9 @@ import shutil
 
 import pytest
 
-from fidelity.pyodide_host import ROOT, copy_sdk, node_ready
+from fidelity.pyodide_host import ROOT, copy_sdk, skip_without_node
 
-pytestmark = [pytest.mark.pyodide, pytest.mark.skipif(node_ready() is not None, reason=str(node_ready()))]
+pytestmark = [pytest.mark.pyodide, skip_without_node()]
 
 
 def _build_deployment():

@@ -13,10 +13,10 @@ import pytest
 
 from durability.testing import Runtime
 from fidelity.embedded import EmbeddedDriver
-from fidelity.pyodide_host import ROOT, PyodideHostError, node_ready, run_host
-from fidelity.scenarios import account_jobs
+from fidelity.pyodide_host import ROOT, PyodideHostError, run_host, skip_without_node
+from fidelity.scenarios import account_jobs, uploads
 
-pytestmark = [pytest.mark.pyodide, pytest.mark.skipif(node_ready() is not None, reason=str(node_ready()))]
+pytestmark = [pytest.mark.pyodide, skip_without_node()]
 
 LIMITS = {"acct-a": 2, "acct-b": 3}
 VARS = {"ACCOUNT_LIMITS": json.dumps(LIMITS), "SHARDS": "3"}
@@ -58,10 +58,22 @@ def test_pyodide_and_embedded_runtime_agree(pyodide_outcome, embedded_outcome):
     assert result["limits"] == embedded_outcome["limits"] == LIMITS
 
 
+def test_uploads_held_under_a_lock_semaphore_agree_with_the_embedded_runtime():
+    in_pyodide = run_host({"kind": "scenario", "module": "scenarios.uploads", "function": "run"})
+    with Runtime.from_wrangler(ROOT / "wrangler.toml") as runtime:
+        embedded = runtime.run(uploads.run(EmbeddedDriver(runtime)))
+    expected = {"ann": {"uploaded": 5}, "bob": {"uploaded": 3, "busy": 3}, "cy": {"uploaded": 2}}
+    for outcome in (in_pyodide["result"], embedded):
+        assert outcome["statuses"] == expected
+        assert outcome["most_at_once"] == {"ann": 3, "bob": 3, "cy": 2}
+        assert outcome["left"] == {"ann": [0, 0], "bob": [0, 0], "cy": [0, 0]}
+    assert in_pyodide["background_errors"] == []
+
+
 def test_worker_classes_import_in_pyodide():
     report = run_host({"kind": "import"})
     assert report["result"] == {
-        "durableObjects": ["AccountLimit", "Counter", "JobShard", "Tally"],
+        "durableObjects": ["AccountLimit", "Counter", "JobShard", "Tally", "UploadSlots"],
         "workerEntrypoints": ["Default"],
     }
 
