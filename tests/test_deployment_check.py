@@ -31,6 +31,11 @@ def _bundle(tmp_path, edit=None):
     return bundle
 
 
+def test_the_pyodide_tier_and_the_deployment_use_one_sdk_version(tmp_path):
+    # The tiers copy the SDK uv.lock installed; the deployment vendors pyproject.toml's pin.
+    assert copy_sdk(tmp_path / "sdk") == _build_deployment().sdk_pin()
+
+
 def test_a_sound_bundle_passes(tmp_path, capsys):
     _build_deployment().check_imports(_bundle(tmp_path))
     assert "Bundle imports in Pyodide" in capsys.readouterr().out
