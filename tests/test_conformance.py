@@ -52,9 +52,10 @@ def test_library_statements_cost_on_workerd_what_the_runtime_bills(library):
     found, totals = conformance.replay_differences(scripts, workerd)
     assert found == []
     # Dozens of distinct statements over thousands of executions, every one
-    # billed the same rows written as workerd bills (DDL aside).
+    # billed the rows read and written that workerd bills.
     assert totals["distinct"] >= 40 and totals["statements"] >= 1_000
     assert totals["embedded_written"] == totals["workerd_written"] > 0
+    assert totals["embedded_read"] == totals["workerd_read"] > 0
 
 
 def test_the_probe_catches_a_wrong_write_count(library, monkeypatch):
@@ -68,7 +69,7 @@ def test_the_probe_catches_a_wrong_write_count(library, monkeypatch):
     monkeypatch.setattr(SqlDatabase, "_cost", cost_with_free_deletes)
     replayed = conformance.library_statements(jobs=30)
     found, _ = conformance.replay_differences(replayed, workerd)
-    assert any("DELETE" in line and "rows written" in line for line in found)
+    assert any("DELETE" in line and "embedded read" in line for line in found)
 
 
 def test_the_probe_catches_a_wrong_cursor(scripts, workerd, monkeypatch):

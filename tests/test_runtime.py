@@ -208,12 +208,17 @@ def test_billing_totals_count_requests_rows_and_alarm_writes(probe):
         await stub.record("x")
         await stub.set_alarm_in(60_000)
 
+    async def warm_up():  # the constructor's schema costs writes once
+        await stub.entries()
+
+    run(probe, warm_up)
     before = probe.totals()
     run(probe, scenario)
     after = probe.totals()
     assert after["requests"] - before["requests"] == 2
-    # log insert (AUTOINCREMENT: row + sqlite_sequence), alarm_plan insert, setAlarm
-    assert after["rows_written"] - before["rows_written"] == 2 + 2 + 1
+    # log insert (AUTOINCREMENT: row + sqlite_sequence), alarm_plan created
+    # (two schema rows + 1) and inserted (row + key index), setAlarm
+    assert after["rows_written"] - before["rows_written"] == 2 + 3 + 2 + 1
 
 
 def test_block_concurrency_while_holds_every_other_event(probe):

@@ -10,19 +10,25 @@ Counting model. workerd bills every B-tree entry a statement inserts or
 deletes from a table (an index entry counts as a row) and every row a
 statement visits. SQLite's Python binding cannot see its virtual machine, so
 the counts are derived from what the binding can see (rows changed, the
-columns a statement touches, the query plan, the schema), fitted to the
-figures measured on real workerd:
+columns a statement touches, the query plan, the schema, and counts of the
+rows a search's key finds), fitted to workerd and checked against it by the
+conformance probe (``fidelity/conformance.py``), statement by statement:
 
 * INSERT: each row costs one write plus one per index on the table (a TEXT
   or composite primary key is an index; in a WITHOUT ROWID table it is the
   table). AUTOINCREMENT adds one read and one write per statement.
 * UPDATE: each changed row costs one write plus one per index holding a
   column the statement assigns; an upsert that takes the UPDATE path counts
-  as an UPDATE of that row and reads it.
+  as an UPDATE of that row, and reads it only in a rowid table.
 * DELETE: one write per row (index entries removed are not counted).
-* Reads: a full scan reads every row of the table; a search or a scan with
-  LIMIT reads the rows it yields or changes; RETURNING reads each returned
-  row once more.
+* Reads: a full scan reads every row of the table (one when it is empty;
+  a bare ``count(*)`` none then); a scan with LIMIT and no sorter stops at
+  the rows it yields; a search reads the rows its key finds, kept or not;
+  each sorter (``USE TEMP B-TREE``) reads back the rows put into it (one
+  when empty); RETURNING reads each returned row once more.
+* Schema: CREATE TABLE reads one row and writes its schema rows plus one;
+  CREATE INDEX reads 2 + 2n and writes n + 1 over n rows; DROP writes none
+  (its reads of the schema table are not modelled).
 """
 
 from __future__ import annotations
@@ -83,6 +89,11 @@ _DDL_ACTIONS = {
     sqlite3.SQLITE_DROP_VIEW, sqlite3.SQLITE_CREATE_TRIGGER, sqlite3.SQLITE_DROP_TRIGGER,
 }
 _LIMIT = re.compile(r"\bLIMIT\s+(\d+|\?)", re.IGNORECASE)
+_TRAILING_LIMIT = re.compile(r"\s+LIMIT\s+(\d+|\?)(\s+OFFSET\s+(\d+|\?))?\s*$", re.IGNORECASE)
+_SORTER = re.compile(r"USE TEMP B-TREE FOR (.+)")
+_DDL = re.compile(r"\s*(CREATE|DROP|ALTER)\b", re.IGNORECASE)
+_COUNT_TABLE = re.compile(r"\s*SELECT\s+count\(\*\)(\s+AS\s+\w+)?\s+FROM\s+\"?\w+\"?\s*", re.IGNORECASE)
+_SEARCH = re.compile(r"SEARCH (\S+)(?: AS \S+)? USING (?:PRIMARY KEY|(?:COVERING )?INDEX \S+) \((.*)\)")
 
 
 @dataclass
@@ -97,6 +108,9 @@ class _Shape:
     reads_tables: bool = False
     full_scans: list[str] = field(default_factory=list)
     has_limit: bool = False
+    sorters: list[str] = field(default_factory=list)  #: temp B-trees: ORDER BY, GROUP BY, DISTINCT
+    search: tuple[str, list[tuple[str, str]]] | None = None  #: (table, key terms) of a search
+    counts_table: bool = False  #: ``SELECT count(*) FROM t`` alone: SQLite counts without stepping
 
     @property
     def writes(self) -> bool:
@@ -111,6 +125,7 @@ class _Shape:
 class _TableInfo:
     indexes: list[tuple[str, list[str | None]]]  # (name, columns) of every index
     autoincrement: bool
+    without_rowid: bool
 
 
 class SqlCursor:
@@ -330,6 +345,9 @@ class SqlDatabase:
             self._learning = None
         if not shape.is_ddl:
             shape.full_scans = _full_scans(plan)
+            shape.sorters = [m.group(1) for row in plan if (m := _SORTER.match(row[-1]))]
+            shape.search = _equality_search(plan) if not shape.full_scans else None
+            shape.counts_table = bool(_COUNT_TABLE.fullmatch(statement))
             self._shapes[statement] = shape
         return shape
 
@@ -338,6 +356,10 @@ class SqlDatabase:
         scanned = sum(self._count_rows(table) for table in shape.full_scans)
         target = shape.inserts if shape.is_upsert else None
         rows_before = self._count_rows(target) if target else 0
+        searched = self._searched_rows(statement, values, shape.search) if shape.search else None
+        sorted_rows = [self._sorted_rows(statement, values, kind) for kind in shape.sorters]
+        # (The authorizer marks a DDL statement only as it runs: read the text.)
+        schema_rows = self._count_rows("sqlite_master") if _DDL.match(statement) else 0
         changes_before = self._conn.total_changes
         self._learning = shape  # refusals still apply to the real statement
         try:
@@ -351,22 +373,25 @@ class SqlDatabase:
         changed = self._conn.total_changes - changes_before
         if shape.is_ddl:
             version = self._conn.execute(_INTERNAL + "PRAGMA schema_version").fetchone()[0]
+            reads = writes = 0
             if version != self._schema_version:  # not an IF NOT EXISTS that did nothing
                 self._schema_version = version
                 self._tables.clear()
                 self._shapes.clear()
-            reads, writes = 0, 0
+                reads, writes = self._ddl_cost(statement, self._count_rows("sqlite_master") - schema_rows)
         else:
             inserted = (self._count_rows(target) - rows_before) if target else None
             writes_rows = (shape.inserts or shape.updates or shape.deletes) is not None
             returning = bool(columns) and writes_rows
-            reads, writes = self._cost(shape, changed, inserted, len(rows), scanned, returning)
+            reads, writes = self._cost(shape, changed, inserted, len(rows), scanned, returning, searched)
+            # A sorter (temp B-tree) reads back every row put into it, and one when empty.
+            reads += sum(max(n, 1) for n in sorted_rows)
         self.rows_read += reads
         self.rows_written += writes
         return SqlCursor(columns, rows, reads, writes)
 
-    def _cost(self, shape: _Shape, changed: int, inserted: int | None,
-              returned: int, scanned: int, returning: bool) -> tuple[int, int]:
+    def _cost(self, shape: _Shape, changed: int, inserted: int | None, returned: int,
+              scanned: int, returning: bool, searched: int | None) -> tuple[int, int]:
         reads = writes = 0
         # RETURNING reads its buffered rows back, and one read even when empty.
         returned = max(returned, 1) if returning else returned
@@ -377,15 +402,24 @@ class SqlDatabase:
             writes += new_rows * (1 + len(table.indexes))
             if updated:
                 writes += updated * (1 + self._touched_indexes(table, shape.update_columns))
-                reads += updated
+                # A rowid table finds the row through its key index, then reads it;
+                # a WITHOUT ROWID table updates the entry the conflict found.
+                reads += 0 if table.without_rowid else updated
             if table.autoincrement and new_rows:
                 reads, writes = reads + 1, writes + 1
             if shape.updates is None or shape.is_upsert:
                 return reads + returned, writes
-        # A scan reads every row it steps over, and one even over an empty table.
-        visited = max(scanned, 1) if shape.full_scans and not shape.has_limit else None
-        if shape.full_scans and shape.has_limit:
+        # A scan reads every row it steps over, and one even over an empty table
+        # (a bare count(*) counts the table without stepping). A LIMIT stops a
+        # scan early only when no sorter needs every row first.
+        stops_early = shape.has_limit and not shape.sorters
+        visited = max(scanned, 1) if shape.full_scans and not stops_early else None
+        if shape.counts_table:
+            visited = scanned
+        if shape.full_scans and stops_early:
             returned = max(returned, 1)
+        if visited is None and searched is not None:
+            visited = searched  # a search reads the rows its key finds, kept or not
         if shape.updates is not None:
             table = self._table(shape.updates)
             writes += changed * (1 + self._touched_indexes(table, shape.update_columns))
@@ -396,8 +430,68 @@ class SqlDatabase:
             reads += changed if visited is None else visited
             reads += returned
         elif shape.reads_tables:
-            reads += returned if visited is None else max(visited, returned)
+            if visited is None:
+                reads += returned
+            elif shape.counts_table or (searched is not None and not shape.full_scans):
+                reads += visited  # an aggregate over a search returns a row it never read
+            else:
+                reads += max(visited, returned)
         return reads, writes
+
+    def _ddl_cost(self, statement: str, schema_rows_added: int) -> tuple[int, int]:
+        """What workerd bills a schema change (measured): its rows in sqlite_schema, and more."""
+        create_index = re.match(r"\s*CREATE\s+(UNIQUE\s+)?INDEX\b", statement, re.IGNORECASE)
+        if create_index:
+            table = re.search(r"\bON\s+\"?(\w+)", statement, re.IGNORECASE)
+            rows = self._count_rows(table.group(1)) if table else 0
+            return 2 + 2 * rows, schema_rows_added + rows  # scanned, then sorted into the index
+        if re.match(r"\s*CREATE\s+TABLE\b", statement, re.IGNORECASE):
+            sequence = 1 if re.search(r"\bAUTOINCREMENT\b", statement, re.IGNORECASE) and schema_rows_added > 1 else 0
+            return 1 + sequence, schema_rows_added + 1 + sequence
+        return 0, max(schema_rows_added, 0)
+
+    def _searched_rows(self, statement: str, values: list,
+                       search: tuple[str, list[tuple[str, str]]]) -> int | None:
+        """Rows a search finds through its key terms, from the values bound to them."""
+        table, terms = search
+        bound = []
+        for column, operator in terms:
+            match = re.search(rf"(?<![\w.]){re.escape(column)}\s*{re.escape(operator)}\s*"
+                              rf"(\?|'((?:[^']|'')*)'|(-?\d+(?:\.\d+)?))", statement)
+            if match is None:
+                return None
+            if match.group(1) == "?":
+                index = statement[: match.end()].count("?") - 1
+                if index >= len(values):
+                    return None
+                bound.append(values[index])
+            else:  # a literal in the text
+                bound.append(match.group(2).replace("''", "'") if match.group(2) is not None
+                             else float(match.group(3)))
+        where = " AND ".join(f'"{column}" {operator} ?' for column, operator in terms)
+        return self._conn.execute(_INTERNAL + f'SELECT count(*) FROM "{table}" WHERE {where}', bound).fetchone()[0]
+
+    def _sorted_rows(self, statement: str, values: list, kind: str) -> int:
+        """Rows put into one sorter: those grouped, or those the statement yields before its LIMIT."""
+        if "GROUP BY" in kind:
+            match = re.match(r"\s*SELECT\s+(.*?)\s+FROM\s+(.*?)\s+GROUP\s+BY\b", statement, re.IGNORECASE | re.DOTALL)
+            if match and "?" not in match.group(1):
+                source = match.group(2)
+                return self._count_of(f"SELECT 1 FROM {source}", values[: source.count("?")])
+        limit = _TRAILING_LIMIT.search(statement)
+        body, kept = statement, values
+        if limit:
+            body = statement[: limit.start()]
+            kept = values[: len(values) - limit.group(0).count("?")]
+        if not re.match(r"\s*SELECT\b", body, re.IGNORECASE):
+            return 0
+        return self._count_of(body, kept)
+
+    def _count_of(self, query: str, values: list) -> int:
+        try:
+            return self._conn.execute(_INTERNAL + f"SELECT count(*) FROM ({query})", values).fetchone()[0]
+        except sqlite3.Error:
+            return 0
 
     # -- schema knowledge for the model ----------------------------------
     def _table(self, name: str) -> _TableInfo:
@@ -427,7 +521,7 @@ class SqlDatabase:
                 ).fetchall()
             ]
             indexes.append((index_name, columns))
-        return _TableInfo(indexes, "autoincrement" in create.lower())
+        return _TableInfo(indexes, "autoincrement" in create.lower(), without_rowid)
 
     @staticmethod
     def _touched_indexes(table: _TableInfo, columns: list[str]) -> int:
@@ -471,12 +565,31 @@ def split_statements(query: str) -> list[str]:
     return statements
 
 
+def _equality_search(plan: list[tuple]) -> tuple[str, list[tuple[str, str]]] | None:
+    """The table and key terms (column, operator) of a plan's one search: ``a=? AND b>?``."""
+    searches = [m for row in plan if (m := _SEARCH.match(row[-1]))]
+    if len(searches) != 1:
+        return None
+    table, terms = searches[0].groups()
+    found = []
+    for term in terms.split(" AND "):
+        match = re.fullmatch(r"(\w+)(=|>=|<=|>|<)\?", term)
+        if match is None:
+            return None  # IN, IS, expressions: not counted here
+        found.append((match.group(1), match.group(2)))
+    return table, found
+
+
 def _full_scans(plan: list[tuple]) -> list[str]:
-    """Tables a plan scans whole (``SCAN t``, with or without an index)."""
+    """Tables a plan scans whole: ``SCAN t`` (with or without an index), or a
+    ``SEARCH`` of the primary key with no key terms (an aggregate over a
+    WITHOUT ROWID table), which steps through every row. A search of an
+    index with no terms is min()/max() reading one end of it."""
     tables = []
     for row in plan:
         detail = row[-1]
-        match = re.match(r"SCAN (\S+)(?: AS \S+)?", detail)
+        match = (re.match(r"SCAN (\S+)(?: AS \S+)?", detail)
+                 or re.fullmatch(r"SEARCH (\S+)(?: AS \S+)? USING PRIMARY KEY", detail))
         if match and "CONSTANT ROW" not in detail:
             table = match.group(1)
             if not table.startswith("(") and table not in tables:
