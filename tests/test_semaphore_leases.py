@@ -371,11 +371,15 @@ class LeasingHolder(RuleBasedStateMachine):
         ceiling = self.book.policy.budgets(self.book.total).ceiling
         result = self.book.round(*requests)
         assert not result.errors
-        issued = [x for o in result.outcomes.values() for x in o.new_leases + o.new_grants]
-        if issued:
+        leased = [x for o in result.outcomes.values() for x in o.new_leases]
+        granted = [x for o in result.outcomes.values() for x in o.new_grants]
+        if leased or granted:
             assert self.book.charged() <= ceiling
-            if self.book.policy.mode == "over":
-                assert self.book.footprint() <= self.book.policy.extra(self.book.total)
+        if leased and self.book.policy.mode == "over":
+            assert self.book.footprint() <= self.book.policy.extra(self.book.total)
+        if granted:
+            grant_cap = self.book.policy.budgets(self.book.total).grant_cap
+            assert usage(self.book.grants.values())[0] <= grant_cap
         for client, outcome in result.outcomes.items():
             if not lost:
                 self.learn(client, outcome)
