@@ -105,6 +105,7 @@ class DurabilitySemaphore:
         self._waiting: list[tuple[Request, asyncio.Future, float]] = []
         self._round: asyncio.Task | None = None
         self._last_round_at: float | None = None
+        self._contended = False  #: the last round left demand waiting for capacity
 
     @staticmethod
     def migrate(ctx: Any, version: int | None) -> None:
@@ -178,7 +179,7 @@ class DurabilitySemaphore:
             self._commit(working.changes, merged(self._grants(), working.changes))
             await self.scheduler.sync()
         return {"type": "synced", "v": VERSION, "reports": [_report_json(o) for o in outcomes],
-                "leaseReports": [_lease_report_json(o) for o in lease_outcomes]}
+                "leaseReports": [_lease_report_json(o) for o in lease_outcomes], "contended": self._contended}
 
     # -- rounds -----------------------------------------------------------------
     def _ensure_round(self) -> None:
@@ -216,6 +217,7 @@ class DurabilitySemaphore:
             leases=self._leases(), policy=self.lease_policy, lease_ids=self._lease_ids(),
         )
         self._commit(result.changes, merged(self._grants(), result.changes))
+        self._contended = result.contended
         next_request_at = now + self.round_period_ms
         held = []
         for index, (request, waiter, hold_until) in enumerate(batch):
@@ -310,7 +312,9 @@ class DurabilitySemaphore:
             "ceiling": resolved if policy is None or resolved is None else policy.budgets(resolved).ceiling,
             "outstanding": granted + leased,
             "leaseFootprint": leased,
-            "retiredFootprint": sum(lease.footprint for lease in leases if lease.retired),
+            # Past its ttl a lease is retired at the next round or report; say so already.
+            "retiredFootprint": sum(lease.footprint for lease in leases
+                                    if lease.retired or lease.expires_at <= now_ms()),
             "grants": len(grants),
             "leases": len(leases),
             "groups": per_group,
