@@ -446,3 +446,27 @@ def test_merged_leases_sees_the_changes():
     working = Working(book.grants, book.leases)
     working.put_lease(Lease(lease.lease_id, "a", "g", 4, 4, 4, T0, False, 4))
     assert merged_leases(book.leases, working.changes) == []
+
+
+def test_demand_a_lease_leaves_uncovered_gets_grants_from_what_remains():
+    over = Book(policy("over", per_lease=4, extra={"count": 3}), total=10)
+    result = over.round(want("a", count=8))
+    assert sizes(result, ["a"]) == [3]  # the extra, as a lease
+    assert [g.permits for g in result.outcomes["a"].new_grants] == [5]  # the rest from the limit
+    strict = Book(policy(per_lease=2), total=10)
+    result = strict.round(want("a", count=5))
+    assert sizes(result, ["a"]) == [2] and [g.permits for g in result.outcomes["a"].new_grants] == [3]
+    assert not result.contended
+
+
+def test_a_request_held_over_to_later_rounds_is_no_heartbeat():
+    book = Book(policy(), total=4)
+    lease = issue(book, "a", 1)
+    report = LeaseReport(lease.lease_id, "g", lease.permits, 1, 0)
+    book.now += TTL / 2
+    book.round(Request("a", (), (), 0.0, True, (report,)))
+    heard = book.leases[lease.lease_id].expires_at
+    assert heard == book.now + TTL
+    book.now += TTL / 2
+    book.round(Request("a", (), (), 0.0, True, (report,), heartbeat=False))
+    assert book.leases[lease.lease_id].expires_at == heard

@@ -317,7 +317,8 @@ def run_round(book: dict[str, Grant], requests: list[Request], limits: Limits, n
     for index, request in enumerate(requests):
         try:
             reported, lease_reported = apply_all_reports(
-                working, request.client_id, request.reports, request.lease_reports, lease_ids, now, ttl_ms)
+                working, request.client_id, request.reports, request.lease_reports, lease_ids, now,
+                ttl_ms if request.heartbeat else None)
         except ProtocolError as error:
             errors[index] = error
             continue
@@ -347,12 +348,34 @@ def run_round(book: dict[str, Grant], requests: list[Request], limits: Limits, n
             return room_total
         return ceiling - granted_groups.get(group, 0) - leased_groups.get(group, 0)
 
+    def grant(client_id: str, demand: Any, want: int, ceiling: int | None) -> None:
+        nonlocal granted
+        room_total = budgets.grant_room(granted, leased)
+        room_group = group_room(demand.group, ceiling, room_total)
+        give = max(0, min(want, room_total, room_group))
+        outcome = outcomes[client_id]
+        if give:
+            new = Grant(new_grant_id(), client_id, demand.group, give, 0, 0, now + grant_timeout_ms)
+            working.put(new)
+            outcome.new_grants.append(new)
+            granted += give
+            granted_groups[demand.group] = granted_groups.get(demand.group, 0) + give
+        if give < want:
+            # The group's own ceiling holds it back whenever it leaves no more
+            # room than the total does (a total below usage leaves none).
+            reason = GROUP_LIMIT if ceiling is not None and room_group <= max(room_total, 0) else LIMIT
+            outcome.blocked[demand.group] = (reason, want - give)
+
     entries = sorted(
         (demand.oldest_at, arrival[client_id], position, client_id, demand)
         for client_id, request in latest.items()
         for position, demand in enumerate(request.demand)
     )
-    candidates: list[tuple[str, Any, int, int | None]] = []  # lease candidates, oldest first
+    # Demand that can only take grants goes first; then leases, from what is
+    # left, to the (client, group)s that can draw them; then grants for what
+    # those leases leave uncovered (in "over", from the limit the leases do
+    # not use).
+    candidates: list[tuple[str, Any, int, int | None]] = []
     for _, _, _, client_id, demand in entries:
         want = demand.count - unclaimed.get((client_id, demand.group), 0)
         if want <= 0:
@@ -369,40 +392,24 @@ def run_round(book: dict[str, Grant], requests: list[Request], limits: Limits, n
             if (client_id, demand.group) not in drawable:  # it draws what it holds first
                 candidates.append((client_id, demand, want, ceiling))
             continue
-        room_total = budgets.grant_room(granted, leased)
-        room_group = group_room(demand.group, ceiling, room_total)
-        give = max(0, min(want, room_total, room_group))
-        if give:
-            grant = Grant(new_grant_id(), client_id, demand.group, give, 0, 0, now + grant_timeout_ms)
-            working.put(grant)
-            outcome.new_grants.append(grant)
-            granted += give
-            granted_groups[demand.group] = granted_groups.get(demand.group, 0) + give
-        if give < want:
-            # The group's own ceiling holds it back whenever it leaves no more
-            # room than the total does (a total below usage leaves none).
-            reason = GROUP_LIMIT if ceiling is not None and room_group <= max(room_total, 0) else LIMIT
-            outcome.blocked[demand.group] = (reason, want - give)
+        grant(client_id, demand, want, ceiling)
 
     if candidates:
         budget = max(0, budgets.lease_room(granted, leased))
-        scarce = budget < len(candidates) * policy.permits_per_lease
-        limit_now = limits.total
-        for (client_id, demand, want, ceiling), size in zip(candidates, share(budget, len(candidates),
-                                                                               policy.permits_per_lease)):
-            room_group = group_room(demand.group, ceiling, size)
-            give = max(0, min(size, room_group))
-            outcome = outcomes[client_id]
+        sizes = share(budget, len(candidates), policy.permits_per_lease)
+        for (client_id, demand, want, ceiling), size in zip(candidates, sizes):
+            give = max(0, min(size, group_room(demand.group, ceiling, size)))
             if give:
                 lease = Lease(lease_ids.next(working.lease_book), client_id, demand.group, give, 0, 0,
-                              now + policy.ttl_ms, False, limit_now)
+                              now + policy.ttl_ms, False, total)
                 working.put_lease(lease)
-                outcome.new_leases.append(lease)
+                outcomes[client_id].new_leases.append(lease)
                 leased += give
                 leased_groups[demand.group] = leased_groups.get(demand.group, 0) + give
-            if give < want and (scarce or give < size):
-                reason = GROUP_LIMIT if give < size else LIMIT
-                outcome.blocked[demand.group] = (reason, want - give)
+        for (client_id, demand, want, ceiling), lease in zip(candidates, sizes):
+            covered = sum(x.permits for x in outcomes[client_id].new_leases if x.group == demand.group)
+            if want > covered:
+                grant(client_id, demand, want - covered, ceiling)
     if lease_ids.issued != issued_before:
         working.changes.issued = lease_ids.issued
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+from dataclasses import replace
 from typing import Any, Callable
 
 from .._sql import Sql
@@ -231,7 +232,9 @@ class DurabilitySemaphore:
                     and hold_until > next_request_at):
                 # Nothing to grant yet: keep the request for the next round
                 # instead of having the client ask again (a long poll).
-                held.append((request, waiter, hold_until))
+                # Its reports were heard once: a lease must not stay alive
+                # on a request whose client may be gone since.
+                held.append((replace(request, heartbeat=False), waiter, hold_until))
             else:
                 ttl_ms = self.lease_policy.ttl_ms if self.lease_policy is not None else 0
                 waiter.set_result(_grants_reply(outcome, next_request_at, result.contended, ttl_ms))

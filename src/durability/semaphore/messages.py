@@ -89,6 +89,9 @@ class Request:
     wait_ms: float = 0.0  #: hold the reply up to this long while nothing can be granted
     leases: bool = False  #: the client can draw from leases
     lease_reports: tuple[LeaseReport, ...] = ()
+    #: not on the wire: False once the holder holds the request over to a
+    #: later round, where its (old) reports must not count as a heartbeat
+    heartbeat: bool = True
 
 
 @dataclass(frozen=True)

@@ -53,6 +53,7 @@ PARTICIPANT = "durability.semaphore-queue"
 CHANNEL = "durability.semaphore-queue"
 LEASE_CHANNEL = "durability.semaphore-queue.leases"
 ADMIT, FINISHED, PUMP, RENEW = "admit", "finished", "pump:", "renew"
+MIN_RENEW_MS = 1_000  # a lease listed with no ttl (leases turned off) is not renewed in a tight loop
 FINISHED_BATCH = 100
 
 
@@ -474,7 +475,7 @@ class DurabilitySemaphoreQueue:
                 continue  # drawn here before and settled since: a late reply, not a new lease
             ttl = float(entry.get("ttlMs") or 0)
             lease = LocalLease(entry["leaseId"], key, entry["group"], int(entry["permits"]), 0, 0,
-                               bool(entry.get("retired")), ttl, now + ttl / 2, None)
+                               bool(entry.get("retired")), ttl, _renew_at(now, ttl), None)
             if lease.stopped:
                 self._put_lease_and_report(lease)  # tell the holder nothing was drawn
             else:
@@ -487,7 +488,7 @@ class DurabilitySemaphoreQueue:
             if lease is None or lease.settled_at is not None:
                 continue
             status = outcome.get("status")
-            renewed = replace(lease, renew_at=now + lease.ttl_ms / 2)
+            renewed = replace(lease, renew_at=_renew_at(now, lease.ttl_ms))
             if status == SETTLED:
                 if lease.released == lease.drawn:
                     renewed = replace(renewed, stopped=True, settled_at=now)
@@ -530,7 +531,7 @@ class DurabilitySemaphoreQueue:
                     queued[lease.key] = {group for group, _, _ in self.store.demand(lease.key)}
                 idle = lease.in_use == 0 and lease.group not in queued[lease.key]
                 stopped = lease.stopped or idle
-                self._put_lease_and_report(replace(lease, stopped=stopped, renew_at=now + lease.ttl_ms / 2))
+                self._put_lease_and_report(replace(lease, stopped=stopped, renew_at=_renew_at(now, lease.ttl_ms)))
             self.store.forget_settled(now - 2 * (self.attempt_timeout_ms + self.request_wait_ms))
             self._schedule_renewal()
 
@@ -644,3 +645,8 @@ def _report_of(message: OutboxMessage) -> dict:
 def _lease_report_of(lease: LocalLease) -> dict:
     return {"leaseId": lease.lease_id, "group": lease.group, "permits": lease.permits, "drawn": lease.drawn,
             "released": lease.released, "stopped": lease.stopped}
+
+
+def _renew_at(now: float, ttl_ms: float) -> float:
+    """Half a lease's lifetime from now: reported then, it never reaches its ttl unreported."""
+    return now + max(ttl_ms / 2, MIN_RENEW_MS)
