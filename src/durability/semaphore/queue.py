@@ -202,9 +202,16 @@ class DurabilitySemaphoreQueue:
 
         def change() -> list[Item]:
             now = now_ms()
+            keys = set()
             for item_id, (key, group, body) in checked.items():
                 if self.store.item(item_id) is None:
                     self.store.insert(item_id, key, group, body, now)
+                    keys.add(key)
+            for key in sorted(keys):
+                # Draw from leases here, in the enqueue's own transaction: a
+                # request in flight for the key must not hold these items up.
+                self._draw(key, now)
+                if self.store.demand(key):
                     self._wake(key, now)
             return [self.store.item(item_id) for item_id in checked]
 
@@ -272,8 +279,14 @@ class DurabilitySemaphoreQueue:
 
     # -- claims and requests ------------------------------------------------------
     def _claim_local(self, key: str, now: float) -> None:
-        """Draw, for queued items, from this object's leases (admitting them at
-        once), then claim permits it already holds unclaimed."""
+        """Draw, for queued items, from this object's leases, then claim
+        permits it already holds unclaimed."""
+        self._draw(key, now)
+        self._claim(key, now)
+
+    def _draw(self, key: str, now: float) -> None:
+        """Admit queued items at once on permits drawn from this object's leases
+        (inside a transaction: the draw and the admission commit together)."""
         drawn = False
         for lease in self.store.leases(key):
             if lease.undrawn <= 0:
@@ -286,6 +299,9 @@ class DurabilitySemaphoreQueue:
                 drawn = True
         if drawn:
             self.scheduler.schedule_by(PARTICIPANT, ADMIT, now)
+
+    def _claim(self, key: str, now: float) -> None:
+        """Claim, for queued items, permits this object already holds unclaimed."""
         for grant in self.store.grants(key):
             if grant.claim_deadline <= now:
                 if grant.claimed == grant.confirmed == grant.released:
