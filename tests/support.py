@@ -27,3 +27,8 @@ HOLDERS = Path(__file__).resolve().parent / "workers" / "holders.py"
 def holders_runtime(**options) -> Runtime:
     return Runtime(load_worker_module(HOLDERS), {"HOLDER": "Holder", "SIM": "SimClient", "SHARD": "Shard"},
                    **options)
+
+
+def queue_jobs(prefix, n, ms=3_000, group="g", key="holder"):
+    """Items for a Shard of the holders Worker: each runs ``ms`` once admitted."""
+    return [{"id": f"{prefix}{i}", "key": key, "group": group, "body": {"ms": ms}} for i in range(n)]

@@ -6,7 +6,7 @@ import pytest
 
 from durability.testing import Faults
 
-from support import holders_runtime
+from support import holders_runtime, queue_jobs as jobs
 
 TTL = 60_000
 
@@ -17,10 +17,6 @@ def runtime():
         rt.module.CONFIG.update(limit=8, leases={"provisioning": {"mode": "strict"}, "permits_per_lease": 4,
                                                  "ttl_ms": TTL})
         yield rt
-
-
-def jobs(prefix, n, ms=3_000, group="g", key="holder"):
-    return [{"id": f"{prefix}{i}", "key": key, "group": group, "body": {"ms": ms}} for i in range(n)]
 
 
 def shard(runtime, name="s1"):

@@ -35,6 +35,7 @@ from .leases import (
     retire_expired,
     retire_ineligible,
     share,
+    tally,
 )
 from .messages import (
     EXPIRED,
@@ -281,11 +282,7 @@ class RoundResult:
 
 
 def usage(grants: Iterable[Grant]) -> tuple[int, dict[str, int]]:
-    total, groups = 0, {}
-    for grant in grants:
-        total += grant.charged
-        groups[grant.group] = groups.get(grant.group, 0) + grant.charged
-    return total, groups
+    return tally((grant.group, grant.charged) for grant in grants)
 
 
 def run_round(book: dict[str, Grant], requests: list[Request], limits: Limits, now: float,

@@ -205,12 +205,17 @@ def no_leases(limit: int) -> Budgets:
     return Budgets(limit, limit, 0)
 
 
-def lease_usage(leases: Iterable[Lease]) -> tuple[int, dict[str, int]]:
+def tally(amounts: Iterable[tuple[str, int]]) -> tuple[int, dict[str, int]]:
+    """Sum (group, amount) pairs: the total and the sum per group."""
     total, groups = 0, {}
-    for lease in leases:
-        total += lease.footprint
-        groups[lease.group] = groups.get(lease.group, 0) + lease.footprint
+    for group, amount in amounts:
+        total += amount
+        groups[group] = groups.get(group, 0) + amount
     return total, groups
+
+
+def lease_usage(leases: Iterable[Lease]) -> tuple[int, dict[str, int]]:
+    return tally((lease.group, lease.footprint) for lease in leases)
 
 
 def status_of(lease: Lease) -> str:

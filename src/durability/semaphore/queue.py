@@ -368,14 +368,14 @@ class DurabilitySemaphoreQueue:
         await self._after_reply(key, reply)
 
     def _apply_grants_reply(self, key: str, reply: dict, piggybacked: list[OutboxMessage],
-                            lease_piggybacked: list[OutboxMessage] = ()) -> None:
+                            lease_piggybacked: list[OutboxMessage]) -> None:
         now = now_ms()
         self._apply_outcomes(reply["reports"])
         self._apply_lease_outcomes(reply.get("leaseReports", []), now)
         self._learn_leases(key, reply.get("leases", []), now)
         if reply.get("contended"):
-            self._return_idle_leases(key)
-        self.lease_reports.acknowledge(list(lease_piggybacked))
+            self._return_idle_leases(key)  # _after_reply publishes them
+        self.lease_reports.acknowledge(lease_piggybacked)
         for entry in reply["grants"]:
             known = self.store.grant(entry["grantId"])
             if known is None:
@@ -385,7 +385,6 @@ class DurabilitySemaphoreQueue:
                                    entry["claimDeadline"])
             self.store.put_grant(replace(known, permits=entry["permits"], claim_deadline=entry["claimDeadline"]))
         self.reports.acknowledge(piggybacked)
-        now = now_ms()
         self._claim_local(key, now)
         if self.store.demand(key):
             self.scheduler.schedule(PARTICIPANT, PUMP + key, max(now, reply.get("nextRequestAt") or now))
@@ -401,8 +400,10 @@ class DurabilitySemaphoreQueue:
             await self._emit(QueueEvent("blocked", key, blocked={
                 g: {"reason": r, "waiting": w} for g, (r, w) in blocked.items()}))
         await self.reports.flush()  # claims made from new grants get confirmed now
-        if reply.get("contended") or any(lease.stopped for lease in self.store.leases(key)):
-            await self.lease_reports.flush()  # the holder is short: give back what we can now
+        stopping = any(o.get("status") != OK for o in reply.get("leaseReports", [])) or any(
+            entry.get("retired") for entry in reply.get("leases", []))
+        if reply.get("contended") or stopping:
+            await self.lease_reports.flush()  # the holder is short, or must hear a stop: now
         await self._admit_pending_safely()
 
     def _apply_outcomes(self, outcomes: list[dict]) -> None:
@@ -441,7 +442,18 @@ class DurabilitySemaphoreQueue:
             self.scheduler.schedule_by(PARTICIPANT, ADMIT, now_ms())
 
     async def _send_reports(self, messages: list[OutboxMessage]) -> None:
-        """The outbox's sender: a ``sync`` per key with its cumulative counts.
+        """The grant channel's sender: a ``sync`` per key with its cumulative counts."""
+        def on_reply(key: str, reply: dict, batch: list[OutboxMessage]) -> None:
+            self._apply_outcomes(reply["reports"])
+            self.reports.acknowledge(batch)
+            self._after_contended(key, reply)
+
+        await self._sync_per_key(messages, lambda batch: {"grants": [_report_of(m) for m in batch]}, on_reply)
+
+    async def _sync_per_key(self, messages: list[OutboxMessage], fields: Callable[[list[OutboxMessage]], dict],
+                            on_reply: Callable[[str, dict, list[OutboxMessage]], None]) -> None:
+        """Send one ``sync`` per key carrying ``fields(batch)``, and apply each
+        answer in its own transaction with ``on_reply(key, reply, batch)``.
 
         Each key's reports are acknowledged as soon as its holder answered, so
         one unreachable holder delays only its own account's reports.
@@ -451,8 +463,7 @@ class DurabilitySemaphoreQueue:
             by_key.setdefault(message.body["key"], []).append(message)
         failure: Exception | None = None
         for key, batch in by_key.items():
-            sync = {"type": "sync", "v": VERSION, "clientId": self.client_id,
-                    "grants": [_report_of(m) for m in batch]}
+            sync = {"type": "sync", "v": VERSION, "clientId": self.client_id, **fields(batch)}
             try:
                 reply = _reply_of(
                     await asyncio.wait_for(self.server.sync(key, sync), self.attempt_timeout_ms / 1000), "synced"
@@ -460,18 +471,17 @@ class DurabilitySemaphoreQueue:
             except Exception as error:
                 failure = failure or error
                 continue
-
-            def apply(reply=reply, batch=batch, key=key) -> None:
-                self._apply_outcomes(reply["reports"])
-                self.reports.acknowledge(batch)
-                if reply.get("contended"):
-                    self._return_idle_leases(key)
-                    self.scheduler.schedule_by(OUTBOX, LEASE_CHANNEL, now_ms())
-
-            self.scheduler.transaction(apply)
+            self.scheduler.transaction(lambda: on_reply(key, reply, batch))
             await self.scheduler.sync()
         if failure is not None:
             raise failure
+
+    def _after_contended(self, key: str, reply: dict) -> None:
+        """A holder short of permits gets back, at once, what idle leases hold undrawn."""
+        if reply.get("contended"):
+            self._return_idle_leases(key)
+            # Publish what that queued now, not after the lease channel's delay.
+            self.scheduler.schedule_by(OUTBOX, LEASE_CHANNEL, now_ms())
 
     # -- leases -----------------------------------------------------------------------
     def _put_lease_and_report(self, lease: LocalLease) -> None:
@@ -557,37 +567,24 @@ class DurabilitySemaphoreQueue:
 
     async def _send_lease_reports(self, messages: list[OutboxMessage]) -> None:
         """The lease channel's sender: a ``sync`` per key with each lease's current counts."""
-        by_key: dict[str, list[OutboxMessage]] = {}
+        current = {}
         for message in messages:
-            by_key.setdefault(message.body["key"], []).append(message)
-        failure: Exception | None = None
-        for key, batch in by_key.items():
-            leases = [self.store.lease(m.body["leaseId"]) for m in batch]
-            reports = [_lease_report_of(lease) for lease in leases if lease is not None and lease.settled_at is None]
-            if not reports:
-                self.lease_reports.acknowledge(batch)
-                continue
-            sync = {"type": "sync", "v": VERSION, "clientId": self.client_id, "leaseReports": reports}
-            try:
-                reply = _reply_of(
-                    await asyncio.wait_for(self.server.sync(key, sync), self.attempt_timeout_ms / 1000), "synced"
-                )
-            except Exception as error:
-                failure = failure or error
-                continue
+            lease = self.store.lease(message.body["leaseId"])
+            if lease is not None and lease.settled_at is None:
+                current[message.id] = lease
+        gone = [m for m in messages if m.id not in current]
+        if gone:  # settled since: nothing left to say
+            self.lease_reports.acknowledge(gone)
 
-            def apply(reply=reply, batch=batch, key=key) -> None:
-                self.lease_reports.acknowledge(batch)  # first: an outcome may queue a newer report
-                self._apply_lease_outcomes(reply.get("leaseReports", []), now_ms())
-                if reply.get("contended"):
-                    self._return_idle_leases(key)
-                    # Publish what that queued at once, not after the channel's delay.
-                    self.scheduler.schedule_by(OUTBOX, LEASE_CHANNEL, now_ms())
+        def fields(batch: list[OutboxMessage]) -> dict:
+            return {"leaseReports": [_lease_report_of(current[m.id]) for m in batch]}
 
-            self.scheduler.transaction(apply)
-            await self.scheduler.sync()
-        if failure is not None:
-            raise failure
+        def on_reply(key: str, reply: dict, batch: list[OutboxMessage]) -> None:
+            self.lease_reports.acknowledge(batch)  # first: an outcome may queue a newer report
+            self._apply_lease_outcomes(reply.get("leaseReports", []), now_ms())
+            self._after_contended(key, reply)
+
+        await self._sync_per_key([m for m in messages if m.id in current], fields, on_reply)
 
     # -- admission, release and the finished() sweep ----------------------------------
     async def _admit_pending_safely(self) -> None:
