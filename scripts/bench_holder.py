@@ -393,7 +393,7 @@ def lease_table(title: str, clients: int, limit: int, minutes: float, per_lease:
 
 
 def main_leases(args: argparse.Namespace) -> None:
-    clients, minutes = (10, 3) if args.quick else (40, 15)
+    clients, minutes = (10, 3) if args.quick else (20, 10)
     clients = args.clients or clients
     per_lease = args.per_lease
     print(f"grants against leases, through real queues: bursts of {BURST[0]}-{BURST[1]} items arriving over 2 s, "

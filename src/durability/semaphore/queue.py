@@ -514,7 +514,11 @@ class DurabilitySemaphoreQueue:
             if lease is None or lease.settled_at is not None:
                 continue
             status = outcome.get("status")
-            renewed = replace(lease, renew_at=_renew_at(now, lease.ttl_ms))
+            renewed = lease
+            if lease.renew_at < now + lease.ttl_ms / 4:
+                # Heard: the next report may wait half a lifetime. A renewal
+                # still far off is kept (one row write fewer; it only comes early).
+                renewed = replace(lease, renew_at=_renew_at(now, lease.ttl_ms))
             if status == SETTLED:
                 if lease.released == lease.drawn:
                     renewed = replace(renewed, stopped=True, settled_at=now)
@@ -526,7 +530,8 @@ class DurabilitySemaphoreQueue:
                     # Keep reporting a stopped lease until the holder settles it.
                     self._put_lease_and_report(renewed)
                     continue
-            self.store.put_lease(renewed)
+            if renewed != lease:
+                self.store.put_lease(renewed)
         self._schedule_renewal()
 
     def _return_idle_leases(self, key: str) -> None:
