@@ -198,3 +198,25 @@ def test_a_version_1_holder_migrates_in_place_and_keeps_its_grants(runtime):
     reply, usage, version = runtime.run(scenario())
     assert [g["permits"] for g in reply["grants"]] == [2]
     assert version == 2 and usage["outstanding"] == 2 and usage["leases"] == 0
+
+
+def test_admit_runs_only_once_the_admission_and_its_draw_are_durable(runtime):
+    # Work started on an admission whose write batch is then lost would run on
+    # a permit nobody counts: admit() must wait for the commit.
+    seen = []
+    real_admit = runtime.module.Shard._admit
+
+    async def admit(self, items):
+        seen.append(runtime.host_of(shard(runtime, self.ctx.id.name)).db.in_batch)
+        await real_admit(self, items)
+
+    runtime.module.Shard._admit = admit
+
+    async def scenario():
+        await shard(runtime).submit(jobs("a", 2, ms=1_000))  # drawn from a lease in the reply's batch
+        await asyncio.sleep(5)
+        await shard(runtime).submit(jobs("b", 2, ms=1_000))  # drawn inside enqueue
+        await asyncio.sleep(5)
+
+    runtime.run(scenario())
+    assert len(seen) >= 2 and not any(seen)

@@ -603,6 +603,13 @@ class DurabilitySemaphoreQueue:
             items = self.store.to_admit()
             if not items:
                 return
+            # The admissions (and a lease draw with them) must be durable before
+            # any work starts: work started on an admission that is then lost
+            # would run on a permit nobody counts.
+            await _committed(self.scheduler.sql)
+            items = self.store.to_admit()
+            if not items:
+                return
             admitted = [AdmittedItem(i.id, i.key, i.group, i.body, i.via or "grant") for i in items]
             result = self.admit(admitted)
             if inspect.isawaitable(result):
@@ -668,3 +675,9 @@ def _lease_report_of(lease: LocalLease) -> dict:
 def _renew_at(now: float, ttl_ms: float) -> float:
     """Half a lease's lifetime from now: reported then, it never reaches its ttl unreported."""
     return now + max(ttl_ms / 2, MIN_RENEW_MS)
+
+
+async def _committed(sql: Any) -> None:
+    """Wait until every write made so far is durable: ``ctx.storage.sync()``."""
+    # Sql keeps the storage to itself; it offers no sync of its own yet.
+    await sql._storage.sync()
