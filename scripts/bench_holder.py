@@ -400,8 +400,11 @@ def main_leases(args: argparse.Namespace) -> None:
           "every 20-60 s per client; items run 2-8 s")
     lease_table("bursty, with headroom (each client can hold a full lease)", clients,
                 args.limit or clients * per_lease, minutes, per_lease, 0.0, args.seed)
+    contended = (args.limit or clients * per_lease) // 6
     lease_table("contended (a sixth of that limit), with grants-only demand", clients,
-                (args.limit or clients * per_lease) // 6, minutes, per_lease, 0.2, args.seed)
+                contended, minutes, per_lease, 0.2, args.seed)
+    lease_table("the same, with leases sized to the limit (limit / clients)", clients,
+                contended, minutes, max(1, contended // clients), 0.2, args.seed)
     print("""
 rpc/item: calls the holder answered (requests and syncs) per admitted item
 wrote/item, read/item: rows written and read per admitted item, holder and queues together
