@@ -220,3 +220,22 @@ def test_admit_runs_only_once_the_admission_and_its_draw_are_durable(runtime):
 
     runtime.run(scenario())
     assert len(seen) >= 2 and not any(seen)
+
+
+def test_a_version_1_queue_migrates_in_place_and_keeps_its_items(runtime):
+    async def scenario():
+        await shard(runtime).submit(jobs("a", 2, ms=600_000))
+        await asyncio.sleep(3)
+        sql = runtime.host_of(shard(runtime)).instance.ctx.storage.sql
+        sql.exec("DROP TABLE durability_queue_leases")
+        sql.exec("UPDATE durability_schema SET version = 1 WHERE component = 'semaphore-queue'")
+        runtime.evict(shard(runtime))
+        await shard(runtime).submit(jobs("b", 1, ms=1_000))
+        await asyncio.sleep(3)
+        host = runtime.host_of(shard(runtime))
+        version = host.db.inspect("SELECT version FROM durability_schema WHERE component = 'semaphore-queue'")
+        return version[0]["version"], await shard(runtime).states()
+
+    version, states = runtime.run(scenario())
+    assert version == 2
+    assert states["a0"] == states["a1"] == "admitted" and states["b0"] in ("admitted", "released")
