@@ -1,8 +1,11 @@
 """A Worker module for the holder's tests: a holder with live, test-controlled limits,
 and simulated client objects that claim, run and release work against it.
 
-``CONFIG`` is read on every round, so a test changes limits while rounds run.
-``WORLD`` is the ground truth outside the objects: which work is running now.
+``CONFIG`` is read on every round, so a test changes limits while rounds run
+(``leases`` and the queue's options are read when an object starts).
+``WORLD`` is the ground truth outside the objects: which work is running now,
+checked at every start against the limit, or ``CONFIG["ceiling"]`` (limit +
+extra, for leases provisioned "over").
 """
 
 import random
