@@ -2,6 +2,7 @@
 """Benchmark one DurabilitySemaphore holder under bursty demand from many clients.
 
     .venv/bin/python scripts/bench_holder.py [--quick] [--seed N] [--scales 100,1000,10000]
+    .venv/bin/python scripts/bench_holder.py --leases [--quick] [--seed N]
 
 Runs the holder Worker in scripts/bench_workers/holder_bench.py on the
 embedded runtime (virtual time), with 100, 1,000 and 10,000 clients whose
@@ -17,6 +18,17 @@ and in the store's write), and rows read, rows written (rows plus alarm
 writes, as billed) and RPC calls (requests plus alarm invocations) per
 admitted permit, from the runtime's billing counters; then how per-round CPU
 grows from scale to scale against n and n log n.
+
+With ``--leases``: grants only against each lease provisioning mode, on one
+bursty workload run through real queues (``DurabilitySemaphoreQueue`` in
+client objects, the holder in its own): every client gets bursts of items
+arriving one by one over a couple of seconds, each item runs 2 to 8 s and is
+released. Prints, per admitted item, RPC calls the holder answered, rows
+written and read (all objects: holder and queues), admission latency p50 /
+p99 from enqueue to ``admit()`` in virtual time, the share of items drawn
+from a lease and how many of those waited for nothing, and the share of the
+limit kept busy while work was queued (above 100% for ``over``, whose
+leases run above the limit).
 """
 
 from __future__ import annotations
@@ -128,10 +140,18 @@ def _timed_write(self, changes):
             Cpu.write_plain += time.process_time() - middle
 
 
-holder_module.DurabilitySemaphore._run_round = _timed_round
-holder_module.run_round = _timed(holder_module.run_round, "run_round")
-store_module.HolderStore.write = _timed_write
-gc.callbacks.append(_on_gc)
+_plain = (holder_module.run_round, _write)
+
+
+def time_the_holder(on: bool) -> None:
+    """Time holder rounds from outside (the scale table), or run them untouched."""
+    holder_module.DurabilitySemaphore._run_round = _timed_round if on else _whole_round
+    holder_module.run_round = _timed(_plain[0], "run_round") if on else _plain[0]
+    store_module.HolderStore.write = _timed_write if on else _plain[1]
+    if on and _on_gc not in gc.callbacks:
+        gc.callbacks.append(_on_gc)
+    elif not on and _on_gc in gc.callbacks:
+        gc.callbacks.remove(_on_gc)
 
 
 # -- the clients ------------------------------------------------------------------------
@@ -205,6 +225,194 @@ async def one_call(stub, client: Client, now: float, rng: random.Random) -> int:
     return 1
 
 
+# -- grants against leases, through real queues ----------------------------------------------
+from workers import DurableObject  # noqa: E402  (the embedded runtime's stand-in, installed above)
+
+from durability import DurabilityScheduler  # noqa: E402
+from durability.semaphore import DurabilitySemaphore, DurabilitySemaphoreQueue  # noqa: E402
+
+BURST = (8, 24)  # items in one burst
+LEASE_MODES = {
+    "grants only": None,
+    "strict": {"mode": "strict"},
+    "under": {"mode": "under", "reserve": 64},
+    "over": {"mode": "over", "extra": {"ratio": 0.5}},
+}
+
+
+class Ground:
+    """Truth outside the objects: when each item was enqueued and admitted, and how busy the limit was."""
+
+    def __init__(self) -> None:
+        self.enqueued: dict[str, float] = {}
+        self.admitted: dict[str, float] = {}
+        self.via: dict[str, str] = {}
+        self.running = 0
+        self.waiting = 0
+        self.holder_calls = 0
+        self.busy_ms = 0.0  # running items x ms, while something waited for admission
+        self.active_ms = 0.0
+        self._last = None
+
+    def tick(self, now: float) -> None:
+        if self._last is not None and self.waiting:
+            self.busy_ms += self.running * (now - self._last)
+            self.active_ms += now - self._last
+        self._last = now
+
+
+GROUND = Ground()
+
+
+class LeaseBenchHolder(DurableObject):
+    def __init__(self, ctx, env):
+        super().__init__(ctx, env)
+        self.scheduler = DurabilityScheduler(ctx)
+        # One group has a limit of its own (as high as the account's): grants only, leases or not.
+        self.semaphore = DurabilitySemaphore(self.scheduler, limit=int(env.LIMIT), leases=env.LEASES,
+                                             group_limit={"own-limit": int(env.LIMIT)}.get)
+
+    async def permits(self, message):
+        GROUND.holder_calls += 1
+        return await self.semaphore.handle(message)
+
+    async def alarm(self, alarm_info=None):
+        await self.scheduler.alarm(alarm_info)
+
+
+class LeaseBenchClient(DurableObject):
+    """Queues items and runs each for the milliseconds its body names, then releases it."""
+
+    def __init__(self, ctx, env):
+        super().__init__(ctx, env)
+        self.scheduler = DurabilityScheduler(ctx, max_concurrency=64)
+        self.scheduler.register("work", self._work_ends)
+        self.queue = DurabilitySemaphoreQueue(
+            self.scheduler, client_id=ctx.id.name, admit=self._admit,
+            server=DurabilitySemaphore.client(binding="HOLDER").bind(env),
+        )
+
+    async def submit(self, items):
+        now = time.time() * 1000
+        for item in items:
+            GROUND.enqueued.setdefault(item["id"], now)
+            GROUND.tick(now)
+            GROUND.waiting += 1
+        await self.queue.enqueue(items)
+
+    async def _admit(self, items):
+        now = time.time() * 1000
+        for item in items:
+            if item.id in GROUND.admitted:
+                continue
+            GROUND.tick(now)
+            GROUND.admitted[item.id], GROUND.via[item.id] = now, item.via
+            GROUND.waiting -= 1
+            GROUND.running += 1
+            self.scheduler.schedule("work", item.id, now + item.body["ms"])
+        await self.scheduler.sync()
+
+    async def _work_ends(self, timer):
+        GROUND.tick(time.time() * 1000)
+        GROUND.running -= 1
+        await self.queue.release(timer.key)
+
+    async def alarm(self, alarm_info=None):
+        await self.scheduler.alarm(alarm_info)
+
+
+def bench_leases(mode: str, clients: int, limit: int, minutes: float, seed: int, per_lease: int = 32,
+                 capped_share: float = 0.0) -> dict:
+    global GROUND
+    GROUND = Ground()
+    rng = random.Random(seed)  # the same workload for every mode
+    leases = LEASE_MODES[mode]
+    options = None if leases is None else {"provisioning": leases, "permits_per_lease": per_lease, "ttl_ms": 10 * 60_000}
+    runtime = Runtime(sys.modules[__name__], {"HOLDER": "LeaseBenchHolder", "CLIENT": "LeaseBenchClient"},
+                      vars={"LIMIT": limit, "LEASES": options}, seed=seed)
+    plan = []  # (at s, client, item id, group, ms): bursts arriving over 2 s, every 20-60 s
+    for c in range(clients):
+        at = rng.uniform(0, 30)
+        while at < minutes * 60:
+            group = "own-limit" if rng.random() < capped_share else "jobs"
+            for i in range(rng.randint(BURST[0], BURST[1])):
+                plan.append((at + rng.uniform(0, 2), f"client-{c:03d}", f"c{c}-{len(plan)}", group,
+                             rng.randint(2_000, 8_000)))
+            at += rng.uniform(20, 60)
+    plan.sort()
+
+    async def scenario():
+        start = runtime.loop.time()
+        for at, client, item_id, group, ms in plan:
+            delay = at - (runtime.loop.time() - start)
+            if delay > 0:
+                await asyncio.sleep(delay)
+            stub = runtime.env.CLIENT.getByName(client)
+            await stub.submit([{"id": item_id, "key": "account", "group": group, "body": {"ms": ms}}])
+        give_up = runtime.loop.time() + 3_600
+        while (len(GROUND.admitted) < len(plan) or GROUND.running) and runtime.loop.time() < give_up:
+            await asyncio.sleep(5)
+
+    runtime.run(scenario())
+    totals = runtime.totals()
+    errors = list(runtime.errors)
+    runtime.close()
+    if errors:
+        raise RuntimeError(f"{mode}: {len(errors)} errors in the objects, first: {errors[0]!r}")
+    admitted = len(GROUND.admitted)
+    waits = sorted(GROUND.admitted[i] - GROUND.enqueued[i] for i in GROUND.admitted)
+    drawn = [i for i, via in GROUND.via.items() if via == "lease"]
+    return {
+        "mode": mode, "items": len(plan), "admitted": admitted,
+        "rpc": GROUND.holder_calls / admitted,
+        "written": totals["rows_written"] / admitted, "read": totals["rows_read"] / admitted,
+        "p50": waits[len(waits) // 2], "p99": waits[min(len(waits) - 1, int(0.99 * len(waits)))],
+        "drawn": len(drawn) / admitted,
+        # Within a millisecond: the admission's own alarm turn, no call to the holder.
+        "drawn_at_once": sum(1 for i in drawn if GROUND.admitted[i] - GROUND.enqueued[i] < 1) / max(1, len(drawn)),
+        "busy": GROUND.busy_ms / (limit * GROUND.active_ms) if GROUND.active_ms else 0.0,
+    }
+
+
+def lease_table(title: str, clients: int, limit: int, minutes: float, per_lease: int, capped_share: float,
+                seed: int) -> list[dict]:
+    print(f"\n{title}: {clients} clients, limit {limit}, {minutes} virtual minutes, {per_lease} permits per lease; "
+          f"{capped_share:.0%} of bursts in a group with its own limit (grants only); "
+          f"under keeps limit/4, over adds {LEASE_MODES['over']['extra']['ratio']:.0%}")
+    print(f"{'mode':>12} {'items':>6} | {'rpc/item':>8} {'wrote/item':>10} {'read/item':>9} | {'p50 ms':>7} "
+          f"{'p99 ms':>7} | {'drawn':>6} {'at once':>7} | {'busy':>5}")
+    LEASE_MODES["under"] = {"mode": "under", "reserve": limit // 4}
+    results = [bench_leases(mode, clients, limit, minutes, seed, per_lease, capped_share) for mode in LEASE_MODES]
+    for r in results:
+        print(f"{r['mode']:>12} {r['admitted']:>6} | {r['rpc']:>8.3f} {r['written']:>10.2f} {r['read']:>9.1f} | "
+              f"{r['p50']:>7.0f} {r['p99']:>7.0f} | {r['drawn']:>6.0%} {r['drawn_at_once']:>7.0%} | {r['busy']:>5.0%}")
+    base = results[0]
+    print("RPC calls per admitted item, grants only / leases: " + ", ".join(
+        f"{r['mode']} x{base['rpc'] / r['rpc']:.1f}" for r in results[1:]))
+    return results
+
+
+def main_leases(args: argparse.Namespace) -> None:
+    clients, minutes = (10, 3) if args.quick else (20, 10)
+    clients = args.clients or clients
+    per_lease = args.per_lease
+    print(f"grants against leases, through real queues: bursts of {BURST[0]}-{BURST[1]} items arriving over 2 s, "
+          "every 20-60 s per client; items run 2-8 s")
+    lease_table("bursty, with headroom (each client can hold a full lease)", clients,
+                args.limit or clients * per_lease, minutes, per_lease, 0.0, args.seed)
+    contended = (args.limit or clients * per_lease) // 6
+    lease_table("contended (a sixth of that limit), with grants-only demand", clients,
+                contended, minutes, per_lease, 0.2, args.seed)
+    lease_table("the same, with leases sized to the limit (limit / clients)", clients,
+                contended, minutes, max(1, contended // clients), 0.2, args.seed)
+    print("""
+rpc/item: calls the holder answered (requests and syncs) per admitted item
+wrote/item, read/item: rows written and read per admitted item, holder and queues together
+p50, p99: virtual ms from enqueue to admit(); drawn: items admitted from a lease;
+at once: of those, admitted within 1 ms of their enqueue (no holder round trip)
+busy: running items over the limit, while any item waited for admission (over: can pass 100%)""")
+
+
 # -- one scale --------------------------------------------------------------------------------
 def bench(n: int, rounds: int, seed: int, burst: int = 4) -> dict:
     rng = random.Random(seed)
@@ -262,7 +470,18 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--scales", default=None, help="comma-separated client counts")
     parser.add_argument("--burst", type=int, default=4, help="items per group in one burst: 1 to this")
+    parser.add_argument("--leases", action="store_true",
+                        help="instead: grants only against each lease mode, through real queues")
+    parser.add_argument("--clients", type=int, default=None, help="with --leases: client objects")
+    parser.add_argument("--limit", type=int, default=None,
+                        help="with --leases: the holder's limit in the first table (default clients x per-lease)")
+    parser.add_argument("--per-lease", type=int, default=32, help="with --leases: permits_per_lease")
     args = parser.parse_args()
+    if args.leases:
+        time_the_holder(False)
+        main_leases(args)
+        return
+    time_the_holder(True)
 
     if args.quick:
         plan = {100: 3, 1_000: 3}

@@ -144,8 +144,10 @@ class AccountLimit(DurableObject):
     def __init__(self, ctx, env):
         super().__init__(ctx, env)
         self.scheduler = DurabilityScheduler(ctx)
+        # ACCOUNT_LEASES: the semaphore's leases= options as JSON, or empty for none.
+        leases = json.loads(getattr(env, "ACCOUNT_LEASES", "") or "null")
         self.semaphore = DurabilitySemaphore(
-            self.scheduler, limit=self._account_limit, group_limit=self._workflow_limit
+            self.scheduler, limit=self._account_limit, group_limit=self._workflow_limit, leases=leases
         )
 
     def _account_limit(self):

@@ -33,3 +33,8 @@ LOCKS = Path(__file__).resolve().parent / "workers" / "locks.py"
 
 def locks_runtime(**options) -> Runtime:
     return Runtime(load_worker_module(LOCKS), {"SLOTS": "Slots", "UPLOADER": "Uploader"}, **options)
+
+
+def queue_jobs(prefix, n, ms=3_000, group="g", key="holder"):
+    """Items for a Shard of the holders Worker: each runs ``ms`` once admitted."""
+    return [{"id": f"{prefix}{i}", "key": key, "group": group, "body": {"ms": ms}} for i in range(n)]

@@ -6,17 +6,13 @@ import pytest
 
 from durability.testing import Faults, JsException
 
-from support import holders_runtime
+from support import holders_runtime, queue_jobs as jobs
 
 
 @pytest.fixture
 def runtime():
     with holders_runtime(seed=1) as rt:
         yield rt
-
-
-def jobs(prefix, n, ms=3_000, group="g", key="holder"):
-    return [{"id": f"{prefix}{i}", "key": key, "group": group, "body": {"ms": ms}} for i in range(n)]
 
 
 def shard(runtime, name="s1"):

@@ -1,8 +1,11 @@
 """A Worker module for the holder's tests: a holder with live, test-controlled limits,
 and simulated client objects that claim, run and release work against it.
 
-``CONFIG`` is read on every round, so a test changes limits while rounds run.
-``WORLD`` is the ground truth outside the objects: which work is running now.
+``CONFIG`` is read on every round, so a test changes limits while rounds run
+(``leases`` and the queue's options are read when an object starts).
+``WORLD`` is the ground truth outside the objects: which work is running now,
+checked at every start against the limit, or ``CONFIG["ceiling"]`` (limit +
+extra, for leases provisioned "over").
 """
 
 import random
@@ -27,6 +30,9 @@ CONFIG = {
     "admit_failures": 0,  # admit() raises this many times first
     "abort_in_admit": 0,  # admit() resets the object (ctx.abort) this many times first
     "fake_reply": None,  # when set, the shard's holder answers every message with this
+    "leases": None,  # the holder's leases= option
+    "ceiling": None,  # what work may really reach (limit + extra for leases "over"); None: the limit
+    "lease_report_delay_ms": 10_000,
 }
 WORLD = {"running": {}, "violations": [], "max_running": 0, "completed": set(), "admit_calls": 0,
          "started": {}, "starts": {}, "events": [], "requests": []}
@@ -38,7 +44,7 @@ def _start(item):
     WORLD["running"][item] = True
     total = len(WORLD["running"])
     WORLD["max_running"] = max(WORLD["max_running"], total)
-    if total > CONFIG["limit"]:
+    if total > (CONFIG["ceiling"] if CONFIG["ceiling"] is not None else CONFIG["limit"]):
         WORLD["violations"].append((time.time(), sorted(WORLD["running"])))
 
 
@@ -59,6 +65,7 @@ class Holder(DurableObject):
             round_wait_ms=CONFIG["round_wait_ms"],
             round_period_ms=CONFIG["round_period_ms"],
             grant_timeout_ms=CONFIG["grant_timeout_ms"],
+            leases=CONFIG["leases"],
         )
 
     def _group_limit(self, group):
@@ -213,6 +220,7 @@ class Shard(DurableObject):
             admit=self._admit,
             finished=self._finished if CONFIG["use_finished"] else None,
             finished_check_ms=CONFIG["finished_check_ms"],
+            lease_report_delay_ms=CONFIG["lease_report_delay_ms"],
             on_lifecycle_event=lambda event: WORLD["events"].append((ctx.id.name, event)),
         )
 
@@ -237,6 +245,12 @@ class Shard(DurableObject):
 
     async def status(self, item_id):
         return self.queue.status(item_id)
+
+    async def leases(self):
+        return [dict(r) for r in self.ctx.storage.sql.exec("SELECT * FROM durability_queue_leases ORDER BY lease_id")]
+
+    async def vias(self):
+        return {r["id"]: r["via"] for r in self.ctx.storage.sql.exec("SELECT id, via FROM durability_queue_items")}
 
     async def states(self):
         return {r["id"]: r["state"] for r in self.ctx.storage.sql.exec("SELECT id, state FROM durability_queue_items")}

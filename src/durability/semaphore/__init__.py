@@ -7,6 +7,7 @@ work, and reaches the holder through a ``SemaphoreClient`` (made by
 """
 
 from .allocation import Grant
+from .leases import Lease, LeasePolicy
 from .client import SemaphoreClient, SemaphoreClientFactory
 from .holder import DurabilitySemaphore
 from .queue import AdmittedItem, DurabilitySemaphoreQueue, QueueEvent
@@ -18,8 +19,11 @@ from .messages import (
     NOT_FOUND,
     NOT_PERMITTED,
     OK,
+    RETIRED,
+    SETTLED,
     VERSION,
     Demand,
+    LeaseReport,
     ProtocolError,
     Report,
     Request,
@@ -28,6 +32,7 @@ from .messages import (
 
 __all__ = [
     "EXPIRED", "GROUP_LIMIT", "LIMIT", "LIMIT_RESOLUTION_ERROR", "NOT_FOUND", "NOT_PERMITTED", "OK",
-    "VERSION", "AdmittedItem", "Demand", "DurabilitySemaphore", "DurabilitySemaphoreQueue", "QueueEvent", "Grant", "ProtocolError", "Report", "Request",
+    "RETIRED", "SETTLED", "VERSION", "AdmittedItem", "Demand", "DurabilitySemaphore", "DurabilitySemaphoreQueue",
+    "QueueEvent", "Grant", "Lease", "LeasePolicy", "LeaseReport", "ProtocolError", "Report", "Request",
     "SemaphoreClient", "SemaphoreClientFactory", "Sync",
 ]

@@ -2,7 +2,9 @@
 
 Lives here: the grant book (``Grant``), applying cumulative reports,
 reclaiming unclaimed permits past their deadline, and one allocation round
-from (book, requests, resolved limits, now) to (changes, per-client outcome).
+from (book of grants and leases, requests, resolved limits, now) to
+(changes, per-client outcome): grants first, then leases from what is left
+(the lease rules themselves live in ``leases``).
 Must not know: storage, RPC, clocks or the user's callbacks; the holder
 reads the time, resolves the limits and persists the changes.
 
@@ -20,16 +22,31 @@ grant whose permits are all released is settled and removed.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Callable, Iterable
+from typing import Any, Callable, Iterable
 
+from .leases import (
+    Lease,
+    LeaseIds,
+    LeaseOutcome,
+    LeasePolicy,
+    apply_lease_report,
+    lease_usage,
+    no_leases,
+    retire_expired,
+    retire_ineligible,
+    share,
+    tally,
+)
 from .messages import (
     EXPIRED,
     GROUP_LIMIT,
     LIMIT,
     LIMIT_RESOLUTION_ERROR,
+    MAX_REPORTS,
     NOT_FOUND,
     NOT_PERMITTED,
     OK,
+    LeaseReport,
     ProtocolError,
     Report,
     Request,
@@ -62,10 +79,14 @@ class Grant:
 
 @dataclass
 class Changes:
-    """Grants to write and grants to delete, in the order they were decided."""
+    """Grants and leases to write and to delete, in the order they were decided,
+    and the new count of lease ids issued (None: unchanged)."""
 
     written: dict[str, Grant] = field(default_factory=dict)
     deleted: dict[str, None] = field(default_factory=dict)
+    leases_written: dict[str, Lease] = field(default_factory=dict)
+    leases_deleted: dict[str, None] = field(default_factory=dict)
+    issued: int | None = None
 
     def put(self, grant: Grant) -> None:
         self.deleted.pop(grant.grant_id, None)
@@ -75,13 +96,26 @@ class Changes:
         self.written.pop(grant_id, None)
         self.deleted[grant_id] = None
 
-    def apply_to(self, book: dict[str, Grant]) -> None:
+    def put_lease(self, lease: Lease) -> None:
+        self.leases_deleted.pop(lease.lease_id, None)
+        self.leases_written[lease.lease_id] = lease
+
+    def delete_lease(self, lease_id: str) -> None:
+        self.leases_written.pop(lease_id, None)
+        self.leases_deleted[lease_id] = None
+
+    def apply_to(self, book: dict[str, Grant], leases: dict[str, Lease] | None = None) -> None:
         for grant_id in self.deleted:
             book.pop(grant_id, None)
         book.update(self.written)
+        if leases is not None:
+            for lease_id in self.leases_deleted:
+                leases.pop(lease_id, None)
+            leases.update(self.leases_written)
 
     def __bool__(self) -> bool:
-        return bool(self.written or self.deleted)
+        return bool(self.written or self.deleted or self.leases_written or self.leases_deleted
+                    or self.issued is not None)
 
 
 @dataclass(frozen=True)
@@ -96,8 +130,9 @@ class ReportOutcome:
 class Working:
     """A copy-on-write view of the book while a round or a report decides changes."""
 
-    def __init__(self, book: dict[str, Grant]) -> None:
+    def __init__(self, book: dict[str, Grant], leases: dict[str, Lease] | None = None) -> None:
         self.book = book
+        self.lease_book = leases if leases is not None else {}
         self.changes = Changes()
 
     def get(self, grant_id: str) -> Grant | None:
@@ -117,13 +152,36 @@ class Working:
                 yield grant
         yield from self.changes.written.values()
 
+    def get_lease(self, lease_id: str) -> Lease | None:
+        if lease_id in self.changes.leases_deleted:
+            return None
+        return self.changes.leases_written.get(lease_id) or self.lease_book.get(lease_id)
 
-def check_ownership(working: Working, client_id: str, reports: Iterable[Report]) -> None:
-    """A client may report only on its own grants: refuse the whole message otherwise."""
+    def put_lease(self, lease: Lease) -> None:
+        if lease.settled:
+            self.changes.delete_lease(lease.lease_id)
+        else:
+            self.changes.put_lease(lease)
+
+    def leases(self) -> Iterable[Lease]:
+        changes = self.changes
+        for lease_id, lease in self.lease_book.items():
+            if lease_id not in changes.leases_deleted and lease_id not in changes.leases_written:
+                yield lease
+        yield from changes.leases_written.values()
+
+
+def check_ownership(working: Working, client_id: str, reports: Iterable[Report],
+                    lease_reports: Iterable[LeaseReport] = ()) -> None:
+    """A client may report only on its own grants and leases: refuse the whole message otherwise."""
     for report in reports:
         grant = working.get(report.grant_id)
         if grant is not None and grant.client_id != client_id:
             raise ProtocolError("forbidden", f"grant {report.grant_id!r} belongs to another client")
+    for lease_report in lease_reports:
+        lease = working.get_lease(lease_report.lease_id)
+        if lease is not None and lease.client_id != client_id:
+            raise ProtocolError("forbidden", f"lease {lease_report.lease_id!r} belongs to another client")
 
 
 def apply_report(working: Working, report: Report) -> ReportOutcome:
@@ -144,6 +202,16 @@ def apply_reports(working: Working, client_id: str, reports: Iterable[Report]) -
     return [apply_report(working, report) for report in reports]
 
 
+def apply_all_reports(working: Working, client_id: str, reports: Iterable[Report],
+                      lease_reports: Iterable[LeaseReport], ids: LeaseIds, now: float,
+                      ttl_ms: float | None) -> tuple[list[ReportOutcome], list[LeaseOutcome]]:
+    """Grant and lease reports of one message: all of them, or none if any is not the client's."""
+    reports, lease_reports = list(reports), list(lease_reports)
+    check_ownership(working, client_id, reports, lease_reports)
+    return ([apply_report(working, report) for report in reports],
+            [apply_lease_report(working, client_id, report, ids, now, ttl_ms) for report in lease_reports])
+
+
 def reclaim(working: Working, now: float) -> None:
     """Take back permits not claimed by their deadline; drop grants left empty."""
     for grant in list(working.grants()):
@@ -156,6 +224,13 @@ def merged(book: dict[str, Grant], changes: Changes) -> list[Grant]:
     working = Working(book)
     working.changes = changes
     return list(working.grants())
+
+
+def merged_leases(leases: dict[str, Lease], changes: Changes) -> list[Lease]:
+    """The leases as they stand once ``changes`` apply to ``leases``."""
+    working = Working({}, leases)
+    working.changes = changes
+    return list(working.leases())
 
 
 def earliest_claim_deadline(book: Iterable[Grant]) -> float | None:
@@ -191,6 +266,11 @@ class ClientOutcome:
     new_grants: list[Grant] = field(default_factory=list)
     open_grants: list[Grant] = field(default_factory=list)  #: every grant with unclaimed permits
     blocked: dict[str, tuple[str, int]] = field(default_factory=dict)  #: group -> (reason, waiting)
+    lease_reports: list[LeaseOutcome] = field(default_factory=list)
+    new_leases: list[Lease] = field(default_factory=list)
+    #: leases the client may not know of (nothing drawn yet), new or not, so
+    #: that a lease in a lost reply reaches it with the next one
+    listed_leases: list[Lease] = field(default_factory=list)
 
 
 @dataclass
@@ -198,86 +278,146 @@ class RoundResult:
     changes: Changes
     outcomes: dict[str, ClientOutcome]
     errors: dict[int, ProtocolError]  #: request index -> why it was refused
+    contended: bool = False  #: demand was left waiting for capacity
 
 
 def usage(grants: Iterable[Grant]) -> tuple[int, dict[str, int]]:
-    total, groups = 0, {}
-    for grant in grants:
-        total += grant.charged
-        groups[grant.group] = groups.get(grant.group, 0) + grant.charged
-    return total, groups
+    return tally((grant.group, grant.charged) for grant in grants)
 
 
 def run_round(book: dict[str, Grant], requests: list[Request], limits: Limits, now: float,
-              grant_timeout_ms: float, new_grant_id: Callable[[], str]) -> RoundResult:
+              grant_timeout_ms: float, new_grant_id: Callable[[], str], *,
+              leases: dict[str, Lease] | None = None, policy: LeasePolicy | None = None,
+              lease_ids: LeaseIds | None = None) -> RoundResult:
     """One allocation round over every request that arrived for it.
 
     Reports are applied first (a request whose reports touch another
-    client's grant is refused alone), then expired permits are reclaimed,
-    then demand is served oldest first across all clients. A client that
-    sent several requests in the round is served once, by its latest. Its
-    demand is net of the permits it already holds unclaimed in that group,
-    so a request repeated after a lost reply is not served twice; every
-    reply lists all of the client's open grants, so the client learns of
-    grants whose reply it missed.
+    client's grant or lease is refused alone), then expired permits are
+    reclaimed and leases past their ttl, under a lowered limit or no longer
+    eligible are retired, then demand is served oldest first across all
+    clients: grants for demand that cannot lease, then leases from what is
+    left. A client that sent several requests in the round is served once,
+    by its latest. Its demand is net of the permits it already holds
+    unclaimed in that group, so a request repeated after a lost reply is not
+    served twice; every reply lists all of the client's open grants and the
+    leases it may not know of, so the client learns of what a lost reply
+    carried.
     """
-    working = Working(book)
+    working = Working(book, leases)
+    lease_ids = lease_ids if lease_ids is not None else LeaseIds("", 0)
+    issued_before = lease_ids.issued
+    ttl_ms = policy.ttl_ms if policy is not None else None
     outcomes: dict[str, ClientOutcome] = {}
     errors: dict[int, ProtocolError] = {}
     latest: dict[str, Request] = {}
     arrival: dict[str, int] = {}
     for index, request in enumerate(requests):
         try:
-            reported = apply_reports(working, request.client_id, request.reports)
+            reported, lease_reported = apply_all_reports(
+                working, request.client_id, request.reports, request.lease_reports, lease_ids, now,
+                ttl_ms if request.heartbeat else None)
         except ProtocolError as error:
             errors[index] = error
             continue
         outcome = outcomes.setdefault(request.client_id, ClientOutcome())
         outcome.reports.extend(reported)
+        outcome.lease_reports.extend(lease_reported)
         latest[request.client_id] = request
         arrival.setdefault(request.client_id, index)
     reclaim(working, now)
+    retire_expired(working, now)
+    retire_ineligible(working, policy, limits.total, limits.groups, limits.permitted)
 
-    used_total, used_groups = usage(working.grants())
+    granted, granted_groups = usage(working.grants())
+    leased, leased_groups = lease_usage(working.leases())
     unclaimed: dict[tuple[str, str], int] = {}
     for grant in working.grants():
         key = (grant.client_id, grant.group)
         unclaimed[key] = unclaimed.get(key, 0) + grant.unclaimed
+    drawable = {(lease.client_id, lease.group) for lease in working.leases() if lease.drawable > 0}
+    total = limits.total
+    budgets = None
+    if isinstance(total, int):
+        budgets = policy.budgets(total) if policy is not None else no_leases(total)
 
-    entries = sorted(
-        (demand.oldest_at, arrival[client_id], position, client_id, demand)
-        for client_id, request in latest.items()
-        for position, demand in enumerate(request.demand)
-    )
-    for _, _, _, client_id, demand in entries:
-        want = demand.count - unclaimed.get((client_id, demand.group), 0)
-        if want <= 0:
-            continue
-        outcome = outcomes[client_id]
-        ceiling = limits.groups.get(demand.group)
-        if isinstance(limits.total, ResolutionFailed) or isinstance(ceiling, ResolutionFailed):
-            outcome.blocked[demand.group] = (LIMIT_RESOLUTION_ERROR, want)
-            continue
-        if not limits.permitted.get((client_id, demand.group), True):
-            outcome.blocked[demand.group] = (NOT_PERMITTED, want)
-            continue
-        room_total = limits.total - used_total
-        room_group = room_total if ceiling is None else ceiling - used_groups.get(demand.group, 0)
+    def group_room(group: str, ceiling: int | None, room_total: int) -> int:
+        if ceiling is None:
+            return room_total
+        return ceiling - granted_groups.get(group, 0) - leased_groups.get(group, 0)
+
+    def grant(client_id: str, demand: Any, want: int, ceiling: int | None) -> None:
+        nonlocal granted
+        room_total = budgets.grant_room(granted, leased)
+        room_group = group_room(demand.group, ceiling, room_total)
         give = max(0, min(want, room_total, room_group))
+        outcome = outcomes[client_id]
         if give:
-            grant = Grant(new_grant_id(), client_id, demand.group, give, 0, 0, now + grant_timeout_ms)
-            working.put(grant)
-            outcome.new_grants.append(grant)
-            used_total += give
-            used_groups[demand.group] = used_groups.get(demand.group, 0) + give
+            new = Grant(new_grant_id(), client_id, demand.group, give, 0, 0, now + grant_timeout_ms)
+            working.put(new)
+            outcome.new_grants.append(new)
+            granted += give
+            granted_groups[demand.group] = granted_groups.get(demand.group, 0) + give
         if give < want:
             # The group's own ceiling holds it back whenever it leaves no more
             # room than the total does (a total below usage leaves none).
             reason = GROUP_LIMIT if ceiling is not None and room_group <= max(room_total, 0) else LIMIT
             outcome.blocked[demand.group] = (reason, want - give)
 
+    entries = sorted(
+        (demand.oldest_at, arrival[client_id], position, client_id, demand)
+        for client_id, request in latest.items()
+        for position, demand in enumerate(request.demand)
+    )
+    # Demand that can only take grants goes first; then leases, from what is
+    # left, to the (client, group)s that can draw them; then grants for what
+    # those leases leave uncovered (in "over", from the limit the leases do
+    # not use).
+    candidates: list[tuple[str, Any, int, int | None]] = []
+    for _, _, _, client_id, demand in entries:
+        want = demand.count - unclaimed.get((client_id, demand.group), 0)
+        if want <= 0:
+            continue
+        outcome = outcomes[client_id]
+        ceiling = limits.groups.get(demand.group)
+        if budgets is None or isinstance(ceiling, ResolutionFailed):
+            outcome.blocked[demand.group] = (LIMIT_RESOLUTION_ERROR, want)
+            continue
+        if not limits.permitted.get((client_id, demand.group), True):
+            outcome.blocked[demand.group] = (NOT_PERMITTED, want)
+            continue
+        if policy is not None and latest[client_id].leases and policy.group_eligible(ceiling):
+            if (client_id, demand.group) not in drawable:  # it draws what it holds first
+                candidates.append((client_id, demand, want, ceiling))
+            continue
+        grant(client_id, demand, want, ceiling)
+
+    if candidates:
+        budget = max(0, budgets.lease_room(granted, leased))
+        sizes = share(budget, len(candidates), policy.permits_per_lease)
+        for (client_id, demand, want, ceiling), size in zip(candidates, sizes):
+            give = max(0, min(size, group_room(demand.group, ceiling, size)))
+            if give:
+                lease = Lease(lease_ids.next(working.lease_book), client_id, demand.group, give, 0, 0,
+                              now + policy.ttl_ms, False, total)
+                working.put_lease(lease)
+                outcomes[client_id].new_leases.append(lease)
+                leased += give
+                leased_groups[demand.group] = leased_groups.get(demand.group, 0) + give
+        for (client_id, demand, want, ceiling), lease in zip(candidates, sizes):
+            covered = sum(x.permits for x in outcomes[client_id].new_leases if x.group == demand.group)
+            if want > covered:
+                grant(client_id, demand, want - covered, ceiling)
+    if lease_ids.issued != issued_before:
+        working.changes.issued = lease_ids.issued
+
+    contended = any(reason in (LIMIT, GROUP_LIMIT)
+                    for outcome in outcomes.values() for reason, _ in outcome.blocked.values())
     for grant in working.grants():
         outcome = outcomes.get(grant.client_id)
         if outcome is not None and grant.unclaimed > 0:
             outcome.open_grants.append(grant)
-    return RoundResult(working.changes, outcomes, errors)
+    for lease in working.leases():
+        outcome = outcomes.get(lease.client_id)
+        if outcome is not None and lease.drawn == 0 and len(outcome.listed_leases) < MAX_REPORTS:
+            outcome.listed_leases.append(lease)
+    return RoundResult(working.changes, outcomes, errors, contended)

@@ -2,8 +2,9 @@
 
 Lives here: the runtime side of the holder: requests waiting for a round
 and the round timer (in memory), resolving the user's limit callbacks once
-per round, committing each round in one transaction before anyone hears
-back, the reclaim timer on the scheduler, ``usage()`` and ``migrate()``.
+per round (for the groups in demand and those holding leases), committing
+each round in one transaction before anyone hears back, the reclaim timer
+on the scheduler, ``usage()`` and ``migrate()``.
 Must not know: how a round decides (``allocation``) or how messages look
 (``messages``); how clients reach it (``client``).
 """
@@ -13,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+from dataclasses import replace
 from typing import Any, Callable
 
 from .._sql import Sql
@@ -25,13 +27,14 @@ from .allocation import (
     ResolutionFailed,
     RoundResult,
     Working,
-    apply_reports,
+    apply_all_reports,
     earliest_claim_deadline,
     merged,
     reclaim,
     run_round,
     usage,
 )
+from .leases import Lease, LeaseIds, LeasePolicy, lease_usage, retire_expired
 from .messages import VERSION, ProtocolError, Request, Sync, parse
 from .store import HolderStore
 
@@ -71,13 +74,20 @@ class DurabilitySemaphore:
             empty, so a blocked client costs one request per wait, not one
             per round, and is present in every round that could serve it.
         grant_timeout_ms: how long granted permits stay reserved unclaimed.
+        leases: None (no leases), or the lease options: ``provisioning``
+            (``{"mode": "strict"}``, ``{"mode": "under", "reserve": n}``,
+            ``{"mode": "over", "extra": {"ratio": r} | {"count": n}}``),
+            ``permits_per_lease`` (64), ``ttl_ms`` (30 minutes),
+            ``limited_groups`` (None or ``"withinGroupLimit"``); see
+            ``leases.LeasePolicy``. Turning leases off retires live leases
+            at the next round.
     """
 
     def __init__(self, scheduler: DurabilityScheduler, *, limit: int | Callable[[], int],
                  group_limit: Callable[[str], int | None] | None = None,
                  can_grant: Callable[[str, str], bool] | None = None,
                  round_wait_ms: float = 1_000, round_period_ms: float = 2_000,
-                 grant_timeout_ms: float = 10_000) -> None:
+                 grant_timeout_ms: float = 10_000, leases: dict | None = None) -> None:
         if not callable(limit):
             _non_negative_int(limit, "limit")
         self.scheduler = scheduler
@@ -87,13 +97,17 @@ class DurabilitySemaphore:
         self.round_wait_ms = _positive_ms(round_wait_ms, "round_wait_ms")
         self.round_period_ms = _positive_ms(round_period_ms, "round_period_ms")
         self.grant_timeout_ms = _positive_ms(grant_timeout_ms, "grant_timeout_ms")
+        self.lease_policy = None if leases is None else LeasePolicy.from_options(leases)
         self.store = HolderStore(scheduler.sql)
         scheduler.register(PARTICIPANT, self._on_timer)
         self._book: dict[str, Grant] | None = None
+        self._lease_book: dict[str, Lease] | None = None
+        self._ids: LeaseIds | None = None
         # Requests waiting for a round: (request, reply future, hold-until ms).
         self._waiting: list[tuple[Request, asyncio.Future, float]] = []
         self._round: asyncio.Task | None = None
         self._last_round_at: float | None = None
+        self._contended = False  #: the last round left demand waiting for capacity
 
     @staticmethod
     def migrate(ctx: Any, version: int | None) -> None:
@@ -115,6 +129,16 @@ class DurabilitySemaphore:
             self._book = self.store.load()
         return self._book
 
+    def _leases(self) -> dict[str, Lease]:
+        if self._lease_book is None:
+            self._lease_book = self.store.load_leases()
+        return self._lease_book
+
+    def _lease_ids(self) -> LeaseIds:
+        if self._ids is None:
+            self._ids = self.scheduler.transaction(self.store.lease_ids)
+        return self._ids
+
     def _commit(self, changes: Changes, after: list[Grant]) -> None:
         """Persist changes and the reclaim timer together, then update memory."""
         deadline = earliest_claim_deadline(after)
@@ -127,7 +151,7 @@ class DurabilitySemaphore:
                 self.scheduler.schedule(PARTICIPANT, RECLAIM, deadline)
 
         self.scheduler.transaction(write)
-        changes.apply_to(self._grants())
+        changes.apply_to(self._grants(), self._leases())
 
     # -- messages ---------------------------------------------------------------
     async def handle(self, message: Any) -> dict[str, Any]:
@@ -144,15 +168,20 @@ class DurabilitySemaphore:
         return await waiter
 
     async def _sync(self, sync: Sync) -> dict[str, Any]:
-        working = Working(self._grants())
+        working = Working(self._grants(), self._leases())
+        now = now_ms()
+        ttl_ms = self.lease_policy.ttl_ms if self.lease_policy is not None else None
         try:
-            outcomes = apply_reports(working, sync.client_id, sync.reports)
+            outcomes, lease_outcomes = apply_all_reports(
+                working, sync.client_id, sync.reports, sync.lease_reports, self._lease_ids(), now, ttl_ms)
         except ProtocolError as error:
             return error.reply()
+        retire_expired(working, now)
         if working.changes:
             self._commit(working.changes, merged(self._grants(), working.changes))
             await self.scheduler.sync()
-        return {"type": "synced", "v": VERSION, "reports": [_report_json(o) for o in outcomes]}
+        return {"type": "synced", "v": VERSION, "reports": [_report_json(o) for o in outcomes],
+                "leaseReports": [_lease_report_json(o) for o in lease_outcomes], "contended": self._contended}
 
     # -- rounds -----------------------------------------------------------------
     def _ensure_round(self) -> None:
@@ -186,9 +215,11 @@ class DurabilitySemaphore:
         requests = [request for request, _, _ in batch]
         limits = self._resolve_limits(requests)
         result: RoundResult = run_round(
-            self._grants(), requests, limits, now, self.grant_timeout_ms, self._new_grant_id
+            self._grants(), requests, limits, now, self.grant_timeout_ms, self._new_grant_id,
+            leases=self._leases(), policy=self.lease_policy, lease_ids=self._lease_ids(),
         )
         self._commit(result.changes, merged(self._grants(), result.changes))
+        self._contended = result.contended
         next_request_at = now + self.round_period_ms
         held = []
         for index, (request, waiter, hold_until) in enumerate(batch):
@@ -198,29 +229,36 @@ class DurabilitySemaphore:
                 waiter.set_result(result.errors[index].reply())
                 continue
             outcome = result.outcomes[request.client_id]
-            if not outcome.new_grants and outcome.blocked and hold_until > next_request_at:
+            if (not outcome.new_grants and not outcome.new_leases and outcome.blocked
+                    and hold_until > next_request_at):
                 # Nothing to grant yet: keep the request for the next round
                 # instead of having the client ask again (a long poll).
-                held.append((request, waiter, hold_until))
+                # Its reports were heard once: a lease must not stay alive
+                # on a request whose client may be gone since.
+                held.append((replace(request, heartbeat=False), waiter, hold_until))
             else:
-                waiter.set_result(_grants_reply(outcome, next_request_at))
+                ttl_ms = self.lease_policy.ttl_ms if self.lease_policy is not None else 0
+                waiter.set_result(_grants_reply(outcome, next_request_at, result.contended, ttl_ms))
         self._waiting = held + self._waiting
 
     def _resolve_limits(self, requests: list[Request]) -> Limits:
+        """The user's callbacks, once per round: for every group in demand, and
+        for every live lease, whose eligibility the round checks again."""
         total = self._resolve(self.limit) if callable(self.limit) else self.limit
         groups: dict[str, int | None | ResolutionFailed] = {}
         permitted: dict[tuple[str, str], bool] = {}
-        for request in requests:
-            for demand in request.demand:
-                if self.group_limit is not None and demand.group not in groups:
-                    groups[demand.group] = self._resolve(self.group_limit, demand.group, optional=True)
-                key = (request.client_id, demand.group)
-                if self.can_grant is not None and key not in permitted:
-                    try:
-                        permitted[key] = bool(self.can_grant(*key))
-                    except Exception:
-                        log.exception("can_grant raised for %s; refusing", key)
-                        permitted[key] = False
+        wanted = [(r.client_id, d.group) for r in requests for d in r.demand]
+        wanted += [(lease.client_id, lease.group) for lease in self._leases().values() if not lease.retired]
+        for client_id, group in wanted:
+            if self.group_limit is not None and group not in groups:
+                groups[group] = self._resolve(self.group_limit, group, optional=True)
+            key = (client_id, group)
+            if self.can_grant is not None and key not in permitted:
+                try:
+                    permitted[key] = bool(self.can_grant(*key))
+                except Exception:
+                    log.exception("can_grant raised for %s; refusing", key)
+                    permitted[key] = False
         return Limits(total, groups, permitted)
 
     @staticmethod
@@ -242,33 +280,47 @@ class DurabilitySemaphore:
 
     # -- reclaim on the alarm ------------------------------------------------------
     async def _on_timer(self, timer: Timer) -> None:
-        working = Working(self._grants())
+        working = Working(self._grants(), self._leases())
         reclaim(working, now_ms())
         self._commit(working.changes, merged(self._grants(), working.changes))
 
     # -- usage -------------------------------------------------------------------
     def usage(self) -> dict[str, Any]:
-        """The limit, permits outstanding, and per-group usage, as the holder's books say."""
+        """The limit, permits outstanding (grants and lease footprint), and
+        per-group usage, as the holder's books say."""
         grants = list(self._grants().values())
-        total, groups = usage(grants)
+        leases = list(self._leases().values())
+        granted, groups = usage(grants)
+        leased, leased_groups = lease_usage(leases)
         limit = self._resolve(self.limit) if callable(self.limit) else self.limit
         in_use: dict[str, int] = {}
         for grant in grants:
             in_use[grant.group] = in_use.get(grant.group, 0) + grant.claimed - grant.released
+        for lease in leases:
+            in_use[lease.group] = in_use.get(lease.group, 0) + lease.drawn - lease.released
         per_group = {}
-        for group in sorted(groups):
+        for group in sorted(set(groups) | set(leased_groups)):
+            outstanding = groups.get(group, 0) + leased_groups.get(group, 0)
             ceiling = self._resolve(self.group_limit, group, optional=True) if self.group_limit else None
             per_group[group] = {
-                "outstanding": groups[group],
+                "outstanding": outstanding,
                 "inUse": in_use[group],
-                "reserved": groups[group] - in_use[group],
+                "reserved": outstanding - in_use[group],
+                "leaseFootprint": leased_groups.get(group, 0),
                 "limit": None if isinstance(ceiling, ResolutionFailed) else ceiling,
             }
+        policy = self.lease_policy
+        resolved = None if isinstance(limit, ResolutionFailed) else limit
         return {
-            "limit": None if isinstance(limit, ResolutionFailed) else limit,
-            "outstanding": total,
-            "leaseFootprint": 0,
+            "limit": resolved,
+            "ceiling": resolved if policy is None or resolved is None else policy.budgets(resolved).ceiling,
+            "outstanding": granted + leased,
+            "leaseFootprint": leased,
+            # Past its ttl a lease is retired at the next round or report; say so already.
+            "retiredFootprint": sum(lease.footprint for lease in leases
+                                    if lease.retired or lease.expires_at <= now_ms()),
             "grants": len(grants),
+            "leases": len(leases),
             "groups": per_group,
         }
 
@@ -278,7 +330,17 @@ def _report_json(outcome) -> dict[str, Any]:
             "released": outcome.released, "permits": outcome.permits}
 
 
-def _grants_reply(outcome, next_request_at: float) -> dict[str, Any]:
+def _lease_report_json(outcome) -> dict[str, Any]:
+    return {"leaseId": outcome.lease_id, "status": outcome.status, "drawn": outcome.drawn,
+            "released": outcome.released, "permits": outcome.permits}
+
+
+def _lease_json(lease: Lease, ttl_ms: float) -> dict[str, Any]:
+    return {"leaseId": lease.lease_id, "group": lease.group, "permits": lease.permits, "drawn": lease.drawn,
+            "ttlMs": ttl_ms, "expiresAt": lease.expires_at, "retired": lease.retired}
+
+
+def _grants_reply(outcome, next_request_at: float, contended: bool = False, ttl_ms: float = 0) -> dict[str, Any]:
     return {
         "type": "grants",
         "v": VERSION,
@@ -288,9 +350,12 @@ def _grants_reply(outcome, next_request_at: float) -> dict[str, Any]:
             for g in outcome.open_grants
         ],
         "reports": [_report_json(o) for o in outcome.reports],
+        "leases": [_lease_json(lease, ttl_ms) for lease in outcome.listed_leases],
+        "leaseReports": [_lease_report_json(o) for o in outcome.lease_reports],
         "blocked": [
             {"group": group, "reason": reason, "waiting": waiting}
             for group, (reason, waiting) in outcome.blocked.items()
         ],
+        "contended": contended,
         "nextRequestAt": next_request_at,
     }

@@ -1,8 +1,8 @@
 """The semaphore's wire format: parsing and checking messages, building replies.
 
 Lives here: the camelCase messages clients send (``request``, ``sync``), their
-validation into typed values, and the replies the holder returns (``grants``,
-``synced``, ``error``). Must not know: storage, time, allocation.
+validation into typed values (grant reports, lease reports, the lease
+support flag), and the error reply. Must not know: storage, time, allocation.
 
 Every bound below is part of the protocol: a message beyond one is refused
 whole with an ``error`` reply and changes nothing.
@@ -17,7 +17,7 @@ from typing import Any
 VERSION = 1
 MAX_ID_LENGTH = 256  # clientId, group, grantId
 MAX_DEMAND_ENTRIES = 64  # groups in one request
-MAX_REPORTS = 256  # grant reports in one message
+MAX_REPORTS = 256  # grant reports, and lease reports, in one message
 MAX_COUNT = 1_000_000  # demand in one group, permits claimed or released on one grant
 MAX_WAIT_MS = 60_000  # how long a request may ask to be held for a grant
 
@@ -31,6 +31,8 @@ LIMIT = "limit"
 OK = "ok"
 EXPIRED = "expired"
 NOT_FOUND = "not_found"
+RETIRED = "retired"  #: a lease that must not be drawn from any more; keep reporting it
+SETTLED = "settled"  #: a lease the holder no longer counts; forget it
 
 
 class ProtocolError(ValueError):
@@ -63,17 +65,40 @@ class Report:
 
 
 @dataclass(frozen=True)
+class LeaseReport:
+    """Cumulative counts a client reports for one lease (high-water marks).
+
+    ``group`` and ``permits`` repeat what the lease was issued with, so a
+    holder that never knew the lease can still charge its footprint.
+    ``stopped``: the client draws no more from it, so ``drawn`` is final.
+    """
+
+    lease_id: str
+    group: str
+    permits: int
+    drawn: int
+    released: int
+    stopped: bool = False
+
+
+@dataclass(frozen=True)
 class Request:
     client_id: str
     demand: tuple[Demand, ...]
     reports: tuple[Report, ...]
     wait_ms: float = 0.0  #: hold the reply up to this long while nothing can be granted
+    leases: bool = False  #: the client can draw from leases
+    lease_reports: tuple[LeaseReport, ...] = ()
+    #: not on the wire: False once the holder holds the request over to a
+    #: later round, where its (old) reports must not count as a heartbeat
+    heartbeat: bool = True
 
 
 @dataclass(frozen=True)
 class Sync:
     client_id: str
     reports: tuple[Report, ...]
+    lease_reports: tuple[LeaseReport, ...] = ()
 
 
 def _field(message: dict, name: str, where: str) -> Any:
@@ -131,6 +156,28 @@ def _reports(message: dict) -> tuple[Report, ...]:
     return tuple(reports)
 
 
+def _lease_reports(message: dict) -> tuple[LeaseReport, ...]:
+    reports, seen = [], set()
+    for i, raw in enumerate(_list(message.get("leaseReports", []), "leaseReports", MAX_REPORTS)):
+        where = f"leaseReports[{i}]"
+        entry = _object(raw, where)
+        lease_id = _identifier(_field(entry, "leaseId", where), f"{where}.leaseId")
+        group = _identifier(_field(entry, "group", where), f"{where}.group")
+        permits = _count(_field(entry, "permits", where), f"{where}.permits")
+        drawn = _count(_field(entry, "drawn", where), f"{where}.drawn")
+        released = _count(_field(entry, "released", where), f"{where}.released")
+        stopped = entry.get("stopped", False)
+        if not isinstance(stopped, bool):
+            raise ProtocolError("invalid_message", f"{where}.stopped must be true or false")
+        if not released <= drawn <= permits:
+            raise ProtocolError("invalid_message", f"{where}: needs released <= drawn <= permits")
+        if lease_id in seen:
+            raise ProtocolError("invalid_message", f"{where}: lease {lease_id!r} is reported twice")
+        seen.add(lease_id)
+        reports.append(LeaseReport(lease_id, group, permits, drawn, released, stopped))
+    return tuple(reports)
+
+
 def _demand(message: dict) -> tuple[Demand, ...]:
     demand, seen = [], set()
     for i, raw in enumerate(_list(message.get("demand", []), "demand", MAX_DEMAND_ENTRIES)):
@@ -156,9 +203,13 @@ def parse(message: Any) -> Request | Sync:
         raise ProtocolError("unsupported", f"protocol version {version!r} is not supported (this holder speaks {VERSION})")
     client_id = _identifier(_field(message, "clientId", "message"), "clientId")
     reports = _reports(message)
+    lease_reports = _lease_reports(message)
     if kind == "sync":
-        return Sync(client_id, reports)
+        return Sync(client_id, reports, lease_reports)
     wait = message.get("wait", 0)
     if isinstance(wait, bool) or not isinstance(wait, (int, float)) or not 0 <= wait <= MAX_WAIT_MS:
         raise ProtocolError("invalid_message", f"wait must be a number of ms from 0 to {MAX_WAIT_MS}")
-    return Request(client_id, _demand(message), reports, float(wait))
+    leases = message.get("leases", False)
+    if not isinstance(leases, bool):
+        raise ProtocolError("invalid_message", "leases must be true or false")
+    return Request(client_id, _demand(message), reports, float(wait), leases, lease_reports)

@@ -1,18 +1,24 @@
 """DurabilitySemaphoreQueue: work queued in a client object, admitted under a holder's budget.
 
-Lives here: the queue's runtime side: enqueue, claims against this object's
-copy of its grants, requests to the holder paced by ``nextRequestAt``,
-confirmations, ``admit()`` retried until it returns, ``release``,
-``cancel``, ``status``, the ``finished()`` sweep, and reports published as
-cumulative counts through the outbox channel ``durability.semaphore-queue``.
+Lives here: the queue's runtime side: enqueue, draws from this object's
+leases and claims against its grants, requests to the holder paced by
+``nextRequestAt``, confirmations, ``admit()`` retried until it returns,
+``release``, ``cancel``, ``status``, the ``finished()`` sweep, lease
+renewals and returns, and reports published as cumulative counts through
+the outbox channels ``durability.semaphore-queue`` (grants) and
+``durability.semaphore-queue.leases``.
 Must not know: the holder's rules (it only reads its replies) or SQL (the
 store owns that).
 
 An item is ``queued`` until a permit is claimed for it (``claiming``), and
 ``admitted`` once the holder confirmed the claim; ``admit()`` is then called,
-after the admission committed, until it returns. Releasing an item writes
-the grant's new cumulative count in the same transaction as the item's new
-state; the holder learns it from the next request or a ``sync``.
+after the admission committed, until it returns. An item drawn from a lease
+skips ``claiming``: the holder already counts the lease, so the draw and the
+admission commit together and nothing waits for the holder. Releasing an
+item writes the grant's or lease's new cumulative count in the same
+transaction as the item's new state; the holder learns it from the next
+request or a ``sync``. A drawn permit is one-shot: releasing it returns
+footprint to the holder, never a permit to draw.
 """
 
 from __future__ import annotations
@@ -24,7 +30,7 @@ import logging
 from dataclasses import dataclass, replace
 from typing import Any, Callable
 
-from ..outbox import DurabilityOutbox, OutboxMessage
+from ..outbox import PARTICIPANT as OUTBOX, DurabilityOutbox, OutboxMessage
 from ..retry import Backoff
 from .._clock import now_ms
 from ..scheduler import DurabilityScheduler, Timer
@@ -36,15 +42,19 @@ from .messages import (
     MAX_WAIT_MS,
     NOT_FOUND,
     OK,
+    RETIRED,
+    SETTLED,
     VERSION,
     ProtocolError,
 )
-from .queue_store import ADMITTED, CANCELLED, CLAIMING, QUEUED, RELEASED, Item, LocalGrant, QueueStore
+from .queue_store import ADMITTED, CANCELLED, CLAIMING, QUEUED, RELEASED, Item, LocalGrant, LocalLease, QueueStore
 
 log = logging.getLogger("durability.semaphore.queue")
 PARTICIPANT = "durability.semaphore-queue"
 CHANNEL = "durability.semaphore-queue"
-ADMIT, FINISHED, PUMP = "admit", "finished", "pump:"
+LEASE_CHANNEL = "durability.semaphore-queue.leases"
+ADMIT, FINISHED, PUMP, RENEW = "admit", "finished", "pump:", "renew"
+MIN_RENEW_MS = 1_000  # a lease listed with no ttl (leases turned off) is not renewed in a tight loop
 FINISHED_BATCH = 100
 
 
@@ -54,7 +64,7 @@ class AdmittedItem:
     key: str
     group: str
     body: Any
-    via: str  #: "grant" (a lease draw, later, says "lease")
+    via: str  #: "grant" (a claim the holder confirmed) or "lease" (drawn with no round trip)
 
 
 @dataclass(frozen=True)
@@ -102,6 +112,8 @@ def _reply_of(reply: Any, kind: str) -> dict:
         raise ProtocolError("malformed_reply", f"expected a {kind!r} reply, got {reply!r}"[:300])
     if kind == "grants" and not (isinstance(reply.get("grants"), list) and isinstance(reply.get("blocked"), list)):
         raise ProtocolError("malformed_reply", "a grants reply needs grants and blocked lists")
+    if not (isinstance(reply.get("leases", []), list) and isinstance(reply.get("leaseReports", []), list)):
+        raise ProtocolError("malformed_reply", "leases and leaseReports must be lists")
     return reply
 
 
@@ -126,6 +138,11 @@ class DurabilitySemaphoreQueue:
         request_wait_ms: how long the holder may hold a request that it cannot
             serve yet (a long poll). A timeout transform on ``server`` must
             allow this plus a round.
+        lease_report_delay_ms: how long releases of drawn permits gather
+            before a ``sync`` returns their footprint to the holder. Draws
+            are never reported on their own (the holder counts the whole
+            lease already); when the holder says it is contended, pending
+            lease reports go at once.
     """
 
     def __init__(self, scheduler: DurabilityScheduler, *, client_id: str, server: SemaphoreClient,
@@ -134,7 +151,8 @@ class DurabilitySemaphoreQueue:
                  on_lifecycle_event: Callable[[QueueEvent], Any] | None = None,
                  retries: Backoff = Backoff(initial_ms=1_000, max_ms=60_000),
                  attempt_timeout_ms: float = 10_000, finished_check_ms: float = 60_000,
-                 report_delay_ms: float = 1_000, request_wait_ms: float = 50_000) -> None:
+                 report_delay_ms: float = 1_000, request_wait_ms: float = 50_000,
+                 lease_report_delay_ms: float = 10_000) -> None:
         self.scheduler = scheduler
         self.client_id = _identifier(client_id, "client_id")
         self.server = server
@@ -147,9 +165,10 @@ class DurabilitySemaphoreQueue:
             raise ValueError(f"request_wait_ms must be from 0 to {MAX_WAIT_MS}")
         self.request_wait_ms = request_wait_ms
         self.store = QueueStore(scheduler.sql)
-        self.reports = DurabilityOutbox.of(scheduler).channel(
-            CHANNEL, self._send_reports, delay_ms=report_delay_ms, batch_size=MAX_REPORTS
-        )
+        outbox = DurabilityOutbox.of(scheduler)
+        self.reports = outbox.channel(CHANNEL, self._send_reports, delay_ms=report_delay_ms, batch_size=MAX_REPORTS)
+        self.lease_reports = outbox.channel(LEASE_CHANNEL, self._send_lease_reports,
+                                            delay_ms=lease_report_delay_ms, batch_size=MAX_REPORTS)
         scheduler.register(PARTICIPANT, self._on_timer, backoff=retries)
         self._blocked: dict[tuple[str, str], tuple[str, int]] = {}
         self._admitting = asyncio.Lock()
@@ -184,9 +203,16 @@ class DurabilitySemaphoreQueue:
 
         def change() -> list[Item]:
             now = now_ms()
+            keys = set()
             for item_id, (key, group, body) in checked.items():
                 if self.store.item(item_id) is None:
                     self.store.insert(item_id, key, group, body, now)
+                    keys.add(key)
+            for key in sorted(keys):
+                # Draw from leases here, in the enqueue's own transaction: a
+                # request in flight for the key must not hold these items up.
+                self._draw(key, now)
+                if self.store.demand(key):
                     self._wake(key, now)
             return [self.store.item(item_id) for item_id in checked]
 
@@ -237,7 +263,8 @@ class DurabilitySemaphoreQueue:
         """Make the key's pump run (inside a transaction): at once when the key
         holds unclaimed permits to claim, else as soon as its pacing allows."""
         at = max(now, self.server.next_request_at(key) or now)
-        if any(g.unclaimed > 0 and g.claim_deadline > now for g in self.store.grants(key)):
+        if any(g.unclaimed > 0 and g.claim_deadline > now for g in self.store.grants(key)) or any(
+                lease.undrawn > 0 for lease in self.store.leases(key)):
             at = now
         self.scheduler.schedule_by(PARTICIPANT, PUMP + key, at)
 
@@ -246,11 +273,35 @@ class DurabilitySemaphoreQueue:
             await self._admit_pending()
         elif timer.key == FINISHED:
             await self._check_finished()
+        elif timer.key == RENEW:
+            await self._renew_leases()
         elif timer.key.startswith(PUMP):
             await self._pump(timer.key[len(PUMP):])
 
     # -- claims and requests ------------------------------------------------------
     def _claim_local(self, key: str, now: float) -> None:
+        """Draw, for queued items, from this object's leases, then claim
+        permits it already holds unclaimed."""
+        self._draw(key, now)
+        self._claim(key, now)
+
+    def _draw(self, key: str, now: float) -> None:
+        """Admit queued items at once on permits drawn from this object's leases
+        (inside a transaction: the draw and the admission commit together)."""
+        drawn = False
+        for lease in self.store.leases(key):
+            if lease.undrawn <= 0:
+                continue
+            items = self.store.oldest_queued(key, lease.group, lease.undrawn)
+            for item in items:
+                self.store.set_state(item.id, ADMITTED, lease.lease_id, "lease")
+            if items:
+                self.store.put_lease(replace(lease, drawn=lease.drawn + len(items)))
+                drawn = True
+        if drawn:
+            self.scheduler.schedule_by(PARTICIPANT, ADMIT, now)
+
+    def _claim(self, key: str, now: float) -> None:
         """Claim, for queued items, permits this object already holds unclaimed."""
         for grant in self.store.grants(key):
             if grant.claim_deadline <= now:
@@ -275,6 +326,11 @@ class DurabilitySemaphoreQueue:
 
     def _release(self, item: Item) -> None:
         self.store.set_state(item.id, RELEASED, item.grant_id, item.via)
+        if item.via == "lease":
+            lease = self.store.lease(item.grant_id)
+            if lease is not None:
+                self._put_lease_and_report(replace(lease, released=lease.released + 1))
+            return
         grant = self.store.grant(item.grant_id) if item.grant_id else None
         if grant is not None:
             self._put_and_report(replace(grant, released=grant.released + 1))
@@ -292,20 +348,35 @@ class DurabilitySemaphoreQueue:
             await self.reports.flush()
             return
         piggybacked = [m for m in self.reports.pending() if m.body["key"] == key][:MAX_REPORTS]
+        # Every lease of the key rides along: current drawn counts, releases
+        # and stops, and a heartbeat for each.
+        leases = self.store.leases(key)[:MAX_REPORTS]
+        lease_piggybacked = [m for m in self.lease_reports.pending() if m.body["key"] == key]
         message = {
             "type": "request", "v": VERSION, "clientId": self.client_id,
             "demand": [{"group": g, "count": n, "oldestAt": oldest} for g, n, oldest in demand],
             "grants": [_report_of(m) for m in piggybacked],
             "wait": self.request_wait_ms,
+            "leases": True,
+            "leaseReports": [_lease_report_of(lease) for lease in leases],
         }
+        reported = {lease.lease_id for lease in leases}
+        lease_piggybacked = [m for m in lease_piggybacked if m.body["leaseId"] in reported]
         limit_s = (self.attempt_timeout_ms + self.request_wait_ms) / 1000
         reply = _reply_of(await asyncio.wait_for(self.server.request(key, message), limit_s), "grants")
-        self.scheduler.transaction(lambda: self._apply_grants_reply(key, reply, piggybacked))
+        self.scheduler.transaction(lambda: self._apply_grants_reply(key, reply, piggybacked, lease_piggybacked))
         await self.scheduler.sync()
         await self._after_reply(key, reply)
 
-    def _apply_grants_reply(self, key: str, reply: dict, piggybacked: list[OutboxMessage]) -> None:
+    def _apply_grants_reply(self, key: str, reply: dict, piggybacked: list[OutboxMessage],
+                            lease_piggybacked: list[OutboxMessage]) -> None:
+        now = now_ms()
         self._apply_outcomes(reply["reports"])
+        self._apply_lease_outcomes(reply.get("leaseReports", []), now)
+        self._learn_leases(key, reply.get("leases", []), now)
+        if reply.get("contended"):
+            self._return_idle_leases(key)  # _after_reply publishes them
+        self.lease_reports.acknowledge(lease_piggybacked)
         for entry in reply["grants"]:
             known = self.store.grant(entry["grantId"])
             if known is None:
@@ -315,7 +386,6 @@ class DurabilitySemaphoreQueue:
                                    entry["claimDeadline"])
             self.store.put_grant(replace(known, permits=entry["permits"], claim_deadline=entry["claimDeadline"]))
         self.reports.acknowledge(piggybacked)
-        now = now_ms()
         self._claim_local(key, now)
         if self.store.demand(key):
             self.scheduler.schedule(PARTICIPANT, PUMP + key, max(now, reply.get("nextRequestAt") or now))
@@ -331,6 +401,10 @@ class DurabilitySemaphoreQueue:
             await self._emit(QueueEvent("blocked", key, blocked={
                 g: {"reason": r, "waiting": w} for g, (r, w) in blocked.items()}))
         await self.reports.flush()  # claims made from new grants get confirmed now
+        stopping = any(o.get("status") != OK for o in reply.get("leaseReports", [])) or any(
+            entry.get("retired") for entry in reply.get("leases", []))
+        if reply.get("contended") or stopping:
+            await self.lease_reports.flush()  # the holder is short, or must hear a stop: now
         await self._admit_pending_safely()
 
     def _apply_outcomes(self, outcomes: list[dict]) -> None:
@@ -369,7 +443,18 @@ class DurabilitySemaphoreQueue:
             self.scheduler.schedule_by(PARTICIPANT, ADMIT, now_ms())
 
     async def _send_reports(self, messages: list[OutboxMessage]) -> None:
-        """The outbox's sender: a ``sync`` per key with its cumulative counts.
+        """The grant channel's sender: a ``sync`` per key with its cumulative counts."""
+        def on_reply(key: str, reply: dict, batch: list[OutboxMessage]) -> None:
+            self._apply_outcomes(reply["reports"])
+            self.reports.acknowledge(batch)
+            self._after_contended(key, reply)
+
+        await self._sync_per_key(messages, lambda batch: {"grants": [_report_of(m) for m in batch]}, on_reply)
+
+    async def _sync_per_key(self, messages: list[OutboxMessage], fields: Callable[[list[OutboxMessage]], dict],
+                            on_reply: Callable[[str, dict, list[OutboxMessage]], None]) -> None:
+        """Send one ``sync`` per key carrying ``fields(batch)``, and apply each
+        answer in its own transaction with ``on_reply(key, reply, batch)``.
 
         Each key's reports are acknowledged as soon as its holder answered, so
         one unreachable holder delays only its own account's reports.
@@ -379,8 +464,7 @@ class DurabilitySemaphoreQueue:
             by_key.setdefault(message.body["key"], []).append(message)
         failure: Exception | None = None
         for key, batch in by_key.items():
-            sync = {"type": "sync", "v": VERSION, "clientId": self.client_id,
-                    "grants": [_report_of(m) for m in batch]}
+            sync = {"type": "sync", "v": VERSION, "clientId": self.client_id, **fields(batch)}
             try:
                 reply = _reply_of(
                     await asyncio.wait_for(self.server.sync(key, sync), self.attempt_timeout_ms / 1000), "synced"
@@ -388,15 +472,125 @@ class DurabilitySemaphoreQueue:
             except Exception as error:
                 failure = failure or error
                 continue
-
-            def apply(reply=reply, batch=batch) -> None:
-                self._apply_outcomes(reply["reports"])
-                self.reports.acknowledge(batch)
-
-            self.scheduler.transaction(apply)
+            self.scheduler.transaction(lambda: on_reply(key, reply, batch))
             await self.scheduler.sync()
         if failure is not None:
             raise failure
+
+    def _after_contended(self, key: str, reply: dict) -> None:
+        """A holder short of permits gets back, at once, what idle leases hold undrawn."""
+        if reply.get("contended"):
+            self._return_idle_leases(key)
+            # Publish what that queued now, not after the lease channel's delay.
+            self.scheduler.schedule_by(OUTBOX, LEASE_CHANNEL, now_ms())
+
+    # -- leases -----------------------------------------------------------------------
+    def _put_lease_and_report(self, lease: LocalLease) -> None:
+        """Store a lease and queue a report of it (its counts are read when it is sent)."""
+        self.store.put_lease(lease)
+        self.lease_reports.enqueue({"key": lease.key, "leaseId": lease.lease_id}, key=lease.lease_id)
+
+    def _learn_leases(self, key: str, entries: list[dict], now: float) -> None:
+        """Leases the holder lists: new ones, or ones whose reply was lost."""
+        for entry in entries:
+            known = self.store.lease(entry["leaseId"])
+            if known is not None:
+                if entry.get("retired") and not known.stopped and known.settled_at is None:
+                    self._put_lease_and_report(replace(known, stopped=True))
+                continue
+            if entry.get("drawn", 0):
+                continue  # drawn here before and settled since: a late reply, not a new lease
+            ttl = float(entry.get("ttlMs") or 0)
+            lease = LocalLease(entry["leaseId"], key, entry["group"], int(entry["permits"]), 0, 0,
+                               bool(entry.get("retired")), ttl, _renew_at(now, ttl), None)
+            if lease.stopped:
+                self._put_lease_and_report(lease)  # tell the holder nothing was drawn
+            else:
+                self.store.put_lease(lease)
+        self._schedule_renewal()
+
+    def _apply_lease_outcomes(self, outcomes: list[dict], now: float) -> None:
+        for outcome in outcomes:
+            lease = self.store.lease(outcome.get("leaseId"))
+            if lease is None or lease.settled_at is not None:
+                continue
+            status = outcome.get("status")
+            renewed = lease
+            if lease.renew_at < now + lease.ttl_ms / 4:
+                # Heard: the next report may wait half a lifetime. A renewal
+                # still far off is kept (one row write fewer; it only comes early).
+                renewed = replace(lease, renew_at=_renew_at(now, lease.ttl_ms))
+            if status == SETTLED:
+                if lease.released == lease.drawn:
+                    renewed = replace(renewed, stopped=True, settled_at=now)
+                else:  # the holder gave up its part; draw nothing more, report releases
+                    renewed = replace(renewed, stopped=True)
+            elif status == RETIRED:
+                renewed = replace(renewed, stopped=True)
+                if not lease.stopped or lease.released == lease.drawn:
+                    # Keep reporting a stopped lease until the holder settles it.
+                    self._put_lease_and_report(renewed)
+                    continue
+            if renewed != lease:
+                self.store.put_lease(renewed)
+        self._schedule_renewal()
+
+    def _return_idle_leases(self, key: str) -> None:
+        """The holder is short of permits: give back what leases in groups with
+        nothing queued have not drawn."""
+        queued = {group for group, _, _ in self.store.demand(key)}
+        for lease in self.store.leases(key):
+            if lease.undrawn > 0 and lease.group not in queued:
+                self._put_lease_and_report(replace(lease, stopped=True))
+
+    def _schedule_renewal(self) -> None:
+        at = self.store.earliest_renewal()
+        if at is None:
+            self.scheduler.cancel(PARTICIPANT, RENEW)
+        else:
+            self.scheduler.schedule(PARTICIPANT, RENEW, at)
+
+    async def _renew_leases(self) -> None:
+        """At half its lifetime a lease is reported again: one with permits in
+        use keeps them counted; one idle with nothing queued goes back."""
+        def renew() -> None:
+            now = now_ms()
+            queued = {}
+            for lease in self.store.leases():
+                if lease.renew_at > now:
+                    continue
+                if lease.key not in queued:
+                    queued[lease.key] = {group for group, _, _ in self.store.demand(lease.key)}
+                idle = lease.in_use == 0 and lease.group not in queued[lease.key]
+                stopped = lease.stopped or idle
+                self._put_lease_and_report(replace(lease, stopped=stopped, renew_at=_renew_at(now, lease.ttl_ms)))
+            self.store.forget_settled(now - 2 * (self.attempt_timeout_ms + self.request_wait_ms))
+            self._schedule_renewal()
+
+        self.scheduler.transaction(renew)
+        await self.scheduler.sync()
+        await self.lease_reports.flush()
+
+    async def _send_lease_reports(self, messages: list[OutboxMessage]) -> None:
+        """The lease channel's sender: a ``sync`` per key with each lease's current counts."""
+        current = {}
+        for message in messages:
+            lease = self.store.lease(message.body["leaseId"])
+            if lease is not None and lease.settled_at is None:
+                current[message.id] = lease
+        gone = [m for m in messages if m.id not in current]
+        if gone:  # settled since: nothing left to say
+            self.lease_reports.acknowledge(gone)
+
+        def fields(batch: list[OutboxMessage]) -> dict:
+            return {"leaseReports": [_lease_report_of(current[m.id]) for m in batch]}
+
+        def on_reply(key: str, reply: dict, batch: list[OutboxMessage]) -> None:
+            self.lease_reports.acknowledge(batch)  # first: an outcome may queue a newer report
+            self._apply_lease_outcomes(reply.get("leaseReports", []), now_ms())
+            self._after_contended(key, reply)
+
+        await self._sync_per_key([m for m in messages if m.id in current], fields, on_reply)
 
     # -- admission, release and the finished() sweep ----------------------------------
     async def _admit_pending_safely(self) -> None:
@@ -407,6 +601,13 @@ class DurabilitySemaphoreQueue:
 
     async def _admit_pending(self) -> None:
         async with self._admitting:
+            items = self.store.to_admit()
+            if not items:
+                return
+            # The admissions (and a lease draw with them) must be durable before
+            # any work starts: work started on an admission that is then lost
+            # would run on a permit nobody counts.
+            await _committed(self.scheduler.sql)
             items = self.store.to_admit()
             if not items:
                 return
@@ -465,3 +666,19 @@ class DurabilitySemaphoreQueue:
 def _report_of(message: OutboxMessage) -> dict:
     body = message.body
     return {"grantId": body["grantId"], "claimed": body["claimed"], "released": body["released"]}
+
+
+def _lease_report_of(lease: LocalLease) -> dict:
+    return {"leaseId": lease.lease_id, "group": lease.group, "permits": lease.permits, "drawn": lease.drawn,
+            "released": lease.released, "stopped": lease.stopped}
+
+
+def _renew_at(now: float, ttl_ms: float) -> float:
+    """Half a lease's lifetime from now: reported then, it never reaches its ttl unreported."""
+    return now + max(ttl_ms / 2, MIN_RENEW_MS)
+
+
+async def _committed(sql: Any) -> None:
+    """Wait until every write made so far is durable: ``ctx.storage.sync()``."""
+    # Sql keeps the storage to itself; it offers no sync of its own yet.
+    await sql._storage.sync()

@@ -1,11 +1,12 @@
-"""The queue's storage: items, this object's copy of its grants, and every query on them.
+"""The queue's storage: items, this object's copy of its grants and leases, and every query on them.
 
 Lives here: the schema and SQL of ``DurabilitySemaphoreQueue``. Must not
 know: the protocol with the holder, timers, or when anything happens.
 
-Items and grants are WITHOUT ROWID tables keyed by id with no secondary
-index: each state change of an item writes one row. Finding the oldest
-queued items scans the table; reads cost a thousandth of writes.
+Items, grants and leases are WITHOUT ROWID tables keyed by id with no
+secondary index: each state change of an item writes one row, and a batch
+of draws from a lease one more. Finding the oldest queued items scans the
+table; reads cost a thousandth of writes. Version 2 added the lease table.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from .._sql import GrowingCounter, Sql
 COMPONENT = "semaphore-queue"
 ITEMS = "durability_queue_items"
 GRANTS = "durability_queue_grants"
+LEASES = "durability_queue_leases"
 _SCHEMA = {
     1: [
         f"""
@@ -48,7 +50,23 @@ _SCHEMA = {
           claim_deadline REAL NOT NULL
         ) WITHOUT ROWID
         """,
-    ]
+    ],
+    2: [
+        f"""
+        CREATE TABLE IF NOT EXISTS {LEASES} (
+          lease_id TEXT PRIMARY KEY,
+          key TEXT NOT NULL,
+          grp TEXT NOT NULL,
+          permits INTEGER NOT NULL,
+          drawn INTEGER NOT NULL,
+          released INTEGER NOT NULL,
+          stopped INTEGER NOT NULL,
+          ttl_ms REAL NOT NULL,
+          renew_at REAL NOT NULL,
+          settled_at REAL
+        ) WITHOUT ROWID
+        """,
+    ],
 }
 
 QUEUED, CLAIMING, ADMITTED, RELEASED, CANCELLED = "queued", "claiming", "admitted", "released", "cancelled"
@@ -84,6 +102,29 @@ class LocalGrant:
         return self.permits - self.claimed
 
 
+@dataclass(frozen=True)
+class LocalLease:
+    lease_id: str
+    key: str
+    group: str
+    permits: int  #: as issued
+    drawn: int  #: permits drawn here (cumulative); a drawn permit is never drawn again
+    released: int  #: drawn permits given back (cumulative)
+    stopped: bool  #: no more draws: retired by the holder, or returned by this queue
+    ttl_ms: float
+    renew_at: float  #: when to report it again (half its lifetime after the last answer)
+    settled_at: float | None  #: the holder settled it; kept a while so a late reply cannot revive it
+
+    @property
+    def undrawn(self) -> int:
+        return 0 if self.stopped or self.settled_at is not None else self.permits - self.drawn
+
+    @property
+    def in_use(self) -> int:
+        return self.drawn - self.released
+
+
+_LEASE_COLUMNS = "lease_id, key, grp, permits, drawn, released, stopped, ttl_ms, renew_at, settled_at"
 _ITEM_COLUMNS = "id, key, grp, body, seq, enqueued_at, state, grant_id, via, admitted_at"
 _GRANT_COLUMNS = "grant_id, key, grp, permits, claimed, confirmed, released, claim_deadline"
 
@@ -98,6 +139,11 @@ def _grant(row: dict) -> LocalGrant:
                       row["confirmed"], row["released"], row["claim_deadline"])
 
 
+def _lease(row: dict) -> LocalLease:
+    return LocalLease(row["lease_id"], row["key"], row["grp"], row["permits"], row["drawn"], row["released"],
+                      bool(row["stopped"]), row["ttl_ms"], row["renew_at"], row["settled_at"])
+
+
 class QueueStore:
     def __init__(self, sql: Sql) -> None:
         self.sql = sql
@@ -106,7 +152,7 @@ class QueueStore:
 
     @staticmethod
     def drop(sql: Sql) -> None:
-        drop(sql, COMPONENT, [ITEMS, GRANTS])
+        drop(sql, COMPONENT, [ITEMS, GRANTS, LEASES])
 
     # -- items ----------------------------------------------------------------
     def item(self, item_id: str) -> Item | None:
@@ -199,3 +245,34 @@ class QueueStore:
 
     def delete_grant(self, grant_id: str) -> None:
         self.sql.exec(f"DELETE FROM {GRANTS} WHERE grant_id = ?", grant_id)
+
+    # -- leases ---------------------------------------------------------------
+    def lease(self, lease_id: str) -> LocalLease | None:
+        row = self.sql.one(f"SELECT {_LEASE_COLUMNS} FROM {LEASES} WHERE lease_id = ?", lease_id)
+        return None if row is None else _lease(row)
+
+    def leases(self, key: str | None = None) -> list[LocalLease]:
+        """Leases not settled yet (of one key, or all)."""
+        if key is None:
+            rows = self.sql.exec(f"SELECT {_LEASE_COLUMNS} FROM {LEASES} WHERE settled_at IS NULL ORDER BY lease_id")
+        else:
+            rows = self.sql.exec(
+                f"SELECT {_LEASE_COLUMNS} FROM {LEASES} WHERE key = ? AND settled_at IS NULL ORDER BY lease_id", key)
+        return [_lease(r) for r in rows]
+
+    def put_lease(self, lease: LocalLease) -> None:
+        self.sql.exec(
+            f"INSERT INTO {LEASES} ({_LEASE_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
+            "ON CONFLICT (lease_id) DO UPDATE SET drawn = excluded.drawn, released = excluded.released, "
+            "stopped = excluded.stopped, renew_at = excluded.renew_at, settled_at = excluded.settled_at",
+            lease.lease_id, lease.key, lease.group, lease.permits, lease.drawn, lease.released,
+            int(lease.stopped), lease.ttl_ms, lease.renew_at, lease.settled_at,
+        )
+
+    def earliest_renewal(self) -> float | None:
+        row = self.sql.one(f"SELECT min(renew_at) AS t FROM {LEASES} WHERE settled_at IS NULL")
+        return None if row is None else row["t"]
+
+    def forget_settled(self, before: float) -> None:
+        """Drop leases settled before ``before``: no reply that old can still arrive."""
+        self.sql.exec(f"DELETE FROM {LEASES} WHERE settled_at < ?", before)

@@ -1,22 +1,32 @@
-"""The holder's storage: the grant table, its schema versions and every query on it.
+"""The holder's storage: the grant and lease tables, their schema versions and every query on them.
 
-Lives here: SQL for grants (load the book, write a round's changes) and the
-schema's migrations. Must not know: the protocol's rules or the clock.
+Lives here: SQL for grants and leases (load the books, write a round's
+changes), the lease ids issued so far, and the schema's migrations.
+Must not know: the protocol's rules or the clock.
 
-Grants are rows of a WITHOUT ROWID table keyed by grant id, with no other
-index: a new grant, a report that moves its counts, a reclaim and a
-settlement each write one row. The holder keeps the book in memory and
-reads the table once per instance.
+Grants and leases are rows of WITHOUT ROWID tables keyed by id, with no
+other index: a new grant or lease, a report that moves its counts, a
+reclaim, a retirement and a settlement each write one row. The lease ids
+issued so far are one row, written by the rounds that issue leases. The
+holder keeps the books in memory and reads the tables once per instance.
+
+Version 2 added the lease tables; a version 1 holder migrates in place and
+keeps its grants.
 """
 
 from __future__ import annotations
 
+import random
+
 from .._schema import drop, migrate
 from .._sql import Sql
 from .allocation import Changes, Grant
+from .leases import Lease, LeaseIds
 
 COMPONENT = "semaphore"
 GRANTS = "durability_semaphore_grants"
+LEASES = "durability_semaphore_leases"
+LEASE_IDS = "durability_semaphore_lease_ids"
 _SCHEMA = {
     1: [
         f"""
@@ -31,8 +41,30 @@ _SCHEMA = {
           reclaimed INTEGER NOT NULL
         ) WITHOUT ROWID
         """
-    ]
+    ],
+    2: [
+        f"""
+        CREATE TABLE IF NOT EXISTS {LEASES} (
+          lease_id TEXT PRIMARY KEY,
+          client_id TEXT NOT NULL,
+          grp TEXT NOT NULL,
+          permits INTEGER NOT NULL,
+          drawn INTEGER NOT NULL,
+          released INTEGER NOT NULL,
+          expires_at REAL NOT NULL,
+          retired INTEGER NOT NULL,
+          limit_at_issue INTEGER NOT NULL
+        ) WITHOUT ROWID
+        """,
+        f"""
+        CREATE TABLE IF NOT EXISTS {LEASE_IDS} (
+          epoch TEXT PRIMARY KEY,
+          issued INTEGER NOT NULL
+        ) WITHOUT ROWID
+        """,
+    ],
 }
+_LEASE_COLUMNS = "lease_id, client_id, grp, permits, drawn, released, expires_at, retired, limit_at_issue"
 
 
 class HolderStore:
@@ -42,7 +74,7 @@ class HolderStore:
 
     @staticmethod
     def drop(sql: Sql) -> None:
-        drop(sql, COMPONENT, [GRANTS])
+        drop(sql, COMPONENT, [GRANTS, LEASES, LEASE_IDS])
 
     def load(self) -> dict[str, Grant]:
         rows = self.sql.exec(
@@ -54,6 +86,24 @@ class HolderStore:
                                  r["released"], r["claim_deadline"], bool(r["reclaimed"]))
             for r in rows
         }
+
+    def load_leases(self) -> dict[str, Lease]:
+        rows = self.sql.exec(f"SELECT {_LEASE_COLUMNS} FROM {LEASES} ORDER BY lease_id")
+        return {
+            r["lease_id"]: Lease(r["lease_id"], r["client_id"], r["grp"], r["permits"], r["drawn"],
+                                 r["released"], r["expires_at"], bool(r["retired"]), r["limit_at_issue"])
+            for r in rows
+        }
+
+    def lease_ids(self) -> LeaseIds:
+        """The ids issued so far; the first call on a new table picks its epoch."""
+        row = self.sql.one(f"SELECT epoch, issued FROM {LEASE_IDS}")
+        if row is not None:
+            return LeaseIds(row["epoch"], row["issued"])
+        # Drawn from `random` so that seeded test runs replay.
+        epoch = f"{random.getrandbits(48):012x}"
+        self.sql.exec(f"INSERT INTO {LEASE_IDS} (epoch, issued) VALUES (?, 0)", epoch)
+        return LeaseIds(epoch, 0)
 
     def write(self, changes: Changes) -> None:
         """Persist a round's decisions; call inside the round's transaction."""
@@ -69,3 +119,15 @@ class HolderStore:
             )
         for grant_id in changes.deleted:
             self.sql.exec(f"DELETE FROM {GRANTS} WHERE grant_id = ?", grant_id)
+        for lease in changes.leases_written.values():
+            self.sql.exec(
+                f"INSERT INTO {LEASES} ({_LEASE_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) "
+                "ON CONFLICT (lease_id) DO UPDATE SET permits = excluded.permits, drawn = excluded.drawn, "
+                "released = excluded.released, expires_at = excluded.expires_at, retired = excluded.retired",
+                lease.lease_id, lease.client_id, lease.group, lease.permits, lease.drawn, lease.released,
+                lease.expires_at, int(lease.retired), lease.limit_at_issue,
+            )
+        for lease_id in changes.leases_deleted:
+            self.sql.exec(f"DELETE FROM {LEASES} WHERE lease_id = ?", lease_id)
+        if changes.issued is not None:
+            self.sql.exec(f"UPDATE {LEASE_IDS} SET issued = ?", changes.issued)

@@ -1,0 +1,288 @@
+"""Leases at the holder, as pure functions: the policy, the budgets, reports, retirement, sharing.
+
+Lives here: the lease book entry (``Lease``), the lease ids a holder issues
+(``LeaseIds``), the provisioning policy (``LeasePolicy``) and the budgets it
+leaves grants and leases, applying a client's lease reports (a lease the
+holder knows, one it settled, one it never knew), retiring leases (past
+their ttl, under a lowered limit, in a group no longer eligible) and sharing
+a round's lease budget among candidates. Must not know: storage, RPC,
+clocks or the user's callbacks.
+
+Accounting. A lease reserves ``permits`` for one (client, group); the client
+draws them one item at a time without asking and reports ``drawn`` and
+``released`` as cumulative high-water marks, kept clamped (``released <=
+drawn <= permits``). Its footprint, ``permits - released``, is charged
+against the budget: drawn work still running plus permits still drawable.
+A retired lease may no longer be drawn from, but the client may have drawn
+after its last report, so its footprint stays in full until the client
+reports that it stopped; ``drawn`` is then final and ``permits`` shrinks to
+it, returning the undrawn rest. A lease whose permits are all released is
+settled and leaves the book.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, replace
+from typing import Any, Iterable
+
+from .messages import RETIRED, SETTLED, OK, LeaseReport
+
+STRICT, UNDER, OVER = "strict", "under", "over"
+WITHIN_GROUP_LIMIT = "withinGroupLimit"
+DEFAULT_PERMITS_PER_LEASE = 64
+DEFAULT_TTL_MS = 30 * 60_000
+
+
+@dataclass(frozen=True)
+class Lease:
+    lease_id: str
+    client_id: str
+    group: str
+    permits: int
+    drawn: int
+    released: int
+    expires_at: float  #: epoch ms: retired unless a report comes first
+    retired: bool  #: no more draws; counted in full until the client says it stopped
+    limit_at_issue: int  #: the limit it was issued under: a lower limit retires it
+
+    @property
+    def footprint(self) -> int:
+        return self.permits - self.released
+
+    @property
+    def drawable(self) -> int:
+        """Permits the client may still draw, as far as the holder knows."""
+        return 0 if self.retired else self.permits - self.drawn
+
+    @property
+    def settled(self) -> bool:
+        return self.released == self.permits
+
+
+@dataclass(frozen=True)
+class LeaseOutcome:
+    lease_id: str
+    status: str  #: ok (live), retired (stop drawing, keep reporting), settled (forget it)
+    drawn: int
+    released: int
+    permits: int
+
+
+_ID = re.compile(r"l([0-9a-f]+)-([0-9]{1,15})")
+
+
+class LeaseIds:
+    """The ids one holder issues: ``l<epoch>-<n>``, n counting up.
+
+    The epoch is fixed when the holder's lease table is created, so an id
+    of this epoch numbered at most ``issued`` was issued here: if it is not
+    in the book any more it was settled. Any other id was never known.
+    """
+
+    def __init__(self, epoch: str, issued: int) -> None:
+        self.epoch = epoch
+        self.issued = issued
+
+    def next(self, taken: Any = ()) -> str:
+        while True:
+            self.issued += 1
+            lease_id = f"l{self.epoch}-{self.issued}"
+            if lease_id not in taken:  # a charged id that was never issued here
+                return lease_id
+
+    def was_issued(self, lease_id: str) -> bool:
+        match = _ID.fullmatch(lease_id)
+        return bool(match) and match.group(1) == self.epoch and int(match.group(2)) <= self.issued
+
+
+@dataclass(frozen=True)
+class Budgets:
+    """What one round may hand out: everything under ``ceiling``; grants up to
+    ``grant_cap`` of it, lease footprint up to ``lease_cap``."""
+
+    ceiling: int
+    grant_cap: int
+    lease_cap: int
+
+    def grant_room(self, granted: int, leased: int) -> int:
+        return min(self.grant_cap - granted, self.ceiling - granted - leased)
+
+    def lease_room(self, granted: int, leased: int) -> int:
+        return min(self.lease_cap - leased, self.ceiling - granted - leased)
+
+
+def _count(value: Any, what: str, least: int = 0) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < least:
+        raise ValueError(f"{what} must be an integer of at least {least}, not {value!r}")
+    return value
+
+
+@dataclass(frozen=True)
+class LeasePolicy:
+    """The ``leases=`` option of ``DurabilitySemaphore``, checked.
+
+    ``provisioning``: ``{"mode": "strict"}`` (leases share the limit, after
+    grants), ``{"mode": "under", "reserve": n}`` (grants get at most ``limit
+    - n``, but always keep one permit) or ``{"mode": "over", "extra":
+    {"ratio": r} | {"count": n}}`` (leases get their own budget above the
+    limit). ``permits_per_lease``: the most one lease holds. ``ttl_ms``: a
+    lease unreported this long is retired. ``limited_groups``: None (groups
+    with a limit of their own get grants only) or ``"withinGroupLimit"``
+    (they get leases too, within their limit).
+    """
+
+    mode: str = STRICT
+    reserve: int = 0
+    extra_ratio: float | None = None
+    extra_count: int | None = None
+    permits_per_lease: int = DEFAULT_PERMITS_PER_LEASE
+    ttl_ms: float = DEFAULT_TTL_MS
+    limited_groups: str | None = None
+
+    @classmethod
+    def from_options(cls, options: Any) -> "LeasePolicy":
+        if not isinstance(options, dict):
+            raise ValueError(f"leases must be a dict of options, not {options!r}")
+        known = {"provisioning", "permits_per_lease", "ttl_ms", "limited_groups"}
+        unknown = set(options) - known
+        if unknown:
+            raise ValueError(f"unknown lease options {sorted(unknown)}; known: {sorted(known)}")
+        provisioning = options.get("provisioning", {"mode": STRICT})
+        if not isinstance(provisioning, dict) or provisioning.get("mode") not in (STRICT, UNDER, OVER):
+            raise ValueError("provisioning must be {'mode': 'strict' | 'under' | 'over', ...}")
+        mode = provisioning["mode"]
+        allowed = {STRICT: {"mode"}, UNDER: {"mode", "reserve"}, OVER: {"mode", "extra"}}[mode]
+        if set(provisioning) - allowed:
+            raise ValueError(f"provisioning {mode!r} takes only {sorted(allowed)}")
+        reserve, ratio, count = 0, None, None
+        if mode == UNDER:
+            reserve = _count(provisioning.get("reserve"), "provisioning reserve")
+        if mode == OVER:
+            extra = provisioning.get("extra")
+            if not isinstance(extra, dict) or len(extra) != 1 or not set(extra) <= {"ratio", "count"}:
+                raise ValueError("provisioning extra must be {'ratio': r} or {'count': n}")
+            if "ratio" in extra:
+                ratio = extra["ratio"]
+                if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not (
+                        math.isfinite(ratio) and ratio >= 0):
+                    raise ValueError(f"extra ratio must be a finite number of at least 0, not {ratio!r}")
+                ratio = float(ratio)
+            else:
+                count = _count(extra["count"], "extra count")
+        per_lease = _count(options.get("permits_per_lease", DEFAULT_PERMITS_PER_LEASE), "permits_per_lease", 1)
+        ttl = options.get("ttl_ms", DEFAULT_TTL_MS)
+        if isinstance(ttl, bool) or not isinstance(ttl, (int, float)) or not (math.isfinite(ttl) and ttl > 0):
+            raise ValueError(f"ttl_ms must be a positive number of milliseconds, not {ttl!r}")
+        limited = options.get("limited_groups")
+        if limited not in (None, WITHIN_GROUP_LIMIT):
+            raise ValueError(f"limited_groups must be None or {WITHIN_GROUP_LIMIT!r}, not {limited!r}")
+        return cls(mode, reserve, ratio, count, per_lease, float(ttl), limited)
+
+    def extra(self, limit: int) -> int:
+        if self.mode != OVER:
+            return 0
+        return self.extra_count if self.extra_count is not None else math.floor(limit * self.extra_ratio)
+
+    def budgets(self, limit: int) -> Budgets:
+        if self.mode == UNDER:
+            # The reserve never takes the last permit: groups and clients
+            # that cannot lease still make progress.
+            reserve = min(self.reserve, max(limit - 1, 0))
+            return Budgets(limit, limit - reserve, limit)
+        if self.mode == OVER:
+            extra = self.extra(limit)
+            return Budgets(limit + extra, limit, extra)
+        return Budgets(limit, limit, limit)
+
+    def group_eligible(self, ceiling: Any) -> bool:
+        """May a group with this own ceiling (None: none) get leases?"""
+        return ceiling is None or (self.limited_groups == WITHIN_GROUP_LIMIT and isinstance(ceiling, int))
+
+
+def no_leases(limit: int) -> Budgets:
+    return Budgets(limit, limit, 0)
+
+
+def tally(amounts: Iterable[tuple[str, int]]) -> tuple[int, dict[str, int]]:
+    """Sum (group, amount) pairs: the total and the sum per group."""
+    total, groups = 0, {}
+    for group, amount in amounts:
+        total += amount
+        groups[group] = groups.get(group, 0) + amount
+    return total, groups
+
+
+def lease_usage(leases: Iterable[Lease]) -> tuple[int, dict[str, int]]:
+    return tally((lease.group, lease.footprint) for lease in leases)
+
+
+def status_of(lease: Lease) -> str:
+    if lease.settled:
+        return SETTLED
+    return RETIRED if lease.retired else OK
+
+
+def apply_lease_report(working: Any, client_id: str, report: LeaseReport, ids: LeaseIds,
+                       now: float, ttl_ms: float | None) -> LeaseOutcome:
+    """Move one lease's counts forward; a report heartbeats a live lease.
+
+    A lease this holder issued and settled is answered settled. A lease it
+    never knew is charged as the report describes it, retired: the client
+    may have work running under it, and only its reports can say when that
+    ends.
+    """
+    lease = working.get_lease(report.lease_id)
+    if lease is None:
+        if ids.was_issued(report.lease_id):
+            return LeaseOutcome(report.lease_id, SETTLED, report.drawn, report.released, report.drawn)
+        permits = report.drawn if report.stopped else report.permits
+        lease = Lease(report.lease_id, client_id, report.group, permits, report.drawn, report.released,
+                      now, True, 0)
+        working.put_lease(lease)
+        return LeaseOutcome(lease.lease_id, status_of(lease), lease.drawn, lease.released, lease.permits)
+    drawn = max(lease.drawn, min(report.drawn, lease.permits))
+    released = max(lease.released, min(report.released, drawn))
+    permits = drawn if report.stopped else lease.permits  # stopped: drawn is final
+    retired = lease.retired or report.stopped
+    expires_at = lease.expires_at if retired or ttl_ms is None else now + ttl_ms
+    updated = replace(lease, permits=permits, drawn=drawn, released=released, retired=retired,
+                      expires_at=expires_at)
+    if updated != lease:
+        working.put_lease(updated)
+    return LeaseOutcome(lease.lease_id, status_of(updated), drawn, released, permits)
+
+
+def retire_expired(working: Any, now: float) -> None:
+    """A lease unreported for its ttl is retired, not forgotten."""
+    for lease in list(working.leases()):
+        if not lease.retired and lease.expires_at <= now:
+            working.put_lease(replace(lease, retired=True))
+
+
+def retire_ineligible(working: Any, policy: LeasePolicy | None, total: Any,
+                      groups: dict[str, Any], permitted: dict[tuple[str, str], bool]) -> None:
+    """Retire live leases that this round's limits would no longer issue:
+    leases turned off, a limit lowered below the one a lease was issued
+    under (or unresolved), a group that lost eligibility, a client refused."""
+    for lease in list(working.leases()):
+        if lease.retired:
+            continue
+        if (policy is None or not isinstance(total, int) or total < lease.limit_at_issue
+                or not policy.group_eligible(groups.get(lease.group))
+                or not permitted.get((lease.client_id, lease.group), True)):
+            working.put_lease(replace(lease, retired=True))
+
+
+def share(budget: int, candidates: int, per_lease: int) -> list[int]:
+    """Split ``budget`` equally among candidates (ordered oldest first), each
+    at most ``per_lease``; with fewer permits than candidates the oldest get
+    one each."""
+    if candidates == 0:
+        return []
+    budget = max(budget, 0)
+    if budget < candidates:
+        return [1] * budget + [0] * (candidates - budget)
+    base, rest = divmod(budget, candidates)
+    return [min(per_lease, base + (1 if i < rest else 0)) for i in range(candidates)]

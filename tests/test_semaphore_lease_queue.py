@@ -1,0 +1,241 @@
+"""Leases end to end on the embedded runtime: a holder that leases and queues that draw from them."""
+
+import asyncio
+
+import pytest
+
+from durability.testing import Faults
+
+from support import holders_runtime, queue_jobs as jobs
+
+TTL = 60_000
+
+
+@pytest.fixture
+def runtime():
+    with holders_runtime(seed=1) as rt:
+        rt.module.CONFIG.update(limit=8, leases={"provisioning": {"mode": "strict"}, "permits_per_lease": 4,
+                                                 "ttl_ms": TTL})
+        yield rt
+
+
+def shard(runtime, name="s1"):
+    return runtime.env.SHARD.getByName(name)
+
+
+def holder(runtime):
+    return runtime.env.HOLDER.getByName("holder")
+
+
+def requests_from(runtime, client):
+    return [t for t, c in runtime.module.WORLD["requests"] if c == client]
+
+
+def test_drawn_items_are_admitted_at_once_with_no_round_trip(runtime):
+    world = runtime.module.WORLD
+
+    async def scenario():
+        await shard(runtime).submit(jobs("a", 1, ms=60_000))
+        await asyncio.sleep(5)
+        asked = len(requests_from(runtime, "s1"))
+        at = runtime.now_ms()
+        await shard(runtime).submit(jobs("b", 3, ms=60_000))
+        await asyncio.sleep(0.001)
+        return asked, at, await shard(runtime).vias(), await shard(runtime).states()
+
+    asked, at, vias, states = runtime.run(scenario())
+    assert asked == 1 and len(requests_from(runtime, "s1")) == 1  # the burst asked nothing
+    assert all(world["started"][f"b{i}"] == at for i in range(3))  # admitted in the same instant
+    assert set(vias.values()) == {"lease"} and set(states.values()) == {"admitted"}
+
+
+def test_a_drawn_permit_is_one_shot(runtime):
+    runtime.module.CONFIG["leases"]["permits_per_lease"] = 2
+
+    async def scenario():
+        await shard(runtime).submit(jobs("a", 2, ms=1_000))
+        await asyncio.sleep(20)  # both ran and were released
+        first = await shard(runtime).leases()
+        await shard(runtime).submit(jobs("b", 1, ms=1_000))
+        await asyncio.sleep(0.1)
+        return first, await shard(runtime).status("b0"), await shard(runtime).leases()
+
+    first, status, after = runtime.run(scenario())
+    lease = first[0]
+    assert (lease["permits"], lease["drawn"], lease["released"]) == (2, 2, 2)
+    # Releasing gave footprint back, not permits to draw: the new item waits for a new lease.
+    assert status["state"] == "queued"
+    assert after[0]["lease_id"] == lease["lease_id"] and after[0]["drawn"] == 2
+
+
+def test_a_contended_reply_makes_idle_leases_come_back(runtime):
+    runtime.module.CONFIG.update(limit=4)
+
+    async def scenario():
+        await shard(runtime, "hog").submit(jobs("h", 1, ms=300_000) + jobs("short", 1, ms=5_000))
+        await asyncio.sleep(3)
+        hogged = await holder(runtime).usage()
+        await shard(runtime, "late").submit(jobs("l", 2, ms=1_000))
+        # The hog's next word with the holder (the sync of its release) is answered contended.
+        await asyncio.sleep(25)
+        return hogged, await shard(runtime, "late").states(), await shard(runtime, "hog").leases()
+
+    hogged, late, hog_leases = runtime.run(scenario())
+    assert hogged["leaseFootprint"] == 4  # two items took the whole budget as a lease
+    assert set(late.values()) == {"released"}  # served once the hog returned what it had not drawn
+    assert hog_leases[0]["stopped"] == 1 and hog_leases[0]["drawn"] == 2
+
+
+def test_a_lease_with_work_running_is_reported_at_half_its_lifetime(runtime):
+    async def scenario():
+        await shard(runtime).submit(jobs("a", 1, ms=5 * TTL))
+        await asyncio.sleep(4 * TTL / 1000)
+        return await holder(runtime).usage(), runtime.trace
+
+    usage, trace = runtime.run(scenario())
+    syncs = [t for t, _, event, detail in trace if event == "call" and detail == "permits"]
+    assert usage["retiredFootprint"] == 0 and usage["leaseFootprint"] == 4  # kept live: never retired
+    assert len(syncs) >= 4  # a heartbeat every half lifetime
+
+
+def test_an_idle_lease_goes_back_at_half_its_lifetime(runtime):
+    async def scenario():
+        await shard(runtime).submit(jobs("a", 1, ms=1_000))
+        await asyncio.sleep(TTL / 1000)
+        return await holder(runtime).usage(), await shard(runtime).leases()
+
+    usage, leases = runtime.run(scenario())
+    assert usage["outstanding"] == 0 and usage["leases"] == 0
+    assert leases[0]["settled_at"] is not None
+
+
+def test_lowering_the_limit_retires_leases_and_the_queue_stops_drawing(runtime):
+    config = runtime.module.CONFIG
+
+    async def scenario():
+        await shard(runtime, "a").submit(jobs("a", 1, ms=120_000) + jobs("short", 1, ms=6_000))
+        await asyncio.sleep(3)
+        config["limit"] = 2
+        await shard(runtime, "b").submit(jobs("b", 1, ms=1_000))  # a round runs
+        await asyncio.sleep(2)
+        retired = await holder(runtime).usage()
+        # The sync of short0's release is answered retired: the shard stops drawing at once.
+        await asyncio.sleep(15)
+        await shard(runtime, "a").submit(jobs("late", 1, ms=1_000))
+        await asyncio.sleep(0.01)
+        return retired, await shard(runtime, "a").status("late0"), await shard(runtime, "a").leases()
+
+    retired, late, leases = runtime.run(scenario())
+    assert retired["retiredFootprint"] == 4  # two drawn, and two it might have drawn since
+    assert late["state"] == "queued"  # not drawn from the retired lease, although it had permits left
+    assert leases[0]["stopped"] == 1 and leases[0]["drawn"] == 2
+    assert runtime.module.WORLD["max_running"] <= 8
+
+
+def test_a_client_cut_off_past_the_ttl_keeps_its_work_counted_until_it_reports():
+    runtime = holders_runtime(seed=3, faults=Faults(lost_request=1.0, targets=frozenset({"Holder"})))
+    config, world = runtime.module.CONFIG, runtime.module.WORLD
+    config.update(limit=4, leases={"provisioning": {"mode": "strict"}, "permits_per_lease": 4, "ttl_ms": TTL})
+
+    async def scenario():
+        runtime.faults.enabled = False
+        await shard(runtime, "cut").submit(jobs("c", 3, ms=3 * TTL))
+        await asyncio.sleep(2)
+        runtime.faults.enabled = True  # cut off: nothing reaches the holder
+        await asyncio.sleep(2 * TTL / 1000)
+        with runtime.no_faults():
+            cut_off = await holder(runtime).usage()
+            await shard(runtime, "other").submit(jobs("o", 2, ms=1_000))
+            await asyncio.sleep(10)
+            other_meanwhile = await shard(runtime, "other").states()
+        runtime.faults.enabled = False
+        await asyncio.sleep(3 * TTL / 1000)
+        return cut_off, other_meanwhile, await holder(runtime).usage(), await shard(runtime, "other").states()
+
+    cut_off, meanwhile, end, other = runtime.run(scenario())
+    assert cut_off["retiredFootprint"] == 4  # retired, counted in full: it may have drawn more
+    assert set(meanwhile.values()) == {"queued"}  # so nothing else may run meanwhile
+    assert set(other.values()) == {"released"} and end["outstanding"] == 0
+    assert world["violations"] == []
+    runtime.close()
+
+
+def test_a_lease_in_a_lost_reply_reaches_the_client_with_the_next_one():
+    runtime = holders_runtime(seed=5, faults=Faults(lost_reply=1.0, targets=frozenset({"Holder"})))
+    config, world = runtime.module.CONFIG, runtime.module.WORLD
+    config.update(limit=4, leases={"provisioning": {"mode": "strict"}, "permits_per_lease": 4, "ttl_ms": TTL})
+
+    async def scenario():
+        await shard(runtime).submit(jobs("a", 2, ms=1_000))
+        await asyncio.sleep(3)
+        lost = await holder(runtime).usage() if False else None
+        runtime.faults.enabled = False
+        await asyncio.sleep(2 * TTL / 1000)
+        return lost, await shard(runtime).states(), await holder(runtime).usage()
+
+    _, states, usage = runtime.run(scenario())
+    assert set(states.values()) == {"released"} and usage["outstanding"] == 0 and usage["leases"] == 0
+    assert world["violations"] == []
+    runtime.close()
+
+
+def test_a_version_1_holder_migrates_in_place_and_keeps_its_grants(runtime):
+    runtime.module.CONFIG["leases"] = None
+
+    async def scenario():
+        reply = await holder(runtime).permits({"type": "request", "v": 1, "clientId": "c",
+                                               "demand": [{"group": "g", "count": 2, "oldestAt": 0}]})
+        sql = runtime.host_of(holder(runtime)).instance.ctx.storage.sql
+        sql.exec("DROP TABLE durability_semaphore_leases")
+        sql.exec("DROP TABLE durability_semaphore_lease_ids")
+        sql.exec("UPDATE durability_schema SET version = 1 WHERE component = 'semaphore'")
+        runtime.evict(holder(runtime))
+        usage = await holder(runtime).usage()
+        version = runtime.host_of(holder(runtime)).db.inspect(
+            "SELECT version FROM durability_schema WHERE component = 'semaphore'")[0]["version"]
+        return reply, usage, version
+
+    reply, usage, version = runtime.run(scenario())
+    assert [g["permits"] for g in reply["grants"]] == [2]
+    assert version == 2 and usage["outstanding"] == 2 and usage["leases"] == 0
+
+
+def test_admit_runs_only_once_the_admission_and_its_draw_are_durable(runtime):
+    # Work started on an admission whose write batch is then lost would run on
+    # a permit nobody counts: admit() must wait for the commit.
+    seen = []
+    real_admit = runtime.module.Shard._admit
+
+    async def admit(self, items):
+        seen.append(runtime.host_of(shard(runtime, self.ctx.id.name)).db.in_batch)
+        await real_admit(self, items)
+
+    runtime.module.Shard._admit = admit
+
+    async def scenario():
+        await shard(runtime).submit(jobs("a", 2, ms=1_000))  # drawn from a lease in the reply's batch
+        await asyncio.sleep(5)
+        await shard(runtime).submit(jobs("b", 2, ms=1_000))  # drawn inside enqueue
+        await asyncio.sleep(5)
+
+    runtime.run(scenario())
+    assert len(seen) >= 2 and not any(seen)
+
+
+def test_a_version_1_queue_migrates_in_place_and_keeps_its_items(runtime):
+    async def scenario():
+        await shard(runtime).submit(jobs("a", 2, ms=600_000))
+        await asyncio.sleep(3)
+        sql = runtime.host_of(shard(runtime)).instance.ctx.storage.sql
+        sql.exec("DROP TABLE durability_queue_leases")
+        sql.exec("UPDATE durability_schema SET version = 1 WHERE component = 'semaphore-queue'")
+        runtime.evict(shard(runtime))
+        await shard(runtime).submit(jobs("b", 1, ms=1_000))
+        await asyncio.sleep(3)
+        host = runtime.host_of(shard(runtime))
+        version = host.db.inspect("SELECT version FROM durability_schema WHERE component = 'semaphore-queue'")
+        return version[0]["version"], await shard(runtime).states()
+
+    version, states = runtime.run(scenario())
+    assert version == 2
+    assert states["a0"] == states["a1"] == "admitted" and states["b0"] in ("admitted", "released")

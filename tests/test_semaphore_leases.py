@@ -1,0 +1,472 @@
+"""Leases in the holder's pure logic: budgets per provisioning mode, sharing, reports, retirement.
+
+No runtime here: ``run_round`` and the lease helpers are driven directly,
+by hand for each rule and by Hypothesis for the safety invariant (grants
+charged plus every lease's footprint, retired ones in full until settled,
+never above the ceiling when anything is issued; never below what clients
+may really have in use or still draw).
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
+
+from durability.semaphore.allocation import Limits, Working, apply_all_reports, merged_leases, run_round, usage
+from durability.semaphore.leases import (
+    Lease,
+    LeaseIds,
+    LeasePolicy,
+    lease_usage,
+    retire_expired,
+    share,
+)
+from durability.semaphore.messages import (
+    GROUP_LIMIT,
+    LIMIT,
+    OK,
+    RETIRED,
+    SETTLED,
+    Demand,
+    LeaseReport,
+    ProtocolError,
+    Request,
+    parse,
+)
+
+T0 = 1_700_000_000_000.0
+TTL = 60_000
+
+
+def policy(mode="strict", per_lease=64, ttl_ms=TTL, limited_groups=None, **provisioning):
+    return LeasePolicy.from_options({"provisioning": {"mode": mode, **provisioning}, "permits_per_lease": per_lease,
+                                     "ttl_ms": ttl_ms, "limited_groups": limited_groups})
+
+
+def ids():
+    counter = itertools.count()
+    return lambda: f"g{next(counter)}"
+
+
+def want(client, group="g", count=5, age=0, leases=True, reports=()):
+    return Request(client, (Demand(group, count, T0 - age),), (), 0.0, leases, tuple(reports))
+
+
+class Book:
+    """A holder's books between rounds, as the holder keeps them."""
+
+    def __init__(self, pol: LeasePolicy | None, total: int = 10, groups=None) -> None:
+        self.policy, self.total, self.groups = pol, total, dict(groups or {})
+        self.grants, self.leases, self.ids, self.now = {}, {}, LeaseIds("e", 0), T0
+
+    def round(self, *requests, permitted=None):
+        result = run_round(self.grants, list(requests), Limits(self.total, self.groups, dict(permitted or {})),
+                           self.now, 10_000, ids(), leases=self.leases, policy=self.policy, lease_ids=self.ids)
+        result.changes.apply_to(self.grants, self.leases)
+        return result
+
+    def sync(self, client, *lease_reports):
+        working = Working(self.grants, self.leases)
+        ttl = self.policy.ttl_ms if self.policy else None
+        _, outcomes = apply_all_reports(working, client, (), lease_reports, self.ids, self.now, ttl)
+        retire_expired(working, self.now)
+        working.changes.apply_to(self.grants, self.leases)
+        return outcomes
+
+    def footprint(self):
+        return lease_usage(self.leases.values())[0]
+
+    def charged(self):
+        return usage(self.grants.values())[0] + self.footprint()
+
+
+def sizes(result, client_order):
+    return [sum(lease.permits for lease in result.outcomes[c].new_leases) for c in client_order]
+
+
+# -- options ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("options", [
+    {"provisioning": {"mode": "sometimes"}},
+    {"provisioning": {"mode": "under"}},
+    {"provisioning": {"mode": "under", "reserve": -1}},
+    {"provisioning": {"mode": "over", "extra": {"ratio": -0.5}}},
+    {"provisioning": {"mode": "over", "extra": {"ratio": 0.5, "count": 3}}},
+    {"provisioning": {"mode": "strict", "reserve": 3}},
+    {"permits_per_lease": 0},
+    {"ttl_ms": 0},
+    {"limited_groups": "always"},
+    {"lease_size": 4},
+    "strict",
+])
+def test_bad_lease_options_are_refused(options):
+    with pytest.raises(ValueError):
+        LeasePolicy.from_options(options)
+
+
+def test_budgets_per_mode():
+    strict = policy().budgets(10)
+    assert (strict.ceiling, strict.grant_cap, strict.lease_cap) == (10, 10, 10)
+    under = policy("under", reserve=4).budgets(10)
+    assert (under.ceiling, under.grant_cap, under.lease_cap) == (10, 6, 10)
+    # The reserve never takes the last permit, even above the limit.
+    assert policy("under", reserve=50).budgets(10).grant_cap == 1
+    assert policy("under", reserve=50).budgets(0).grant_cap == 0
+    ratio = policy("over", extra={"ratio": 0.5}).budgets(10)
+    assert (ratio.ceiling, ratio.grant_cap, ratio.lease_cap) == (15, 10, 5)
+    count = policy("over", extra={"count": 3}).budgets(10)
+    assert (count.ceiling, count.grant_cap, count.lease_cap) == (13, 10, 3)
+
+
+# -- sharing -----------------------------------------------------------------------------
+
+def test_share_is_equal_oldest_first_and_capped():
+    assert share(10, 3, 64) == [4, 3, 3]
+    assert share(10, 3, 2) == [2, 2, 2]
+    assert share(2, 5, 64) == [1, 1, 0, 0, 0]
+    assert share(0, 2, 64) == [0, 0]
+
+
+def test_a_round_shares_the_lease_budget_equally_oldest_first():
+    book = Book(policy(), total=10)
+    result = book.round(want("young", count=1, age=0), want("old", count=1, age=3_000), want("mid", count=1, age=1_000))
+    assert sizes(result, ["old", "mid", "young"]) == [4, 3, 3]
+    assert book.footprint() == 10 and not result.contended
+    assert all(o.new_grants == [] for o in result.outcomes.values())
+
+
+def test_with_fewer_permits_than_candidates_the_oldest_get_one_each_and_the_round_is_contended():
+    book = Book(policy(), total=2)
+    result = book.round(*(want(f"c{i}", age=1_000 * i) for i in range(5)))
+    assert sizes(result, ["c4", "c3", "c2", "c1", "c0"]) == [1, 1, 0, 0, 0]
+    assert result.outcomes["c0"].blocked == {"g": (LIMIT, 5)}
+    assert result.contended
+
+
+def test_a_lease_is_capped_by_permits_per_lease_and_that_is_not_contention():
+    book = Book(policy(per_lease=4), total=100)
+    result = book.round(want("a", count=50))
+    assert sizes(result, ["a"]) == [4] and not result.contended and result.outcomes["a"].blocked == {}
+
+
+# -- who gets leases -------------------------------------------------------------------------
+
+def test_leases_only_for_clients_that_support_them_and_groups_without_their_own_limit():
+    book = Book(policy(), total=20, groups={"capped": 5})
+    result = book.round(want("plain", count=3, leases=False), want("q", "capped", 3), want("q2", "free", 3))
+    assert [g.permits for g in result.outcomes["plain"].new_grants] == [3]
+    assert result.outcomes["plain"].new_leases == []
+    assert [g.permits for g in result.outcomes["q"].new_grants] == [3] and result.outcomes["q"].new_leases == []
+    assert result.outcomes["q2"].new_grants == [] and sizes(result, ["q2"]) == [20 - 6]
+
+
+def test_within_group_limit_lets_limited_groups_lease_within_their_limit():
+    book = Book(policy(limited_groups="withinGroupLimit"), total=20, groups={"capped": 5})
+    result = book.round(want("q", "capped", 3))
+    assert sizes(result, ["q"]) == [5] and result.outcomes["q"].new_grants == []
+
+
+def test_no_second_lease_while_the_client_holds_undrawn_permits_in_the_group():
+    book = Book(policy(per_lease=4), total=100)
+    [lease] = book.round(want("a", count=2)).outcomes["a"].new_leases
+    again = book.round(want("a", count=2))
+    assert again.outcomes["a"].new_leases == [] and again.outcomes["a"].listed_leases == [book.leases[lease.lease_id]]
+    report = LeaseReport(lease.lease_id, "g", 4, 4, 0)  # all drawn: it may have another
+    assert sizes(book.round(want("a", count=2, reports=[report])), ["a"]) == [4]
+
+
+# -- provisioning modes ------------------------------------------------------------------------
+
+def test_strict_serves_grants_first_then_leases_from_what_is_left():
+    book = Book(policy(), total=10)
+    result = book.round(want("lease", count=9, age=5_000), want("plain", count=7, leases=False))
+    assert [g.permits for g in result.outcomes["plain"].new_grants] == [7]
+    assert sizes(result, ["lease"]) == [3] and result.contended
+    assert book.charged() == 10
+    # A live lease's footprint is reserved: nothing is left for anyone.
+    later = book.round(want("plain2", count=1, leases=False))
+    assert later.outcomes["plain2"].new_grants == [] and later.outcomes["plain2"].blocked == {"g": (LIMIT, 1)}
+
+
+def test_under_keeps_a_reserve_for_leases():
+    book = Book(policy("under", reserve=4), total=10)
+    result = book.round(want("plain", count=10, leases=False), want("lease", count=4))
+    assert [g.permits for g in result.outcomes["plain"].new_grants] == [6]
+    assert sizes(result, ["lease"]) == [4] and book.charged() == 10
+
+
+def test_the_reserve_never_takes_the_last_permit():
+    book = Book(policy("under", reserve=10), total=10)
+    first = book.round(want("plain", count=3, leases=False))
+    assert [g.permits for g in first.outcomes["plain"].new_grants] == [1]
+    book.total = 0  # lowered to nothing: nothing for anyone
+    assert book.round(want("other", count=3, leases=False)).outcomes["other"].new_grants == []
+
+
+def test_over_gives_leases_a_budget_above_the_limit():
+    book = Book(policy("over", extra={"ratio": 0.5}), total=10)
+    result = book.round(want("plain", count=10, leases=False), want("lease", count=20))
+    assert [g.permits for g in result.outcomes["plain"].new_grants] == [10]
+    assert sizes(result, ["lease"]) == [5] and book.charged() == 15
+    # Leases alone never take more than the extra, whatever grants leave.
+    alone = Book(policy("over", extra={"count": 3}), total=10)
+    assert sizes(alone.round(want("lease", count=20)), ["lease"]) == [3]
+
+
+# -- reports, retirement, settlement -------------------------------------------------------------
+
+def issue(book, client="a", count=5):
+    [lease] = book.round(want(client, count=count)).outcomes[client].new_leases
+    return lease
+
+
+def test_reports_heartbeat_a_lease_and_an_unreported_one_is_retired_not_forgotten():
+    book = Book(policy(per_lease=5), total=10)
+    lease = issue(book)
+    book.now += TTL / 2
+    assert [o.status for o in book.sync("a", LeaseReport(lease.lease_id, "g", 5, 3, 1))] == [OK]
+    book.now += TTL - 1
+    book.round()
+    assert not book.leases[lease.lease_id].retired  # the report moved its expiry
+    book.now += 1
+    book.round()
+    retired = book.leases[lease.lease_id]
+    assert retired.retired and retired.footprint == 4  # counted in full: it may have drawn more
+    # A late report without a stop keeps it counted in full and says so.
+    assert [o.status for o in book.sync("a", LeaseReport(lease.lease_id, "g", 5, 4, 2))] == [RETIRED]
+    assert book.leases[lease.lease_id].footprint == 3
+    # The client stops: drawn is final, the undrawn rest comes back.
+    book.sync("a", LeaseReport(lease.lease_id, "g", 5, 4, 2, stopped=True))
+    assert book.leases[lease.lease_id].footprint == 2
+    assert [o.status for o in book.sync("a", LeaseReport(lease.lease_id, "g", 5, 4, 4, stopped=True))] == [SETTLED]
+    assert book.leases == {} and book.footprint() == 0
+    # Duplicated and reordered reports of a settled lease change nothing.
+    assert [o.status for o in book.sync("a", LeaseReport(lease.lease_id, "g", 5, 3, 1))] == [SETTLED]
+    assert book.leases == {}
+
+
+def test_lowering_the_limit_retires_live_leases_on_the_next_round():
+    book = Book(policy(per_lease=4), total=10)
+    lease = issue(book, count=4)
+    book.total = 12
+    book.round()
+    assert not book.leases[lease.lease_id].retired  # raising changes nothing
+    book.total = 9
+    book.round()
+    assert book.leases[lease.lease_id].retired and book.footprint() == 4
+    # Retired: no more draws, so a new lease may go to the same client, under the new limit.
+    assert sizes(book.round(want("a", count=2)), ["a"]) == [4]
+
+
+def test_losing_eligibility_retires_leases_on_the_next_round():
+    book = Book(policy(per_lease=2), total=10)
+    a, b, c = issue(book, "a", 1), issue(book, "b", 1), issue(book, "c", 1)
+    book.groups = {"g": 3}  # the group now has its own limit
+    book.round()
+    assert all(book.leases[x.lease_id].retired for x in (a, b, c))
+    other = Book(policy(), total=10)
+    lease = issue(other, "a", 1)
+    other.round(permitted={("a", "g"): False})
+    assert other.leases[lease.lease_id].retired
+    off = Book(policy(), total=10)
+    lease = issue(off, "a", 1)
+    off.policy = None  # leases turned off
+    off.round()
+    assert off.leases[lease.lease_id].retired
+
+
+def test_a_report_for_a_lease_never_known_is_answered_retired_and_charged_in_that_round():
+    book = Book(policy(), total=10)
+    foreign = LeaseReport("l0123-7", "g", 6, 4, 1)  # another epoch: a holder whose storage was reset
+    result = book.round(want("a", count=9, reports=[foreign]))
+    assert [o.status for o in result.outcomes["a"].lease_reports] == [RETIRED]
+    assert book.leases["l0123-7"].retired and book.leases["l0123-7"].footprint == 5
+    assert sizes(result, ["a"]) == [5]  # charged against this very round
+    # A stopped report charges only what was drawn and is still running.
+    assert [o.status for o in book.sync("b", LeaseReport("lzz", "g", 6, 3, 1, stopped=True))] == [RETIRED]
+    assert book.leases["lzz"].footprint == 2
+    # An id of this holder numbered beyond what it issued was never issued either.
+    assert [o.status for o in book.sync("b", LeaseReport("le-99", "g", 2, 0, 0))] == [RETIRED]
+
+
+def test_a_client_cannot_report_on_another_clients_lease():
+    book = Book(policy(), total=10)
+    lease = issue(book, "a", 2)
+    result = book.round(Request("b", (), (), 0.0, True, (LeaseReport(lease.lease_id, "g", 10, 10, 10, True),)))
+    assert isinstance(result.errors[0], ProtocolError) and result.errors[0].code == "forbidden"
+    assert book.leases[lease.lease_id].footprint == lease.permits
+
+
+def test_a_lost_reply_s_lease_is_listed_again_and_a_known_one_is_not():
+    book = Book(policy(per_lease=3), total=10)
+    lease = issue(book, "a", 3)
+    listed = book.round(want("a", count=3)).outcomes["a"].listed_leases
+    assert [x.lease_id for x in listed] == [lease.lease_id]
+    drawn = book.round(want("a", count=0, reports=[LeaseReport(lease.lease_id, "g", 3, 1, 0)]))
+    assert drawn.outcomes["a"].listed_leases == []
+
+
+@pytest.mark.parametrize("bad", [
+    {"leaseReports": [{"leaseId": "l", "group": "g", "permits": 2, "drawn": 3, "released": 0}]},
+    {"leaseReports": [{"leaseId": "l", "group": "g", "permits": 2, "drawn": 1, "released": 2}]},
+    {"leaseReports": [{"leaseId": "l", "group": "g", "permits": 2, "drawn": 1, "released": 0, "stopped": 1}]},
+    {"leaseReports": [{"leaseId": "l", "permits": 2, "drawn": 1, "released": 0}]},
+    {"leaseReports": [{"leaseId": "l", "group": "g", "permits": 2, "drawn": 0, "released": 0}] * 2},
+    {"leaseReports": [{"leaseId": "", "group": "g", "permits": 2, "drawn": 0, "released": 0}]},
+    {"leaseReports": [{"leaseId": f"l{i}", "group": "g", "permits": 1, "drawn": 0, "released": 0}
+                      for i in range(257)]},
+    {"leases": "yes"},
+])
+def test_bad_lease_fields_are_refused(bad):
+    with pytest.raises(ProtocolError):
+        parse({"type": "request", "v": 1, "clientId": "c", **bad})
+
+
+# -- the invariant, by property ------------------------------------------------------------------
+
+CLIENTS = ["c0", "c1", "c2"]
+GROUPS = ["g0", "g1"]
+MODES = [policy(per_lease=4), policy("under", per_lease=4, reserve=3), policy("over", per_lease=4, extra={"ratio": 0.5}),
+         policy("over", per_lease=3, extra={"count": 2}, limited_groups="withinGroupLimit")]
+
+
+class LeasingHolder(RuleBasedStateMachine):
+    """A holder and clients that draw, release, stop, lose replies and send stale reports."""
+
+    @initialize(mode=st.sampled_from(MODES), total=st.integers(0, 10), ceiling=st.sampled_from([None, 2, 5]))
+    def start(self, mode, total, ceiling):
+        self.book = Book(mode, total, {"g1": ceiling})
+        # What each client really holds: lease id -> [group, permits, drawn, released, stopped].
+        self.local: dict[str, dict[str, list]] = {c: {} for c in CLIENTS}
+        self.sent: list[tuple[str, LeaseReport]] = []  # every report ever made, to replay out of order
+
+    def reports(self, client):
+        made = [LeaseReport(i, g, p, d, r, s) for i, (g, p, d, r, s) in self.local[client].items()]
+        self.sent.extend((client, r) for r in made)
+        return made
+
+    def learn(self, client, outcome):
+        local = self.local[client]
+        for lease in outcome.listed_leases:
+            if lease.lease_id not in local and lease.drawn == 0 and lease.lease_id in self.book.leases:
+                local[lease.lease_id] = [lease.group, lease.permits, 0, 0, lease.retired]
+        for report in outcome.lease_reports:
+            held = local.get(report.lease_id)
+            if held is None:
+                continue
+            if report.status != OK:
+                held[4] = True
+            if report.status == SETTLED and held[3] == held[2]:
+                del local[report.lease_id]
+
+    @rule(data=st.data(), lost=st.booleans())
+    def round(self, data, lost):
+        clients = data.draw(st.lists(st.sampled_from(CLIENTS), unique=True, max_size=3))
+        requests = [Request(c, tuple(Demand(g, data.draw(st.integers(0, 6)), T0) for g in GROUPS), (), 0.0,
+                            data.draw(st.booleans()), tuple(self.reports(c))) for c in clients]
+        ceiling = self.book.policy.budgets(self.book.total).ceiling
+        result = self.book.round(*requests)
+        assert not result.errors
+        leased = [x for o in result.outcomes.values() for x in o.new_leases]
+        granted = [x for o in result.outcomes.values() for x in o.new_grants]
+        if leased or granted:
+            assert self.book.charged() <= ceiling
+        if leased and self.book.policy.mode == "over":
+            assert self.book.footprint() <= self.book.policy.extra(self.book.total)
+        if granted:
+            grant_cap = self.book.policy.budgets(self.book.total).grant_cap
+            assert usage(self.book.grants.values())[0] <= grant_cap
+        for client, outcome in result.outcomes.items():
+            if not lost:
+                self.learn(client, outcome)
+
+    @rule(client=st.sampled_from(CLIENTS), data=st.data())
+    def draw_or_release(self, client, data):
+        if not self.local[client]:
+            return
+        held = self.local[client][data.draw(st.sampled_from(sorted(self.local[client])))]
+        action = data.draw(st.sampled_from(["draw", "release", "stop"]))
+        if action == "draw" and not held[4] and held[2] < held[1]:
+            held[2] += 1
+        elif action == "release" and held[3] < held[2]:
+            held[3] += 1
+        elif action == "stop":
+            held[4] = True
+
+    @rule(client=st.sampled_from(CLIENTS))
+    def sync(self, client):
+        for outcome in self.book.sync(client, *self.reports(client)):
+            self.learn(client, type("O", (), {"listed_leases": [], "lease_reports": [outcome]})())
+
+    @rule(data=st.data())
+    def stale_report_arrives(self, data):
+        if self.sent:
+            client, report = data.draw(st.sampled_from(self.sent))
+            self.book.sync(client, report)
+
+    @rule(ms=st.sampled_from([1_000, TTL // 2, TTL]))
+    def time_passes(self, ms):
+        self.book.now += ms
+
+    @rule(total=st.integers(0, 10))
+    def limit_changes(self, total):
+        self.book.total = total
+
+    @invariant()
+    def every_lease_is_counted_at_least_as_the_client_may_use_it(self):
+        for client, local in self.local.items():
+            for lease_id, (group, permits, drawn, released, stopped) in local.items():
+                may_use = (drawn if stopped else permits) - released
+                held = self.book.leases.get(lease_id)
+                if held is None:
+                    assert may_use == 0 and stopped or drawn == permits == released
+                else:
+                    assert held.footprint >= may_use and held.client_id == client
+                    if not stopped:
+                        assert held.permits == permits  # what it may draw is still charged
+
+    @invariant()
+    def counts_are_sane(self):
+        for lease in self.book.leases.values():
+            assert 0 <= lease.released <= lease.drawn <= lease.permits and not lease.settled
+
+
+TestLeasingHolder = LeasingHolder.TestCase
+TestLeasingHolder.settings = settings(max_examples=60, stateful_step_count=30, deadline=None,
+                                      suppress_health_check=[HealthCheck.too_slow])
+
+
+def test_merged_leases_sees_the_changes():
+    book = Book(policy(), total=4)
+    lease = issue(book, "a", 1)
+    working = Working(book.grants, book.leases)
+    working.put_lease(Lease(lease.lease_id, "a", "g", 4, 4, 4, T0, False, 4))
+    assert merged_leases(book.leases, working.changes) == []
+
+
+def test_demand_a_lease_leaves_uncovered_gets_grants_from_what_remains():
+    over = Book(policy("over", per_lease=4, extra={"count": 3}), total=10)
+    result = over.round(want("a", count=8))
+    assert sizes(result, ["a"]) == [3]  # the extra, as a lease
+    assert [g.permits for g in result.outcomes["a"].new_grants] == [5]  # the rest from the limit
+    strict = Book(policy(per_lease=2), total=10)
+    result = strict.round(want("a", count=5))
+    assert sizes(result, ["a"]) == [2] and [g.permits for g in result.outcomes["a"].new_grants] == [3]
+    assert not result.contended
+
+
+def test_a_request_held_over_to_later_rounds_is_no_heartbeat():
+    book = Book(policy(), total=4)
+    lease = issue(book, "a", 1)
+    report = LeaseReport(lease.lease_id, "g", lease.permits, 1, 0)
+    book.now += TTL / 2
+    book.round(Request("a", (), (), 0.0, True, (report,)))
+    heard = book.leases[lease.lease_id].expires_at
+    assert heard == book.now + TTL
+    book.now += TTL / 2
+    book.round(Request("a", (), (), 0.0, True, (report,), heartbeat=False))
+    assert book.leases[lease.lease_id].expires_at == heard
