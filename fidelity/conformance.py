@@ -15,7 +15,6 @@ import json
 import re
 import subprocess
 import tempfile
-from collections import defaultdict
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
@@ -35,6 +34,7 @@ SCRIPT = [
     {"op": "sql", "query": "CREATE TABLE t (id TEXT PRIMARY KEY, n INTEGER, x REAL, b TEXT)"},
     {"op": "sql", "query": "CREATE INDEX t_n ON t (n)"},
     {"op": "sql", "query": "INSERT INTO t VALUES (?, ?, ?, ?)", "bindings": ["a", 1, 1.5, None]},
+    {"op": "sync"},
     {"op": "sql", "query": "INSERT INTO t VALUES (?, ?, ?, ?)", "bindings": ["b", 2, 2.0, "true"]},
     {"op": "sql", "query": "INSERT INTO t VALUES (?, ?, ?, ?)", "bindings": ["c", 2 ** 53 - 2, 0.1, "x"]},
     {"op": "sql", "query": "SELECT ? AS big", "bindings": [{"bigint": str(2 ** 53 - 1)}]},
@@ -123,14 +123,17 @@ def basic_scripts() -> list[dict[str, Any]]:
 
 # -- the statements the library itself issues ---------------------------------
 @contextmanager
-def recording_statements() -> Iterator[dict[str, list[dict[str, Any]]]]:
+def recording_statements() -> Iterator[dict[int, list[dict[str, Any]]]]:
     """Record every statement each object runs (text, bindings, counts) while inside."""
-    log: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    log: dict[int, list[dict[str, Any]]] = {}
     real_exec = SqlDatabase.exec
 
     def exec(db, query, bindings):
         entry = {"op": "sql", "query": query, "bindings": list(bindings)}
-        log[str(id(db))].append(entry)
+        if not hasattr(db, "_recorded_as"):  # one log per database, whatever reuses its id() later
+            db._recorded_as = len(log)
+            log[db._recorded_as] = []
+        log[db._recorded_as].append(entry)
         # The database's totals, not the cursor's counters: those freeze at
         # their first read, as in production, and the caller has not read yet.
         read, written = db.rows_read, db.rows_written
@@ -150,10 +153,12 @@ def recording_statements() -> Iterator[dict[str, list[dict[str, Any]]]]:
 
 
 def library_statements(jobs: int = 30) -> list[dict[str, Any]]:
-    """Run the example Worker (jobs, counters, uploads) and return each object's statements."""
-    vars = {"ACCOUNT_LIMITS": json.dumps({"acct-a": 2, "acct-b": 3}), "SHARDS": "3"}
+    """Run the example Worker (jobs under grants and under leases, counters,
+    uploads) and return each object's statements."""
+    limits = json.dumps({"acct-a": 2, "acct-b": 3})
+    leases = json.dumps({"provisioning": {"mode": "strict"}, "permits_per_lease": 2, "ttl_ms": 60_000})
     with recording_statements() as log:
-        with Runtime.from_wrangler(ROOT / "wrangler.toml", vars=vars) as runtime:
+        with Runtime.from_wrangler(ROOT / "wrangler.toml", vars={"ACCOUNT_LIMITS": limits, "SHARDS": "3"}) as runtime:
             runtime.run(account_jobs.run(EmbeddedDriver(runtime), jobs=jobs))
 
             async def count():
@@ -163,6 +168,9 @@ def library_statements(jobs: int = 30) -> list[dict[str, Any]]:
             runtime.run(count())
             runtime.run(uploads.run(EmbeddedDriver(runtime)))
             runtime.advance(30)
+        vars = {"ACCOUNT_LIMITS": limits, "SHARDS": "3", "ACCOUNT_LEASES": leases}
+        with Runtime.from_wrangler(ROOT / "wrangler.toml", vars=vars) as runtime:
+            runtime.run(account_jobs.run(EmbeddedDriver(runtime), jobs=jobs))
     return [{"object": f"replay-{n}", "ops": ops} for n, ops in enumerate(log.values())]
 
 

@@ -47,6 +47,7 @@ def check_promises(outcome):
 
 def test_composition_runs_in_pyodide(pyodide_outcome):
     check_promises(pyodide_outcome["result"])
+    assert pyodide_outcome["result"]["admitted_via"] == {"grant": 200}
     assert pyodide_outcome["background_errors"] == []
     assert pyodide_outcome["stats"]["alarms"] > 0
 
@@ -56,6 +57,20 @@ def test_pyodide_and_embedded_runtime_agree(pyodide_outcome, embedded_outcome):
     result = pyodide_outcome["result"]
     assert result["statuses"] == embedded_outcome["statuses"]
     assert result["limits"] == embedded_outcome["limits"] == LIMITS
+
+
+def test_composition_with_strict_leases_runs_in_pyodide():
+    # Leases cross RPC as the real SDK converts them; shards draw from them locally.
+    leases = {"provisioning": {"mode": "strict"}, "permits_per_lease": 2, "ttl_ms": 60_000}
+    report = run_host({**SCENARIO, "args": {"jobs": 60}},
+                      vars={**VARS, "ACCOUNT_LEASES": json.dumps(leases)})
+    outcome = report["result"]
+    assert len(outcome["statuses"]) == 60 and outcome["overlaps"] == 0
+    assert outcome["admitted_via"].get("lease", 0) > 0
+    for account, limit in LIMITS.items():
+        assert 1 <= outcome["max_running"][account] <= limit, account
+    assert outcome["outstanding_after"] == {"acct-a": 0, "acct-b": 0, account_jobs.GHOST_ACCOUNT: 0}
+    assert report["background_errors"] == []
 
 
 def test_uploads_held_under_a_lock_semaphore_agree_with_the_embedded_runtime():

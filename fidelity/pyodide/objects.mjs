@@ -62,6 +62,9 @@ export class DurableObjectStorage {
     return this.#object.alarmAt;
   }
 
+  // sql.js writes at once: every write is as durable here as it will be.
+  async sync() {}
+
   async setAlarm(time) {
     const at = time instanceof Date ? time.getTime() : time;
     if (typeof at !== "number" || !Number.isFinite(at)) throw new TypeError("setAlarm() requires a number or Date");

@@ -67,7 +67,7 @@ async def run(driver, jobs=200, seed=7, accounts=("acct-a", "acct-b")):
                 submitted.append(job["id"])
             await asyncio.sleep(rng.uniform(0.5, 3))
 
-        statuses = {}
+        statuses, via = {}, {}
         while len(statuses) < jobs:
             await asyncio.sleep(POLL_S)
             for job_id in submitted:
@@ -75,6 +75,7 @@ async def run(driver, jobs=200, seed=7, accounts=("acct-a", "acct-b")):
                     status = await driver.call("job_status", job_id)
                     if status["job"]["status"] in ("completed", "failed"):
                         statuses[job_id] = status["job"]["status"]
+                        via[status["via"]] = via.get(status["via"], 0) + 1
         usage = {}
         for _ in range(60):  # the release of the last jobs is on its way
             usage = {a: await driver.call("account_usage", a) for a in (*accounts, GHOST_ACCOUNT)}
@@ -85,6 +86,7 @@ async def run(driver, jobs=200, seed=7, accounts=("acct-a", "acct-b")):
         driver.module.run_job = real_run_job
     return {
         "statuses": statuses,
+        "admitted_via": via,
         "max_running": ledger["max_running"],
         "limits": {a: usage[a]["limit"] for a in accounts},
         "overlaps": ledger["overlaps"],

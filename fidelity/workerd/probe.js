@@ -71,6 +71,9 @@ export class Probe {
         this.sql.exec("CREATE TABLE IF NOT EXISTS probe_alarms (run INTEGER, retry INTEGER, is_retry INTEGER, alarm_during REAL)");
         await this.storage.setAlarm(Date.now() - op.ago_ms);
         results.push({ alarmSet: true });
+      } else if (op.op === "sync") {
+        await this.storage.sync();
+        results.push({ synced: true });
       } else if (op.op === "alarm_log") {
         const rows = this.sql.exec("SELECT run, retry, is_retry, alarm_during FROM probe_alarms ORDER BY run").toArray();
         results.push({ runs: rows, alarmAfter: await this.storage.getAlarm() });

@@ -84,6 +84,9 @@ class Probe(DurableObject):
                               "(run INTEGER, retry INTEGER, is_retry INTEGER, alarm_during REAL)")
                 await self.storage.setAlarm(time.time() * 1000 - op["ago_ms"])
                 results.append({"alarmSet": True})
+            elif op["op"] == "sync":
+                await self.storage.sync()
+                results.append({"synced": True})
             elif op["op"] == "alarm_log":
                 rows = self.sql.exec("SELECT run, retry, is_retry, alarm_during FROM probe_alarms ORDER BY run")
                 results.append({"runs": [dict(r) for r in rows.toArray()],

@@ -39,6 +39,10 @@ class Sql:
         """Run ``fn`` (synchronous, no awaits) so that its writes commit together."""
         return self._storage.transactionSync(fn)
 
+    async def sync(self) -> None:
+        """Wait until every write made so far is durable (``ctx.storage.sync()``)."""
+        await self._storage.sync()
+
     async def get_alarm(self) -> float | None:
         return await self._storage.getAlarm()
 

@@ -607,7 +607,7 @@ class DurabilitySemaphoreQueue:
             # The admissions (and a lease draw with them) must be durable before
             # any work starts: work started on an admission that is then lost
             # would run on a permit nobody counts.
-            await _committed(self.scheduler.sql)
+            await self.scheduler.sql.sync()
             items = self.store.to_admit()
             if not items:
                 return
@@ -677,8 +677,3 @@ def _renew_at(now: float, ttl_ms: float) -> float:
     """Half a lease's lifetime from now: reported then, it never reaches its ttl unreported."""
     return now + max(ttl_ms / 2, MIN_RENEW_MS)
 
-
-async def _committed(sql: Any) -> None:
-    """Wait until every write made so far is durable: ``ctx.storage.sync()``."""
-    # Sql keeps the storage to itself; it offers no sync of its own yet.
-    await sql._storage.sync()
