@@ -165,22 +165,32 @@ def check_bundle(outdir: Path, pin: str) -> None:
 
 
 def check_imports(outdir: Path) -> None:
-    """Import the bundle in Pyodide with its vendored SDK; its classes must match wrangler.toml."""
+    """Import the bundle in Pyodide with its vendored SDK; it must export exactly
+    the Durable Object classes wrangler.toml binds (workerd exports every public
+    one of the main module), and the Default entrypoint."""
     missing = node_ready()
     if missing:
         fail(f"cannot import the bundle in Pyodide: {missing}")
     with open(ROOT / "wrangler.toml", "rb") as f:
         settings = tomllib.load(f)
-    wanted = sorted({b["class_name"] for b in settings.get("durable_objects", {}).get("bindings", [])})
+    bindings = settings.get("durable_objects", {}).get("bindings", [])
+    wanted = {b["class_name"] for b in bindings if not b.get("script_name")}
     try:
         report = run_host({"kind": "import"}, module_dir=outdir, sdk_dir=outdir / "python_modules")
     except PyodideHostError as error:
         fail(f"the bundle does not import in Pyodide:\n{error}")
     found = report["result"]
-    absent = [name for name in wanted if name not in found["durableObjects"]]
-    if absent or "Default" not in found["workerEntrypoints"]:
-        fail(f"the entry module lacks {absent + ([] if 'Default' in found['workerEntrypoints'] else ['Default'])}")
-    print(f"Bundle imports in Pyodide: Durable Objects {', '.join(found['durableObjects'])}; entrypoint Default")
+    exported = set(found["durableObjects"])
+    problems = []
+    if wanted - exported:
+        problems.append(f"the entry module lacks {sorted(wanted - exported)}")
+    if exported - wanted:
+        problems.append(f"it exports Durable Object classes wrangler.toml does not bind: {sorted(exported - wanted)}")
+    if "Default" not in found["workerEntrypoints"]:
+        problems.append("the entry module lacks ['Default']")
+    if problems:
+        fail("; ".join(problems))
+    print(f"Bundle imports in Pyodide: Durable Objects {', '.join(sorted(exported))}; entrypoint Default")
 
 
 def main() -> None:

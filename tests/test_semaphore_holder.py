@@ -45,10 +45,11 @@ def test_requests_in_one_round_are_allocated_together_oldest_first(runtime):
         return start, runtime.now_ms(), young, old
 
     start, answered, young, old = runtime.run(scenario())
-    assert answered - start == 1_000  # held for round_wait_ms, then one round
+    # Held for round_wait_ms, then one round (a wait ends microseconds past its moment).
+    assert answered - start == pytest.approx(1_000, abs=0.01)
     assert [g["permits"] for g in old["grants"]] == [3]
     assert young["grants"] == [] and young["blocked"] == [{"group": "g", "reason": "limit", "waiting": 3}]
-    assert young["nextRequestAt"] == old["nextRequestAt"] == start + 1_000 + 2_000
+    assert young["nextRequestAt"] == old["nextRequestAt"] == pytest.approx(start + 1_000 + 2_000, abs=0.01)
 
 
 def test_rounds_are_no_closer_than_the_period(runtime):
@@ -59,7 +60,7 @@ def test_rounds_are_no_closer_than_the_period(runtime):
         return first["nextRequestAt"], asked, runtime.now_ms()
 
     next_at, asked, answered = runtime.run(scenario())
-    assert answered == next_at and answered - asked == 2_000
+    assert answered >= next_at and answered - asked == pytest.approx(2_000, abs=0.01)
 
 
 def test_unclaimed_permits_are_reclaimed_by_the_alarm(runtime):

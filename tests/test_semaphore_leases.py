@@ -26,7 +26,6 @@ from durability.semaphore.leases import (
     share,
 )
 from durability.semaphore.messages import (
-    GROUP_LIMIT,
     LIMIT,
     OK,
     RETIRED,

@@ -3,7 +3,7 @@
 Lives here: ``PyodideDriver`` (entrypoint calls made as a service binding
 makes them, ``env`` wrapped by the real SDK, virtual time, the Worker
 module for instrumentation) and JSON output. Must not know: any scenario.
-The embedded runtime's twin is ``fidelity.drivers.EmbeddedDriver``.
+The embedded runtime's twin is ``fidelity.embedded.EmbeddedDriver``.
 """
 
 import json

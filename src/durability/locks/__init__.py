@@ -3,7 +3,9 @@
 Lives here: the public names. ``semaphore(env.UPLOADS, "uploads", limit=3)``
 opens one; ``SemaphoreHolder`` is the Durable Object class a Worker
 subclasses and exports to hold its places (imported on first use, since it
-is the one name that needs the ``workers`` SDK).
+is the one name that needs the ``workers`` SDK, and left out of ``__all__``
+so that ``import *`` does not export the base class as a Durable Object).
+Must not know: anything beyond re-exporting; the modules hold the logic.
 """
 
 from typing import Any
@@ -22,7 +24,7 @@ from .options import (
 
 __all__ = [
     "EXPIRED", "MAX_HOLD", "MAX_LIMIT", "RENEWAL_FAILED", "REVOKED", "HolderRefused", "InvalidOption",
-    "Permit", "PlaceKeeper", "PlaceLost", "Semaphore", "SemaphoreError", "SemaphoreHolder", "Tried",
+    "Permit", "PlaceKeeper", "PlaceLost", "Semaphore", "SemaphoreError", "Tried",
     "WaitTimeout", "parse_duration", "semaphore",
 ]
 

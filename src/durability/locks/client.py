@@ -229,6 +229,7 @@ class Permit:
         self._final = final
         self._options = options
         self._ended = False
+        self._renewal_failed = False  #: the last renewal did not go through
         self._renewals = asyncio.ensure_future(self._renew_until_lost())
 
     def __repr__(self) -> str:
@@ -238,7 +239,7 @@ class Permit:
     def lost(self) -> bool:
         """True once the place may be someone else's. Reads the clock, so a stall is seen at once."""
         if not self._ended and self.reason is None and now_ms() >= self.valid_until:
-            self._lose(MAX_HOLD if self._final else EXPIRED)
+            self._lose(MAX_HOLD if self._final else RENEWAL_FAILED if self._renewal_failed else EXPIRED)
         return self.reason is not None
 
     def check(self) -> None:
@@ -255,7 +256,6 @@ class Permit:
         interval = self._options.ttl_ms / 3  # two more chances before the lease ends
         retry = min(RETRY_MAX_MS, interval / 3)
         next_at = now_ms() + interval
-        failed = False
         while True:
             if self._final:  # max_hold reached: nothing to renew, the lease runs out
                 await sleep_until(self.valid_until)
@@ -264,7 +264,7 @@ class Permit:
             await sleep_until(min(next_at, self.valid_until))
             sent = now_ms()
             if sent >= self.valid_until:  # renewals failed, or this code did not run in time
-                self._lose(RENEWAL_FAILED if failed else EXPIRED)
+                self._lose(RENEWAL_FAILED if self._renewal_failed else EXPIRED)
                 return
             try:
                 reply = await self._semaphore._call(
@@ -272,17 +272,17 @@ class Permit:
                 )
             except Exception as error:  # lost, late or failing: try again soon, until the lease ends
                 log.info("semaphore %s: renewal of %s failed: %r", self._semaphore.name, self.key, error)
-                failed, next_at = True, now_ms() + retry
+                self._renewal_failed, next_at = True, now_ms() + retry
                 continue
             if reply.get("status") == m.RENEWED:
-                failed, next_at = False, sent + interval
+                self._renewal_failed, next_at = False, sent + interval
                 self.valid_until = max(self.valid_until, sent + reply["leaseMs"])
                 self._final = bool(reply["final"])
             elif reply.get("code") == m.NOT_HOLDER:
                 self._lose(REVOKED)
                 return
             else:
-                failed, next_at = True, now_ms() + retry
+                self._renewal_failed, next_at = True, now_ms() + retry
 
     async def _end(self) -> bool:
         """Stop renewing and free the place; return whether it was lost before."""

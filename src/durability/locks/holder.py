@@ -25,8 +25,10 @@ T = TypeVar("T")
 log = logging.getLogger("durability.locks")
 
 # A request whose client said it will call again (``more``) keeps its place in
-# line this long after its call's time is up; after that it is dropped.
-REJOIN_GRACE_MS = 10_000
+# line this long after its call's time is up; after that it is dropped. It
+# covers a client whose reply was lost: it waits its call's time plus 10 s
+# of slack, then backs off up to 2 s per retry before calling again.
+REJOIN_GRACE_MS = 30_000
 
 
 def _new_token() -> str:

@@ -18,7 +18,7 @@ from dataclasses import replace
 from typing import Any, Callable
 
 from .._sql import Sql
-from .._clock import now_ms
+from .._clock import now_ms, sleep_until
 from ..scheduler import DurabilityScheduler, Timer
 from .allocation import (
     Changes,
@@ -191,10 +191,10 @@ class DurabilitySemaphore:
         at = now + self.round_wait_ms
         if self._last_round_at is not None:
             at = max(at, self._last_round_at + self.round_period_ms)
-        self._round = asyncio.ensure_future(self._round_at(at - now))
+        self._round = asyncio.ensure_future(self._round_at(at))
 
-    async def _round_at(self, delay_ms: float) -> None:
-        await asyncio.sleep(delay_ms / 1000)
+    async def _round_at(self, at: float) -> None:
+        await sleep_until(at)
         batch, self._waiting = self._waiting, []
         self._round = None
         try:

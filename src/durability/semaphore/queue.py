@@ -499,7 +499,10 @@ class DurabilitySemaphoreQueue:
                     self._put_lease_and_report(replace(known, stopped=True))
                 continue
             if entry.get("drawn", 0):
-                continue  # drawn here before and settled since: a late reply, not a new lease
+                # Defensive: the holder lists only leases with nothing drawn. A late
+                # reply naming a lease settled here is caught by the settled ids the
+                # store keeps (see forget_settled), not by this test.
+                continue
             ttl = float(entry.get("ttlMs") or 0)
             lease = LocalLease(entry["leaseId"], key, entry["group"], int(entry["permits"]), 0, 0,
                                bool(entry.get("retired")), ttl, _renew_at(now, ttl), None)
@@ -543,12 +546,20 @@ class DurabilitySemaphoreQueue:
             if lease.undrawn > 0 and lease.group not in queued:
                 self._put_lease_and_report(replace(lease, stopped=True))
 
+    def _settled_horizon_ms(self) -> float:
+        """How long a settled lease's row is kept: longer than any reply can take."""
+        return 2 * (self.attempt_timeout_ms + self.request_wait_ms)
+
     def _schedule_renewal(self) -> None:
-        at = self.store.earliest_renewal()
-        if at is None:
+        # The timer also runs to forget settled leases once no late reply can name them.
+        renewal = self.store.earliest_renewal()
+        settled = self.store.earliest_settled()
+        forget = None if settled is None else settled + self._settled_horizon_ms()
+        due = [t for t in (renewal, forget) if t is not None]
+        if not due:
             self.scheduler.cancel(PARTICIPANT, RENEW)
         else:
-            self.scheduler.schedule(PARTICIPANT, RENEW, at)
+            self.scheduler.schedule(PARTICIPANT, RENEW, min(due))
 
     async def _renew_leases(self) -> None:
         """At half its lifetime a lease is reported again: one with permits in
@@ -564,7 +575,7 @@ class DurabilitySemaphoreQueue:
                 idle = lease.in_use == 0 and lease.group not in queued[lease.key]
                 stopped = lease.stopped or idle
                 self._put_lease_and_report(replace(lease, stopped=stopped, renew_at=_renew_at(now, lease.ttl_ms)))
-            self.store.forget_settled(now - 2 * (self.attempt_timeout_ms + self.request_wait_ms))
+            self.store.forget_settled(now, self._settled_horizon_ms())
             self._schedule_renewal()
 
         self.scheduler.transaction(renew)

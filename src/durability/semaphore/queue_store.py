@@ -273,6 +273,14 @@ class QueueStore:
         row = self.sql.one(f"SELECT min(renew_at) AS t FROM {LEASES} WHERE settled_at IS NULL")
         return None if row is None else row["t"]
 
-    def forget_settled(self, before: float) -> None:
-        """Drop leases settled before ``before``: no reply that old can still arrive."""
-        self.sql.exec(f"DELETE FROM {LEASES} WHERE settled_at < ?", before)
+    def earliest_settled(self) -> float | None:
+        row = self.sql.one(f"SELECT min(settled_at) AS t FROM {LEASES}")
+        return None if row is None else row["t"]
+
+    def forget_settled(self, now: float, keep_ms: float) -> None:
+        """Drop leases settled ``keep_ms`` or more ago: no reply that old can still arrive.
+
+        (``settled_at + keep_ms`` is the moment the lease timer is set for: the
+        same sum, so a timer that fires then always finds the row gone.)
+        """
+        self.sql.exec(f"DELETE FROM {LEASES} WHERE settled_at + ? <= ?", keep_ms, now)

@@ -77,11 +77,28 @@ class VirtualClockLoop(asyncio.SelectorEventLoop):
     def time(self) -> float:
         return self._virtual_now
 
-    def call_later(self, delay, callback, *args, context=None):
+    def call_at(self, when, callback, *args, context=None):
         # Pyodide's scheduleCallback runs a callback due within 2 ms at once.
-        if delay <= PYODIDE_IMMEDIATE_S:
+        # (call_later goes through here; so do asyncio.timeout and wait_for.)
+        if when - self.time() <= PYODIDE_IMMEDIATE_S:
             return self.call_soon(callback, *args, context=context)
-        return super().call_later(delay, callback, *args, context=context)
+        return super().call_at(when, callback, *args, context=context)
+
+    # The runtime's own timers (an alarm's delivery, a call's time on the
+    # network, an eviction) are workerd's, not Pyodide's: they fire at their time.
+    def call_at_exact(self, when, callback, *args, context=None):
+        return super().call_at(when, callback, *args, context=context)
+
+    def call_later_exact(self, delay, callback, *args, context=None):
+        return super().call_at(self.time() + delay, callback, *args, context=context)
+
+    async def sleep_exact(self, seconds: float) -> None:
+        done = self.create_future()
+        handle = self.call_later_exact(seconds, lambda: done.done() or done.set_result(None))
+        try:
+            await done
+        finally:
+            handle.cancel()
 
     def now_ms(self) -> float:
         """Wall-clock milliseconds since the Unix epoch, as ``Date.now()`` gives."""

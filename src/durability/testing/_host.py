@@ -319,7 +319,7 @@ class ObjectHost:
             self._alarm_timer = None
         if self.alarm_at is not None and not self._alarm_running:
             when = max(self.loop.time(), self.loop.loop_time_for(self.alarm_at))
-            self._alarm_timer = self.loop.call_at(when, self._alarm_due)
+            self._alarm_timer = self.loop.call_at_exact(when, self._alarm_due)
 
     def _alarm_due(self) -> None:
         self._alarm_timer = None
@@ -338,7 +338,7 @@ class ObjectHost:
         succeeded = False
         evict_after = self.runtime.faults.alarm_eviction(self)
         if evict_after is not None:
-            self.loop.call_later(evict_after / 1000, self.evict_if_current, self.generation)
+            self.loop.call_later_exact(evict_after / 1000, self.evict_if_current, self.generation)
         try:
             info = JsDict(retryCount=retry, isRetry=retry > 0, scheduledTime=scheduled)
             mark = self.batch_mark()

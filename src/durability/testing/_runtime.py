@@ -262,17 +262,17 @@ class Runtime:
         self.log_event(host, "call", method)
         try:
             if plan.request_delay_ms:
-                await asyncio.sleep(plan.request_delay_ms / 1000)
+                await self.loop.sleep_exact(plan.request_delay_ms / 1000)
             if plan.lose_request:
                 self.log_event(host, "lost request", method)
                 raise reset_error(RESET_MESSAGE)
             if plan.evict_after_ms is not None:
-                self.loop.call_later(plan.evict_after_ms / 1000, host.evict_if_current, host.generation)
+                self.loop.call_later_exact(plan.evict_after_ms / 1000, host.evict_if_current, host.generation)
             if plan.duplicate:
                 self.spawn_system(self._deliver_duplicate(host, method, args))
             reply = await host.call(method, [rpc_copy(arg) for arg in args])
             if plan.reply_delay_ms:
-                await asyncio.sleep(plan.reply_delay_ms / 1000)
+                await self.loop.sleep_exact(plan.reply_delay_ms / 1000)
             if plan.lose_reply:
                 self.log_event(host, "lost reply", method)
                 raise reset_error(RESET_MESSAGE)

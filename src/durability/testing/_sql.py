@@ -419,7 +419,8 @@ class SqlDatabase:
         if shape.full_scans and stops_early:
             returned = max(returned, 1)
         if visited is None and searched is not None:
-            visited = searched  # a search reads the rows its key finds, kept or not
+            # A search reads the rows its key finds, kept or not (and at least those it changed).
+            visited = max(searched, changed) if shape.updates or shape.deletes else searched
         if shape.updates is not None:
             table = self._table(shape.updates)
             writes += changed * (1 + self._touched_indexes(table, shape.update_columns))
@@ -454,10 +455,14 @@ class SqlDatabase:
                        search: tuple[str, list[tuple[str, str]]]) -> int | None:
         """Rows a search finds through its key terms, from the values bound to them."""
         table, terms = search
+        where = re.search(r"\bWHERE\b", statement, re.IGNORECASE)
+        if where is None:
+            return None
         bound = []
         for column, operator in terms:
-            match = re.search(rf"(?<![\w.]){re.escape(column)}\s*{re.escape(operator)}\s*"
-                              rf"(\?|'((?:[^']|'')*)'|(-?\d+(?:\.\d+)?))", statement)
+            # Only the WHERE clause: the same column may be assigned in SET before it.
+            match = re.compile(rf"(?<![\w.]){re.escape(column)}\s*{re.escape(operator)}\s*"
+                               rf"(\?|'((?:[^']|'')*)'|(-?\d+(?:\.\d+)?))").search(statement, where.end())
             if match is None:
                 return None
             if match.group(1) == "?":
@@ -468,8 +473,9 @@ class SqlDatabase:
             else:  # a literal in the text
                 bound.append(match.group(2).replace("''", "'") if match.group(2) is not None
                              else float(match.group(3)))
-        where = " AND ".join(f'"{column}" {operator} ?' for column, operator in terms)
-        return self._conn.execute(_INTERNAL + f'SELECT count(*) FROM "{table}" WHERE {where}', bound).fetchone()[0]
+        condition = " AND ".join(f'"{column}" {operator} ?' for column, operator in terms)
+        return self._conn.execute(_INTERNAL + f'SELECT count(*) FROM "{table}" WHERE {condition}',
+                                  bound).fetchone()[0]
 
     def _sorted_rows(self, statement: str, values: list, kind: str) -> int:
         """Rows put into one sorter: those grouped, or those the statement yields before its LIMIT."""
