@@ -85,7 +85,7 @@ _SHAPES = [
 ]
 
 
-def _shape_ops(rows: int) -> list[dict[str, Any]]:
+def _shape_ops() -> list[dict[str, Any]]:
     bindings = {"k = ?": ["a"], "LIMIT ?": [1], "id = ?": ["r0"]}
     ops = []
     for query in _SHAPES:
@@ -95,10 +95,10 @@ def _shape_ops(rows: int) -> list[dict[str, Any]]:
 
 
 SCRIPT += [{"op": "sql", "query": "CREATE TABLE x (id TEXT PRIMARY KEY, k TEXT, v REAL) WITHOUT ROWID"},
-           *_shape_ops(0)]
+           *_shape_ops()]
 for _n in range(3):
     SCRIPT += [{"op": "sql", "query": "INSERT INTO x VALUES (?, ?, ?)",
-                "bindings": [f"r{_n}", "ab"[_n % 2], 10.0 - _n]}, *_shape_ops(_n + 1)]
+                "bindings": [f"r{_n}", "ab"[_n % 2], 10.0 - _n]}, *_shape_ops()]
 SCRIPT += [
     {"op": "sql", "query": "INSERT INTO x VALUES (?, 'a', 1) ON CONFLICT (id) DO UPDATE SET v = excluded.v",
      "bindings": ["r0"]},
@@ -176,8 +176,7 @@ def library_statements(jobs: int = 30) -> list[dict[str, Any]]:
 
 # -- the tiers -------------------------------------------------------------------
 def run_workerd(scripts: list[dict[str, Any]], alarm: dict | None = ALARM) -> dict[str, Any]:
-    request = {"scripts": [{"object": s["object"], "ops": [_bare(op) for op in s["ops"]]} for s in scripts],
-               "alarm": alarm}
+    request = {"scripts": _bare_scripts(scripts), "alarm": alarm}
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "request.json"
         path.write_text(json.dumps(request))
@@ -209,7 +208,8 @@ def _bare(op: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in op.items() if k != "expect"}
 
 
-def _bare_scripts(scripts):
+def _bare_scripts(scripts: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The scripts as a tier runs them: without what the embedded runtime expected."""
     return [{"object": s["object"], "ops": [_bare(op) for op in s["ops"]]} for s in scripts]
 
 
