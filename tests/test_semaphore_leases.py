@@ -66,6 +66,8 @@ class Book:
         result = run_round(self.grants, list(requests), Limits(self.total, self.groups, dict(permitted or {})),
                            self.now, 10_000, ids(), leases=self.leases, policy=self.policy, lease_ids=self.ids)
         result.changes.apply_to(self.grants, self.leases)
+        if result.changes.issued is not None:
+            self.ids = LeaseIds(self.ids.epoch, result.changes.issued)
         return result
 
     def sync(self, client, *lease_reports):
@@ -288,8 +290,12 @@ def test_a_report_for_a_lease_never_known_is_answered_retired_and_charged_in_tha
     # A stopped report charges only what was drawn and is still running.
     assert [o.status for o in book.sync("b", LeaseReport("lzz", "g", 6, 3, 1, stopped=True))] == [RETIRED]
     assert book.leases["lzz"].footprint == 2
-    # An id of this holder numbered beyond what it issued was never issued either.
-    assert [o.status for o in book.sync("b", LeaseReport("le-99", "g", 2, 0, 0))] == [RETIRED]
+    # An id under this holder's own prefix that it never issued is refused:
+    # charging it could collide with an id the holder issues later.
+    for never_issued in ("le-99", "le-01", "le-x"):
+        with pytest.raises(ProtocolError) as refused:
+            book.sync("b", LeaseReport(never_issued, "g", 2, 0, 0))
+        assert refused.value.code == "forbidden"
 
 
 def test_a_client_cannot_report_on_another_clients_lease():

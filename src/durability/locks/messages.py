@@ -10,10 +10,10 @@ reply carrying a machine-readable ``code``, and changes nothing.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any
 
+from .._checks import int_in, number_in, storable_text
 from .options import MAX_DURATION_MS, MAX_LIMIT, MAX_TTL_MS, MIN_LIMIT, MIN_TTL_MS
 
 VERSION = 1
@@ -71,8 +71,9 @@ def _object(value: Any) -> dict:
 
 def _identifier(message: dict, name: str) -> str:
     value = message.get(name)
-    if not isinstance(value, str) or not value or len(value) > MAX_ID_LENGTH:
-        raise ProtocolError(INVALID_MESSAGE, f"{name} must be a string of 1 to {MAX_ID_LENGTH} characters")
+    if not storable_text(value, MAX_ID_LENGTH):
+        raise ProtocolError(INVALID_MESSAGE,
+                            f"{name} must be a string of 1 to {MAX_ID_LENGTH} characters with a UTF-8 form")
     return value
 
 
@@ -80,8 +81,7 @@ def _ms(message: dict, name: str, low: float, high: float, *, optional: bool = F
     value = message.get(name)
     if value is None and optional:
         return None
-    if (isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)
-            or not low <= value <= high):
+    if not number_in(value, low, high):
         raise ProtocolError(INVALID_MESSAGE, f"{name} must be a number of ms from {low:g} to {high:g}")
     return float(value)
 
@@ -90,7 +90,7 @@ def parse_acquire(message: Any) -> Acquire:
     message = _object(message)
     request_id = _identifier(message, "requestId")
     limit = message.get("limit")
-    if isinstance(limit, bool) or not isinstance(limit, int) or not MIN_LIMIT <= limit <= MAX_LIMIT:
+    if not int_in(limit, MIN_LIMIT, MAX_LIMIT):
         raise ProtocolError(INVALID_MESSAGE, f"limit must be an integer from {MIN_LIMIT} to {MAX_LIMIT}")
     ttl_ms = _ms(message, "ttlMs", MIN_TTL_MS, MAX_TTL_MS)
     wait_ms = _ms(message, "waitMs", 0, MAX_CALL_WAIT_MS)

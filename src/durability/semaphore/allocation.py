@@ -16,7 +16,11 @@ permits``), so a lost, repeated or reordered report never frees capacity
 twice. A grant charges ``permits - released`` against the limit: its permits
 in use plus those still reserved for claiming. At its claim deadline the
 unclaimed rest returns to the pool (``permits`` shrinks to ``claimed``); a
-grant whose permits are all released is settled and removed.
+grant whose permits are all released is settled and removed, except one
+that was reclaimed after some of its permits were claimed: it stays,
+settled, for ``SETTLED_MEMORY_MS`` past its deadline, so that a claim
+arriving late is answered ``expired`` with the clamped count (``not_found``
+is kept for grants on which nothing was claimed).
 """
 
 from __future__ import annotations
@@ -25,11 +29,12 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterable
 
 from .leases import (
+    SETTLED_MEMORY_MS,
     Lease,
     LeaseIds,
-    LeaseOutcome,
     LeasePolicy,
     apply_lease_report,
+    forget_settled,
     lease_usage,
     no_leases,
     retire_expired,
@@ -46,9 +51,11 @@ from .messages import (
     NOT_FOUND,
     NOT_PERMITTED,
     OK,
+    LeaseOutcome,
     LeaseReport,
     ProtocolError,
     Report,
+    ReportOutcome,
     Request,
 )
 
@@ -75,6 +82,15 @@ class Grant:
     @property
     def settled(self) -> bool:
         return self.released == self.permits
+
+    @property
+    def remembered(self) -> bool:
+        """Kept in the book once settled: reclaimed after claims (see the module notes)."""
+        return self.reclaimed and self.claimed > 0
+
+    @property
+    def forget_at(self) -> float:
+        return self.claim_deadline + SETTLED_MEMORY_MS
 
 
 @dataclass
@@ -118,15 +134,6 @@ class Changes:
                     or self.issued is not None)
 
 
-@dataclass(frozen=True)
-class ReportOutcome:
-    grant_id: str
-    status: str  #: ok, expired (reclaimed: counts clamped), not_found (gone)
-    claimed: int  #: the claims the holder confirms
-    released: int
-    permits: int
-
-
 class Working:
     """A copy-on-write view of the book while a round or a report decides changes."""
 
@@ -141,7 +148,7 @@ class Working:
         return self.changes.written.get(grant_id) or self.book.get(grant_id)
 
     def put(self, grant: Grant) -> None:
-        if grant.settled:
+        if grant.settled and not grant.remembered:
             self.changes.delete(grant.grant_id)
         else:
             self.changes.put(grant)
@@ -172,8 +179,9 @@ class Working:
 
 
 def check_ownership(working: Working, client_id: str, reports: Iterable[Report],
-                    lease_reports: Iterable[LeaseReport] = ()) -> None:
-    """A client may report only on its own grants and leases: refuse the whole message otherwise."""
+                    lease_reports: Iterable[LeaseReport] = (), ids: LeaseIds | None = None) -> None:
+    """A client may report only on its own grants and leases, and on no lease
+    id of this holder's that it never issued: refuse the whole message otherwise."""
     for report in reports:
         grant = working.get(report.grant_id)
         if grant is not None and grant.client_id != client_id:
@@ -182,6 +190,10 @@ def check_ownership(working: Working, client_id: str, reports: Iterable[Report],
         lease = working.get_lease(lease_report.lease_id)
         if lease is not None and lease.client_id != client_id:
             raise ProtocolError("forbidden", f"lease {lease_report.lease_id!r} belongs to another client")
+        if lease is None and ids is not None and ids.owns(lease_report.lease_id) and not ids.was_issued(
+                lease_report.lease_id):
+            # Charging it could collide with an id this holder issues later.
+            raise ProtocolError("forbidden", f"lease {lease_report.lease_id!r} was never issued by this holder")
 
 
 def apply_report(working: Working, report: Report) -> ReportOutcome:
@@ -207,16 +219,20 @@ def apply_all_reports(working: Working, client_id: str, reports: Iterable[Report
                       ttl_ms: float | None) -> tuple[list[ReportOutcome], list[LeaseOutcome]]:
     """Grant and lease reports of one message: all of them, or none if any is not the client's."""
     reports, lease_reports = list(reports), list(lease_reports)
-    check_ownership(working, client_id, reports, lease_reports)
+    check_ownership(working, client_id, reports, lease_reports, ids)
     return ([apply_report(working, report) for report in reports],
             [apply_lease_report(working, client_id, report, ids, now, ttl_ms) for report in lease_reports])
 
 
 def reclaim(working: Working, now: float) -> None:
-    """Take back permits not claimed by their deadline; drop grants left empty."""
+    """Take back permits not claimed by their deadline; drop grants left empty,
+    and settled ones remembered long enough; forget settled leases likewise."""
     for grant in list(working.grants()):
         if grant.unclaimed > 0 and grant.claim_deadline <= now:
             working.put(replace(grant, permits=grant.claimed, reclaimed=True))
+        elif grant.settled and grant.forget_at <= now:
+            working.changes.delete(grant.grant_id)
+    forget_settled(working, now)
 
 
 def merged(book: dict[str, Grant], changes: Changes) -> list[Grant]:
@@ -233,10 +249,13 @@ def merged_leases(leases: dict[str, Lease], changes: Changes) -> list[Lease]:
     return list(working.leases())
 
 
-def earliest_claim_deadline(book: Iterable[Grant]) -> float | None:
-    """When the next unclaimed permits are due back (the reclaim timer)."""
-    deadlines = [g.claim_deadline for g in book if g.unclaimed > 0]
-    return min(deadlines) if deadlines else None
+def next_reclaim_at(grants: Iterable[Grant], leases: Iterable[Lease] = ()) -> float | None:
+    """When the reclaim timer must next run: unclaimed permits due back, or a
+    settled grant or lease to forget."""
+    due = [g.claim_deadline for g in grants if g.unclaimed > 0]
+    due += [g.forget_at for g in grants if g.settled]
+    due += [lease.expires_at for lease in leases if lease.settled]
+    return min(due) if due else None
 
 
 class ResolutionFailed:
@@ -305,7 +324,7 @@ def run_round(book: dict[str, Grant], requests: list[Request], limits: Limits, n
     """
     working = Working(book, leases)
     lease_ids = lease_ids if lease_ids is not None else LeaseIds("", 0)
-    issued_before = lease_ids.issued
+    issued = lease_ids.issued  # the ids this round hands out follow; ``lease_ids`` is left as it was
     ttl_ms = policy.ttl_ms if policy is not None else None
     outcomes: dict[str, ClientOutcome] = {}
     errors: dict[int, ProtocolError] = {}
@@ -397,7 +416,8 @@ def run_round(book: dict[str, Grant], requests: list[Request], limits: Limits, n
         for (client_id, demand, want, ceiling), size in zip(candidates, sizes):
             give = max(0, min(size, group_room(demand.group, ceiling, size)))
             if give:
-                lease = Lease(lease_ids.next(working.lease_book), client_id, demand.group, give, 0, 0,
+                issued += 1
+                lease = Lease(lease_ids.nth(issued), client_id, demand.group, give, 0, 0,
                               now + policy.ttl_ms, False, total)
                 working.put_lease(lease)
                 outcomes[client_id].new_leases.append(lease)
@@ -407,8 +427,8 @@ def run_round(book: dict[str, Grant], requests: list[Request], limits: Limits, n
             covered = sum(x.permits for x in outcomes[client_id].new_leases if x.group == demand.group)
             if want > covered:
                 grant(client_id, demand, want - covered, ceiling)
-    if lease_ids.issued != issued_before:
-        working.changes.issued = lease_ids.issued
+    if issued != lease_ids.issued:
+        working.changes.issued = issued
 
     contended = any(reason in (LIMIT, GROUP_LIMIT)
                     for outcome in outcomes.values() for reason, _ in outcome.blocked.values())
@@ -418,6 +438,7 @@ def run_round(book: dict[str, Grant], requests: list[Request], limits: Limits, n
             outcome.open_grants.append(grant)
     for lease in working.leases():
         outcome = outcomes.get(lease.client_id)
-        if outcome is not None and lease.drawn == 0 and len(outcome.listed_leases) < MAX_REPORTS:
+        if (outcome is not None and lease.drawn == 0 and not lease.settled
+                and len(outcome.listed_leases) < MAX_REPORTS):
             outcome.listed_leases.append(lease)
     return RoundResult(working.changes, outcomes, errors, contended)

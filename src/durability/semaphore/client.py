@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from typing import Any, Awaitable, Callable
 
+from .._checks import MAX_SAFE_INTEGER, number_in
+
 Send = Callable[[str, dict], Awaitable[dict]]
 Transform = Callable[..., Awaitable[Any]]  # (call, *args) -> result of call(), transformed
 
@@ -29,7 +31,9 @@ class SemaphoreClient:
     async def request(self, key: str, message: dict) -> dict:
         reply = await self._send(key, message)
         if isinstance(reply, dict) and reply.get("type") == "grants":
-            self._next_request_at[key] = reply.get("nextRequestAt")
+            next_at = reply.get("nextRequestAt")
+            if number_in(next_at, 0, MAX_SAFE_INTEGER):  # anything else is no pacing to keep
+                self._next_request_at[key] = float(next_at)
         return reply
 
     async def sync(self, key: str, message: dict) -> dict:

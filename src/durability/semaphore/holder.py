@@ -28,14 +28,16 @@ from .allocation import (
     RoundResult,
     Working,
     apply_all_reports,
-    earliest_claim_deadline,
+    apply_reports,
     merged,
+    merged_leases,
+    next_reclaim_at,
     reclaim,
     run_round,
     usage,
 )
-from .leases import Lease, LeaseIds, LeasePolicy, lease_usage, retire_expired
-from .messages import VERSION, ProtocolError, Request, Sync, parse
+from .leases import Lease, LeaseIds, LeasePolicy, lease_usage, retire_expired, retire_ineligible
+from .messages import MAX_REPORTS, VERSION, ProtocolError, Request, Sync, parse
 from .store import HolderStore
 
 log = logging.getLogger("durability.semaphore")
@@ -139,19 +141,21 @@ class DurabilitySemaphore:
             self._ids = self.scheduler.transaction(self.store.lease_ids)
         return self._ids
 
-    def _commit(self, changes: Changes, after: list[Grant]) -> None:
+    def _commit(self, changes: Changes) -> None:
         """Persist changes and the reclaim timer together, then update memory."""
-        deadline = earliest_claim_deadline(after)
+        due = next_reclaim_at(merged(self._grants(), changes), merged_leases(self._leases(), changes))
 
         def write() -> None:
             self.store.write(changes)
-            if deadline is None:
+            if due is None:
                 self.scheduler.cancel(PARTICIPANT, RECLAIM)
             else:
-                self.scheduler.schedule(PARTICIPANT, RECLAIM, deadline)
+                self.scheduler.schedule(PARTICIPANT, RECLAIM, due)
 
         self.scheduler.transaction(write)
         changes.apply_to(self._grants(), self._leases())
+        if changes.issued is not None:
+            self._ids = replace(self._lease_ids(), issued=changes.issued)
 
     # -- messages ---------------------------------------------------------------
     async def handle(self, message: Any) -> dict[str, Any]:
@@ -177,11 +181,20 @@ class DurabilitySemaphore:
         except ProtocolError as error:
             return error.reply()
         retire_expired(working, now)
+        if any(not lease.retired for lease in working.leases()):
+            # A lowered limit or a lost eligibility reaches a client on its
+            # next exchange of any kind, not only on its next request.
+            limits = self._resolve_limits([])
+            retire_ineligible(working, self.lease_policy, limits.total, limits.groups, limits.permitted)
         if working.changes:
-            self._commit(working.changes, merged(self._grants(), working.changes))
+            self._commit(working.changes)
             await self.scheduler.sync()
-        return {"type": "synced", "v": VERSION, "reports": [_report_json(o) for o in outcomes],
-                "leaseReports": [_lease_report_json(o) for o in lease_outcomes], "contended": self._contended}
+        ttl_ms = self.lease_policy.ttl_ms if self.lease_policy is not None else 0
+        stopping = [lease for lease in working.leases()
+                    if lease.client_id == sync.client_id and lease.retired and not lease.settled]
+        return {"type": "synced", "v": VERSION, "reports": [o.to_wire() for o in outcomes],
+                "leaseReports": [o.to_wire() for o in lease_outcomes], "contended": self._contended,
+                "leases": [_lease_json(lease, ttl_ms) for lease in stopping[:MAX_REPORTS]]}
 
     # -- rounds -----------------------------------------------------------------
     def _ensure_round(self) -> None:
@@ -218,7 +231,7 @@ class DurabilitySemaphore:
             self._grants(), requests, limits, now, self.grant_timeout_ms, self._new_grant_id,
             leases=self._leases(), policy=self.lease_policy, lease_ids=self._lease_ids(),
         )
-        self._commit(result.changes, merged(self._grants(), result.changes))
+        self._commit(result.changes)
         self._contended = result.contended
         next_request_at = now + self.round_period_ms
         held = []
@@ -281,15 +294,23 @@ class DurabilitySemaphore:
     # -- reclaim on the alarm ------------------------------------------------------
     async def _on_timer(self, timer: Timer) -> None:
         working = Working(self._grants(), self._leases())
+        # A claim that reached the holder before the deadline counts, even if
+        # its request still waits for a round: apply those claims first.
+        for request, _, _ in self._waiting:
+            try:
+                apply_reports(working, request.client_id, request.reports)
+            except ProtocolError:
+                pass  # refused to its sender when its round runs
         reclaim(working, now_ms())
-        self._commit(working.changes, merged(self._grants(), working.changes))
+        self._commit(working.changes)
 
     # -- usage -------------------------------------------------------------------
     def usage(self) -> dict[str, Any]:
         """The limit, permits outstanding (grants and lease footprint), and
         per-group usage, as the holder's books say."""
-        grants = list(self._grants().values())
-        leases = list(self._leases().values())
+        # Settled grants and leases kept only to answer late reports charge nothing.
+        grants = [grant for grant in self._grants().values() if not grant.settled]
+        leases = [lease for lease in self._leases().values() if not lease.settled]
         granted, groups = usage(grants)
         leased, leased_groups = lease_usage(leases)
         limit = self._resolve(self.limit) if callable(self.limit) else self.limit
@@ -325,16 +346,6 @@ class DurabilitySemaphore:
         }
 
 
-def _report_json(outcome) -> dict[str, Any]:
-    return {"grantId": outcome.grant_id, "status": outcome.status, "claimed": outcome.claimed,
-            "released": outcome.released, "permits": outcome.permits}
-
-
-def _lease_report_json(outcome) -> dict[str, Any]:
-    return {"leaseId": outcome.lease_id, "status": outcome.status, "drawn": outcome.drawn,
-            "released": outcome.released, "permits": outcome.permits}
-
-
 def _lease_json(lease: Lease, ttl_ms: float) -> dict[str, Any]:
     return {"leaseId": lease.lease_id, "group": lease.group, "permits": lease.permits, "drawn": lease.drawn,
             "ttlMs": ttl_ms, "expiresAt": lease.expires_at, "retired": lease.retired}
@@ -349,9 +360,9 @@ def _grants_reply(outcome, next_request_at: float, contended: bool = False, ttl_
              "claimDeadline": g.claim_deadline}
             for g in outcome.open_grants
         ],
-        "reports": [_report_json(o) for o in outcome.reports],
+        "reports": [o.to_wire() for o in outcome.reports],
         "leases": [_lease_json(lease, ttl_ms) for lease in outcome.listed_leases],
-        "leaseReports": [_lease_report_json(o) for o in outcome.lease_reports],
+        "leaseReports": [o.to_wire() for o in outcome.lease_reports],
         "blocked": [
             {"group": group, "reason": reason, "waiting": waiting}
             for group, (reason, waiting) in outcome.blocked.items()

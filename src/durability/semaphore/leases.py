@@ -23,11 +23,10 @@ settled and leaves the book.
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass, replace
 from typing import Any, Iterable
 
-from .messages import RETIRED, SETTLED, OK, LeaseReport
+from .messages import OK, RETIRED, SETTLED, LeaseOutcome, LeaseReport
 
 STRICT, UNDER, OVER = "strict", "under", "over"
 WITHIN_GROUP_LIMIT = "withinGroupLimit"
@@ -61,40 +60,39 @@ class Lease:
         return self.released == self.permits
 
 
+#: How long the holder remembers a settled lease whose id it did not issue
+#: (and a reclaimed grant whose claims were all released): longer than any
+#: report can take to arrive, a request held over for its rounds included.
+SETTLED_MEMORY_MS = 5 * 60_000
+
+
 @dataclass(frozen=True)
-class LeaseOutcome:
-    lease_id: str
-    status: str  #: ok (live), retired (stop drawing, keep reporting), settled (forget it)
-    drawn: int
-    released: int
-    permits: int
-
-
-_ID = re.compile(r"l([0-9a-f]+)-([0-9]{1,15})")
-
-
 class LeaseIds:
-    """The ids one holder issues: ``l<epoch>-<n>``, n counting up.
+    """The ids one holder issues: ``l<epoch>-<n>``, n counting up from 1.
 
-    The epoch is fixed when the holder's lease table is created, so an id
-    of this epoch numbered at most ``issued`` was issued here: if it is not
-    in the book any more it was settled. Any other id was never known.
+    The epoch is fixed when the holder's lease table is created. Every id
+    that starts with this holder's ``l<epoch>-`` is its own: one numbered
+    at most ``issued`` was issued here (if the book no longer has it, it was
+    settled); any other id under the prefix never was, and only a faulty or
+    hostile client can report it. Ids of other epochs are not the holder's.
     """
 
-    def __init__(self, epoch: str, issued: int) -> None:
-        self.epoch = epoch
-        self.issued = issued
+    epoch: str
+    issued: int
 
-    def next(self, taken: Any = ()) -> str:
-        while True:
-            self.issued += 1
-            lease_id = f"l{self.epoch}-{self.issued}"
-            if lease_id not in taken:  # a charged id that was never issued here
-                return lease_id
+    @property
+    def prefix(self) -> str:
+        return f"l{self.epoch}-"
+
+    def nth(self, n: int) -> str:
+        return f"{self.prefix}{n}"
+
+    def owns(self, lease_id: str) -> bool:
+        return lease_id.startswith(self.prefix)
 
     def was_issued(self, lease_id: str) -> bool:
-        match = _ID.fullmatch(lease_id)
-        return bool(match) and match.group(1) == self.epoch and int(match.group(2)) <= self.issued
+        number = lease_id[len(self.prefix):] if self.owns(lease_id) else ""
+        return number.isdecimal() and number.isascii() and not number.startswith("0") and int(number) <= self.issued
 
 
 @dataclass(frozen=True)
@@ -218,6 +216,30 @@ def lease_usage(leases: Iterable[Lease]) -> tuple[int, dict[str, int]]:
     return tally((lease.group, lease.footprint) for lease in leases)
 
 
+def remembered(lease: Lease, ids: LeaseIds, now: float) -> Lease:
+    """A settled lease the holder did not issue stays in the book, settled, for
+    ``SETTLED_MEMORY_MS``: a late report of it is then answered settled instead
+    of being charged again to a client that has forgotten it. Its own ids
+    need no such row: the id counter tells they were issued."""
+    if not lease.settled or ids.owns(lease.lease_id):
+        return lease
+    return replace(lease, retired=True, expires_at=max(lease.expires_at, now + SETTLED_MEMORY_MS))
+
+
+def _keep(working: Any, lease: Lease, ids: LeaseIds) -> None:
+    if lease.settled and not ids.owns(lease.lease_id):
+        working.changes.put_lease(lease)  # remembered, settled (see ``remembered``)
+    else:
+        working.put_lease(lease)  # a settled lease of its own leaves the book
+
+
+def forget_settled(working: Any, now: float) -> None:
+    """Drop the settled leases kept past their memory."""
+    for lease in list(working.leases()):
+        if lease.settled and lease.expires_at <= now:
+            working.changes.delete_lease(lease.lease_id)
+
+
 def status_of(lease: Lease) -> str:
     if lease.settled:
         return SETTLED
@@ -229,28 +251,29 @@ def apply_lease_report(working: Any, client_id: str, report: LeaseReport, ids: L
     """Move one lease's counts forward; a report heartbeats a live lease.
 
     A lease this holder issued and settled is answered settled. A lease it
-    never knew is charged as the report describes it, retired: the client
-    may have work running under it, and only its reports can say when that
-    ends.
+    never knew (of another epoch) is charged as the report describes it,
+    retired: the client may have work running under it, and only its
+    reports can say when that ends. ``check_ownership`` has already refused
+    ids under this holder's prefix that it never issued.
     """
     lease = working.get_lease(report.lease_id)
     if lease is None:
         if ids.was_issued(report.lease_id):
             return LeaseOutcome(report.lease_id, SETTLED, report.drawn, report.released, report.drawn)
         permits = report.drawn if report.stopped else report.permits
-        lease = Lease(report.lease_id, client_id, report.group, permits, report.drawn, report.released,
-                      now, True, 0)
-        working.put_lease(lease)
+        lease = remembered(Lease(report.lease_id, client_id, report.group, permits, report.drawn,
+                                 report.released, now, True, 0), ids, now)
+        _keep(working, lease, ids)
         return LeaseOutcome(lease.lease_id, status_of(lease), lease.drawn, lease.released, lease.permits)
     drawn = max(lease.drawn, min(report.drawn, lease.permits))
     released = max(lease.released, min(report.released, drawn))
     permits = drawn if report.stopped else lease.permits  # stopped: drawn is final
     retired = lease.retired or report.stopped
     expires_at = lease.expires_at if retired or ttl_ms is None else now + ttl_ms
-    updated = replace(lease, permits=permits, drawn=drawn, released=released, retired=retired,
-                      expires_at=expires_at)
+    updated = remembered(replace(lease, permits=permits, drawn=drawn, released=released, retired=retired,
+                                 expires_at=expires_at), ids, now)
     if updated != lease:
-        working.put_lease(updated)
+        _keep(working, updated, ids)
     return LeaseOutcome(lease.lease_id, status_of(updated), drawn, released, permits)
 
 

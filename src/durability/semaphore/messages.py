@@ -10,9 +10,10 @@ whole with an ``error`` reply and changes nothing.
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, replace
+from typing import Any, Callable
+
+from .._checks import MAX_SAFE_INTEGER, int_in, number_in, storable_text
 
 VERSION = 1
 MAX_ID_LENGTH = 256  # clientId, group, grantId
@@ -108,21 +109,22 @@ def _field(message: dict, name: str, where: str) -> Any:
 
 
 def _identifier(value: Any, what: str) -> str:
-    if not isinstance(value, str) or not value or len(value) > MAX_ID_LENGTH:
-        raise ProtocolError("invalid_message", f"{what} must be a string of 1 to {MAX_ID_LENGTH} characters")
+    if not storable_text(value, MAX_ID_LENGTH):
+        raise ProtocolError("invalid_message",
+                            f"{what} must be a string of 1 to {MAX_ID_LENGTH} characters with a UTF-8 form")
     return value
 
 
 def _count(value: Any, what: str) -> int:
     # RPC turns whole numbers into ints; a float here was never whole.
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_COUNT:
+    if not int_in(value, 0, MAX_COUNT):
         raise ProtocolError("invalid_message", f"{what} must be an integer from 0 to {MAX_COUNT}")
     return value
 
 
 def _time(value: Any, what: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
-        raise ProtocolError("invalid_message", f"{what} must be a finite, non-negative epoch time in ms")
+    if not number_in(value, 0, MAX_SAFE_INTEGER):
+        raise ProtocolError("invalid_message", f"{what} must be an epoch time in ms from 0 to 2**53")
     return float(value)
 
 
@@ -207,9 +209,196 @@ def parse(message: Any) -> Request | Sync:
     if kind == "sync":
         return Sync(client_id, reports, lease_reports)
     wait = message.get("wait", 0)
-    if isinstance(wait, bool) or not isinstance(wait, (int, float)) or not 0 <= wait <= MAX_WAIT_MS:
+    if not number_in(wait, 0, MAX_WAIT_MS):
         raise ProtocolError("invalid_message", f"wait must be a number of ms from 0 to {MAX_WAIT_MS}")
     leases = message.get("leases", False)
     if not isinstance(leases, bool):
         raise ProtocolError("invalid_message", "leases must be true or false")
     return Request(client_id, _demand(message), reports, float(wait), leases, lease_reports)
+
+
+# -- replies, as the queue reads them ------------------------------------------------
+# The holder builds these replies; a client checks every field it will act
+# on before it acts, so that a malformed reply (a holder of another version,
+# a bug, a hostile stand-in) fails that one exchange and changes nothing.
+
+REPORT_STATUSES = (OK, EXPIRED, NOT_FOUND)
+LEASE_STATUSES = (OK, RETIRED, SETTLED)
+BLOCKED_REASONS = (LIMIT_RESOLUTION_ERROR, NOT_PERMITTED, GROUP_LIMIT, LIMIT)
+
+
+@dataclass(frozen=True)
+class GrantEntry:
+    """A grant with unclaimed permits, as a reply lists it."""
+
+    grant_id: str
+    group: str
+    permits: int
+    claimed: int
+    claim_deadline: float
+
+
+@dataclass(frozen=True)
+class ReportOutcome:
+    """The holder's answer to one grant report."""
+
+    grant_id: str
+    status: str  #: ok, expired (reclaimed: counts clamped), not_found (gone)
+    claimed: int  #: the claims the holder confirms
+    released: int
+    permits: int
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"grantId": self.grant_id, "status": self.status, "claimed": self.claimed,
+                "released": self.released, "permits": self.permits}
+
+
+@dataclass(frozen=True)
+class LeaseEntry:
+    """A lease the client may not know of yet, or one it must stop drawing from."""
+
+    lease_id: str
+    group: str
+    permits: int
+    drawn: int
+    ttl_ms: float
+    expires_at: float
+    retired: bool
+
+
+@dataclass(frozen=True)
+class LeaseOutcome:
+    """The holder's answer to one lease report."""
+
+    lease_id: str
+    status: str  #: ok (live), retired (stop drawing, keep reporting), settled (forget it)
+    drawn: int
+    released: int
+    permits: int
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"leaseId": self.lease_id, "status": self.status, "drawn": self.drawn,
+                "released": self.released, "permits": self.permits}
+
+
+@dataclass(frozen=True)
+class Blocked:
+    group: str
+    reason: str
+    waiting: int
+
+
+@dataclass(frozen=True)
+class Reply:
+    """A ``grants`` reply to a request, or a ``synced`` reply to a sync."""
+
+    type: str
+    reports: tuple[ReportOutcome, ...]
+    lease_reports: tuple[LeaseOutcome, ...]
+    leases: tuple[LeaseEntry, ...]
+    contended: bool
+    grants: tuple[GrantEntry, ...] = ()
+    blocked: tuple[Blocked, ...] = ()
+    next_request_at: float | None = None
+
+
+def _flag(entry: dict, name: str, where: str, default: bool = False) -> bool:
+    value = entry.get(name, default)
+    if not isinstance(value, bool):
+        raise ProtocolError("malformed_reply", f"{where}.{name} must be true or false")
+    return value
+
+
+def _one_of(value: Any, allowed: tuple[str, ...], what: str) -> str:
+    if not isinstance(value, str) or value not in allowed:
+        raise ProtocolError("malformed_reply", f"{what} must be one of {list(allowed)}")
+    return value
+
+
+MAX_REPLY_ENTRIES = 10_000  # a sanity bound: a reply lists what one client holds and reported
+
+
+def _entries(reply: dict, name: str, parse_entry: Callable[[dict, str], Any]) -> tuple:
+    raw = reply.get(name, [])
+    if not isinstance(raw, list) or len(raw) > MAX_REPLY_ENTRIES:
+        raise ProtocolError("malformed_reply", f"{name} must be a list of at most {MAX_REPLY_ENTRIES} entries")
+    entries = []
+    for i, entry in enumerate(raw):
+        where = f"{name}[{i}]"
+        if not isinstance(entry, dict):
+            raise ProtocolError("malformed_reply", f"{where} must be an object")
+        entries.append(parse_entry(entry, where))
+    return tuple(entries)
+
+
+def _reply_field(entry: dict, name: str, where: str, check: Callable[[Any, str], Any]) -> Any:
+    try:
+        return check(_field(entry, name, where), f"{where}.{name}")
+    except ProtocolError as error:
+        raise ProtocolError("malformed_reply", str(error)) from None
+
+
+def _grant_entry(entry: dict, where: str) -> GrantEntry:
+    return GrantEntry(_reply_field(entry, "grantId", where, _identifier), _reply_field(entry, "group", where, _identifier),
+                      _reply_field(entry, "permits", where, _count), _reply_field(entry, "claimed", where, _count),
+                      _reply_field(entry, "claimDeadline", where, _time))
+
+
+def _report_outcome(entry: dict, where: str) -> ReportOutcome:
+    return ReportOutcome(_reply_field(entry, "grantId", where, _identifier),
+                         _one_of(entry.get("status"), REPORT_STATUSES, f"{where}.status"),
+                         _reply_field(entry, "claimed", where, _count), _reply_field(entry, "released", where, _count),
+                         _reply_field(entry, "permits", where, _count))
+
+
+def _lease_entry(entry: dict, where: str) -> LeaseEntry:
+    ttl = entry.get("ttlMs") or 0
+    if not number_in(ttl, 0, MAX_SAFE_INTEGER):
+        raise ProtocolError("malformed_reply", f"{where}.ttlMs must be a number of ms")
+    return LeaseEntry(_reply_field(entry, "leaseId", where, _identifier), _reply_field(entry, "group", where, _identifier),
+                      _reply_field(entry, "permits", where, _count), _count(entry.get("drawn", 0), f"{where}.drawn"),
+                      float(ttl), _reply_field(entry, "expiresAt", where, _time), _flag(entry, "retired", where))
+
+
+def _lease_outcome(entry: dict, where: str) -> LeaseOutcome:
+    return LeaseOutcome(_reply_field(entry, "leaseId", where, _identifier),
+                        _one_of(entry.get("status"), LEASE_STATUSES, f"{where}.status"),
+                        _reply_field(entry, "drawn", where, _count), _reply_field(entry, "released", where, _count),
+                        _reply_field(entry, "permits", where, _count))
+
+
+def _blocked(entry: dict, where: str) -> Blocked:
+    return Blocked(_reply_field(entry, "group", where, _identifier),
+                   _one_of(entry.get("reason"), BLOCKED_REASONS, f"{where}.reason"),
+                   _reply_field(entry, "waiting", where, _count))
+
+
+def parse_reply(reply: Any, kind: str) -> Reply:
+    """Check a holder's reply of ``kind`` ("grants" or "synced") completely.
+
+    Raises ``ProtocolError``: with the holder's own code when it refused the
+    message, ``malformed_reply`` when the reply breaks the format.
+    """
+    if not isinstance(reply, dict) or reply.get("v") != VERSION or isinstance(reply.get("v"), bool):
+        raise ProtocolError("malformed_reply", f"holder reply of an unknown version: {reply!r}"[:300])
+    if reply.get("type") == "error":
+        code = reply.get("code")
+        code = code if storable_text(code, MAX_ID_LENGTH) else "malformed_reply"
+        raise ProtocolError(code, f"holder refused the message: {reply.get('message')!r}"[:300])
+    if reply.get("type") != kind:
+        raise ProtocolError("malformed_reply", f"expected a {kind!r} reply, got {reply.get('type')!r}"[:300])
+    if not isinstance(reply.get("reports"), list):
+        raise ProtocolError("malformed_reply", "a reply needs a reports list")
+    parsed = Reply(kind, _entries(reply, "reports", _report_outcome),
+                   _entries(reply, "leaseReports", _lease_outcome), _entries(reply, "leases", _lease_entry),
+                   _flag(reply, "contended", "reply"))
+    if kind != "grants":
+        return parsed
+    for name in ("grants", "blocked"):
+        if not isinstance(reply.get(name), list):
+            raise ProtocolError("malformed_reply", f"a grants reply needs a {name} list")
+    next_at = reply.get("nextRequestAt")
+    if next_at is not None and not number_in(next_at, 0, MAX_SAFE_INTEGER):
+        raise ProtocolError("malformed_reply", "nextRequestAt must be an epoch time in ms")
+    return replace(parsed, grants=_entries(reply, "grants", _grant_entry), blocked=_entries(reply, "blocked", _blocked),
+                   next_request_at=None if next_at is None else float(next_at))

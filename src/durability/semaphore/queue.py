@@ -32,6 +32,7 @@ from typing import Any, Callable
 
 from ..outbox import PARTICIPANT as OUTBOX, DurabilityOutbox, OutboxMessage
 from ..retry import Backoff
+from .._checks import storable_text
 from .._clock import now_ms
 from ..scheduler import DurabilityScheduler, Timer
 from .client import SemaphoreClient
@@ -45,7 +46,11 @@ from .messages import (
     RETIRED,
     SETTLED,
     VERSION,
-    ProtocolError,
+    LeaseEntry,
+    LeaseOutcome,
+    Reply,
+    ReportOutcome,
+    parse_reply,
 )
 from .queue_store import ADMITTED, CANCELLED, CLAIMING, QUEUED, RELEASED, Item, LocalGrant, LocalLease, QueueStore
 
@@ -76,8 +81,9 @@ class QueueEvent:
 
 
 def _identifier(value: Any, what: str) -> str:
-    if not isinstance(value, str) or not value or len(value) > MAX_ID_LENGTH:
-        raise ValueError(f"{what} must be a string of 1 to {MAX_ID_LENGTH} characters, not {value!r}")
+    if not storable_text(value, MAX_ID_LENGTH):
+        raise ValueError(f"{what} must be a string of 1 to {MAX_ID_LENGTH} characters with a UTF-8 form, "
+                         f"not {value!r}")
     return value
 
 
@@ -100,21 +106,6 @@ def _check_body(value: Any, where: str = "body") -> None:
             _check_body(entry, f"{where}.{k}")
         return
     raise ValueError(f"{where} holds a {type(value).__name__}, which JSON and RPC do not carry unchanged")
-
-
-def _reply_of(reply: Any, kind: str) -> dict:
-    """Refuse a holder reply that is malformed or of another protocol version."""
-    if not isinstance(reply, dict) or reply.get("v") != VERSION:
-        raise ProtocolError("malformed_reply", f"holder reply of an unknown version: {reply!r}"[:300])
-    if reply.get("type") == "error":
-        raise ProtocolError(str(reply.get("code")), f"holder refused the message: {reply.get('message')}")
-    if reply.get("type") != kind or not isinstance(reply.get("reports"), list):
-        raise ProtocolError("malformed_reply", f"expected a {kind!r} reply, got {reply!r}"[:300])
-    if kind == "grants" and not (isinstance(reply.get("grants"), list) and isinstance(reply.get("blocked"), list)):
-        raise ProtocolError("malformed_reply", "a grants reply needs grants and blocked lists")
-    if not (isinstance(reply.get("leases", []), list) and isinstance(reply.get("leaseReports", []), list)):
-        raise ProtocolError("malformed_reply", "leases and leaseReports must be lists")
-    return reply
 
 
 class DurabilitySemaphoreQueue:
@@ -363,35 +354,34 @@ class DurabilitySemaphoreQueue:
         reported = {lease.lease_id for lease in leases}
         lease_piggybacked = [m for m in lease_piggybacked if m.body["leaseId"] in reported]
         limit_s = (self.attempt_timeout_ms + self.request_wait_ms) / 1000
-        reply = _reply_of(await asyncio.wait_for(self.server.request(key, message), limit_s), "grants")
+        reply = parse_reply(await asyncio.wait_for(self.server.request(key, message), limit_s), "grants")
         self.scheduler.transaction(lambda: self._apply_grants_reply(key, reply, piggybacked, lease_piggybacked))
         await self.scheduler.sync()
         await self._after_reply(key, reply)
 
-    def _apply_grants_reply(self, key: str, reply: dict, piggybacked: list[OutboxMessage],
+    def _apply_grants_reply(self, key: str, reply: Reply, piggybacked: list[OutboxMessage],
                             lease_piggybacked: list[OutboxMessage]) -> None:
         now = now_ms()
-        self._apply_outcomes(reply["reports"])
-        self._apply_lease_outcomes(reply.get("leaseReports", []), now)
-        self._learn_leases(key, reply.get("leases", []), now)
-        if reply.get("contended"):
+        self._apply_outcomes(reply.reports)
+        self._apply_lease_outcomes(reply.lease_reports, now)
+        self._learn_leases(key, reply.leases, now)
+        if reply.contended:
             self._return_idle_leases(key)  # _after_reply publishes them
         self.lease_reports.acknowledge(lease_piggybacked)
-        for entry in reply["grants"]:
-            known = self.store.grant(entry["grantId"])
+        for entry in reply.grants:
+            known = self.store.grant(entry.grant_id)
             if known is None:
-                if entry.get("claimed", 0):
+                if entry.claimed:
                     continue  # claimed here before and settled since: a late reply, not a new grant
-                known = LocalGrant(entry["grantId"], key, entry["group"], entry["permits"], 0, 0, 0,
-                                   entry["claimDeadline"])
-            self.store.put_grant(replace(known, permits=entry["permits"], claim_deadline=entry["claimDeadline"]))
+                known = LocalGrant(entry.grant_id, key, entry.group, entry.permits, 0, 0, 0, entry.claim_deadline)
+            self.store.put_grant(replace(known, permits=entry.permits, claim_deadline=entry.claim_deadline))
         self.reports.acknowledge(piggybacked)
         self._claim_local(key, now)
         if self.store.demand(key):
-            self.scheduler.schedule(PARTICIPANT, PUMP + key, max(now, reply.get("nextRequestAt") or now))
+            self.scheduler.schedule(PARTICIPANT, PUMP + key, max(now, reply.next_request_at or now))
 
-    async def _after_reply(self, key: str, reply: dict) -> None:
-        blocked = {b["group"]: (b["reason"], b["waiting"]) for b in reply["blocked"]}
+    async def _after_reply(self, key: str, reply: Reply) -> None:
+        blocked = {b.group: (b.reason, b.waiting) for b in reply.blocked}
         for (k, group) in [k for k in self._blocked if k[0] == key]:
             if group not in blocked:
                 del self._blocked[(k, group)]
@@ -401,24 +391,23 @@ class DurabilitySemaphoreQueue:
             await self._emit(QueueEvent("blocked", key, blocked={
                 g: {"reason": r, "waiting": w} for g, (r, w) in blocked.items()}))
         await self.reports.flush()  # claims made from new grants get confirmed now
-        stopping = any(o.get("status") != OK for o in reply.get("leaseReports", [])) or any(
-            entry.get("retired") for entry in reply.get("leases", []))
-        if reply.get("contended") or stopping:
+        stopping = any(o.status != OK for o in reply.lease_reports) or any(e.retired for e in reply.leases)
+        if reply.contended or stopping:
             await self.lease_reports.flush()  # the holder is short, or must hear a stop: now
         await self._admit_pending_safely()
 
-    def _apply_outcomes(self, outcomes: list[dict]) -> None:
+    def _apply_outcomes(self, outcomes: tuple[ReportOutcome, ...]) -> None:
         """Confirmed claims admit their items; claims the holder refused go back in line."""
         admitted = False
         for outcome in outcomes:
-            grant = self.store.grant(outcome.get("grantId"))
+            grant = self.store.grant(outcome.grant_id)
             if grant is None:
                 continue
-            status = outcome.get("status")
+            status = outcome.status
             if status == NOT_FOUND:
                 confirmed = grant.confirmed
             else:
-                confirmed = max(grant.confirmed, min(int(outcome["claimed"]), grant.claimed))
+                confirmed = max(grant.confirmed, min(outcome.claimed, grant.claimed))
             claiming = self.store.claiming(grant.grant_id)
             newly = confirmed - grant.confirmed
             for item in claiming[:newly]:
@@ -427,12 +416,12 @@ class DurabilitySemaphoreQueue:
             if status != OK:
                 refused = grant.claimed - confirmed
             else:  # the holder's permits never grow: claims beyond them can never be confirmed
-                refused = max(0, grant.claimed - max(confirmed, int(outcome["permits"])))
+                refused = max(0, grant.claimed - max(confirmed, outcome.permits))
             for item in claiming[newly:newly + refused]:
                 self.store.set_state(item.id, QUEUED)
             grant = replace(grant, claimed=grant.claimed - refused, confirmed=confirmed,
-                            permits=grant.permits if status == NOT_FOUND else int(outcome["permits"]))
-            settled = status == NOT_FOUND or outcome.get("released") == outcome.get("permits") == grant.released
+                            permits=grant.permits if status == NOT_FOUND else outcome.permits)
+            settled = status == NOT_FOUND or outcome.released == outcome.permits == grant.released
             if settled and grant.released >= grant.confirmed and grant.claimed == grant.confirmed:
                 self.store.delete_grant(grant.grant_id)
             else:
@@ -444,15 +433,16 @@ class DurabilitySemaphoreQueue:
 
     async def _send_reports(self, messages: list[OutboxMessage]) -> None:
         """The grant channel's sender: a ``sync`` per key with its cumulative counts."""
-        def on_reply(key: str, reply: dict, batch: list[OutboxMessage]) -> None:
-            self._apply_outcomes(reply["reports"])
+        def on_reply(key: str, reply: Reply, batch: list[OutboxMessage]) -> None:
+            self._apply_outcomes(reply.reports)
             self.reports.acknowledge(batch)
+            self._learn_leases(key, reply.leases, now_ms())
             self._after_contended(key, reply)
 
         await self._sync_per_key(messages, lambda batch: {"grants": [_report_of(m) for m in batch]}, on_reply)
 
     async def _sync_per_key(self, messages: list[OutboxMessage], fields: Callable[[list[OutboxMessage]], dict],
-                            on_reply: Callable[[str, dict, list[OutboxMessage]], None]) -> None:
+                            on_reply: Callable[[str, Reply, list[OutboxMessage]], None]) -> None:
         """Send one ``sync`` per key carrying ``fields(batch)``, and apply each
         answer in its own transaction with ``on_reply(key, reply, batch)``.
 
@@ -466,7 +456,7 @@ class DurabilitySemaphoreQueue:
         for key, batch in by_key.items():
             sync = {"type": "sync", "v": VERSION, "clientId": self.client_id, **fields(batch)}
             try:
-                reply = _reply_of(
+                reply = parse_reply(
                     await asyncio.wait_for(self.server.sync(key, sync), self.attempt_timeout_ms / 1000), "synced"
                 )
             except Exception as error:
@@ -477,9 +467,9 @@ class DurabilitySemaphoreQueue:
         if failure is not None:
             raise failure
 
-    def _after_contended(self, key: str, reply: dict) -> None:
+    def _after_contended(self, key: str, reply: Reply) -> None:
         """A holder short of permits gets back, at once, what idle leases hold undrawn."""
-        if reply.get("contended"):
+        if reply.contended:
             self._return_idle_leases(key)
             # Publish what that queued now, not after the lease channel's delay.
             self.scheduler.schedule_by(OUTBOX, LEASE_CHANNEL, now_ms())
@@ -490,34 +480,33 @@ class DurabilitySemaphoreQueue:
         self.store.put_lease(lease)
         self.lease_reports.enqueue({"key": lease.key, "leaseId": lease.lease_id}, key=lease.lease_id)
 
-    def _learn_leases(self, key: str, entries: list[dict], now: float) -> None:
-        """Leases the holder lists: new ones, or ones whose reply was lost."""
+    def _learn_leases(self, key: str, entries: tuple[LeaseEntry, ...], now: float) -> None:
+        """Leases the holder lists: new ones, ones whose reply was lost, ones to stop drawing from."""
         for entry in entries:
-            known = self.store.lease(entry["leaseId"])
+            known = self.store.lease(entry.lease_id)
             if known is not None:
-                if entry.get("retired") and not known.stopped and known.settled_at is None:
+                if entry.retired and not known.stopped and known.settled_at is None:
                     self._put_lease_and_report(replace(known, stopped=True))
                 continue
-            if entry.get("drawn", 0):
+            if entry.drawn:
                 # Defensive: the holder lists only leases with nothing drawn. A late
                 # reply naming a lease settled here is caught by the settled ids the
                 # store keeps (see forget_settled), not by this test.
                 continue
-            ttl = float(entry.get("ttlMs") or 0)
-            lease = LocalLease(entry["leaseId"], key, entry["group"], int(entry["permits"]), 0, 0,
-                               bool(entry.get("retired")), ttl, _renew_at(now, ttl), None)
+            lease = LocalLease(entry.lease_id, key, entry.group, entry.permits, 0, 0,
+                               entry.retired, entry.ttl_ms, _renew_at(now, entry.ttl_ms), None)
             if lease.stopped:
                 self._put_lease_and_report(lease)  # tell the holder nothing was drawn
             else:
                 self.store.put_lease(lease)
         self._schedule_renewal()
 
-    def _apply_lease_outcomes(self, outcomes: list[dict], now: float) -> None:
+    def _apply_lease_outcomes(self, outcomes: tuple[LeaseOutcome, ...], now: float) -> None:
         for outcome in outcomes:
-            lease = self.store.lease(outcome.get("leaseId"))
+            lease = self.store.lease(outcome.lease_id)
             if lease is None or lease.settled_at is not None:
                 continue
-            status = outcome.get("status")
+            status = outcome.status
             renewed = lease
             if lease.renew_at < now + lease.ttl_ms / 4:
                 # Heard: the next report may wait half a lifetime. A renewal
@@ -596,9 +585,10 @@ class DurabilitySemaphoreQueue:
         def fields(batch: list[OutboxMessage]) -> dict:
             return {"leaseReports": [_lease_report_of(current[m.id]) for m in batch]}
 
-        def on_reply(key: str, reply: dict, batch: list[OutboxMessage]) -> None:
+        def on_reply(key: str, reply: Reply, batch: list[OutboxMessage]) -> None:
             self.lease_reports.acknowledge(batch)  # first: an outcome may queue a newer report
-            self._apply_lease_outcomes(reply.get("leaseReports", []), now_ms())
+            self._apply_lease_outcomes(reply.lease_reports, now_ms())
+            self._learn_leases(key, reply.leases, now_ms())
             self._after_contended(key, reply)
 
         await self._sync_per_key([m for m in messages if m.id in current], fields, on_reply)

@@ -1,0 +1,55 @@
+"""Checks on values that come from outside: the predicates every wire format and option shares.
+
+Lives here: what counts as an integer, a number in a range, and a string
+that storage can hold, decided before any arithmetic, any comparison with a
+float and any SQL binding sees the value. Must not know: any message, its
+field names or its error codes; each caller words its own refusal.
+
+Why these rules:
+
+- An integer may arrive too large for a float (a Python int, or a JS BigInt
+  over RPC). ``math.isfinite`` and ``float()`` raise ``OverflowError`` on
+  it, so ranges are compared first; Python compares ints with floats
+  exactly, whatever their size. Nothing that is stored or sent on may be
+  outside ±2**53, the integers a JS number holds exactly.
+- ``bool`` is an ``int`` in Python; no count, time or limit is a bool.
+- A string with a lone surrogate (``"\\ud800"``) passes every length check
+  but has no UTF-8 form: SQLite on CPython refuses to bind it, and workerd
+  would store a replacement character, so the id in storage would differ
+  from the one in memory. Such strings are refused at the door.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+MAX_SAFE_INTEGER = 2**53  #: beyond this a JS number no longer holds every integer
+
+
+def is_int(value: Any) -> bool:
+    """An integer that is not a bool."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def int_in(value: Any, low: int, high: int) -> bool:
+    """An integer (not a bool) from ``low`` to ``high``."""
+    return is_int(value) and low <= value <= high
+
+
+def number_in(value: Any, low: float, high: float) -> bool:
+    """A finite int or float (not a bool) from ``low`` to ``high``; never raises."""
+    if is_int(value):
+        return low <= value <= high  # exact for ints of any size
+    return isinstance(value, float) and math.isfinite(value) and low <= value <= high
+
+
+def storable_text(value: Any, max_length: int) -> bool:
+    """A string of 1 to ``max_length`` characters that has a UTF-8 form (no lone surrogates)."""
+    if not isinstance(value, str) or not 0 < len(value) <= max_length:
+        return False
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
