@@ -1,7 +1,7 @@
 """What a scenario drives the Worker through, on the embedded runtime.
 
 Lives here: ``EmbeddedDriver``, the CPython twin of the Pyodide host's
-driver (entrypoint calls, ``env``, virtual time, the Worker module).
+driver (entrypoint calls, HTTP requests, ``env``, virtual time, the Worker module).
 Must not know: any scenario.
 """
 
@@ -20,6 +20,11 @@ class EmbeddedDriver:
 
     async def call(self, method: str, *args: Any) -> Any:
         return await self.runtime.call_entrypoint(method, *args)
+
+    async def fetch(self, url: str, method: str = "GET", headers: dict | None = None,
+                    body: str | None = None) -> tuple[int, str]:
+        response = await self.runtime.fetch(url, method=method, headers=headers or {}, body=body)
+        return int(response.status), await response.text()
 
     def now_ms(self) -> float:
         return self.runtime.now_ms()

@@ -28,6 +28,7 @@ the places, one instance per user.
 """
 
 import asyncio
+import hmac
 import json
 import zlib
 
@@ -288,6 +289,25 @@ def _shard(env, job_id):
     return env.JOB_SHARD.getByName(f"shard-{zlib.crc32(job_id.encode()) % shards}")
 
 
+def _authorized(request, token):
+    """A bearer token compared in constant time, so its bytes cannot be guessed one by one."""
+    given = request.headers.get("authorization") or ""
+    return bool(token) and hmac.compare_digest(given.encode(), f"Bearer {token}".encode())
+
+
+async def _json_object(request):
+    """The body as a JSON object, or ValueError. It is read as text and parsed
+    here: workerd hands ``fetch`` the JavaScript Request, whose own ``json()``
+    fails with a JavaScript error, not a ValueError."""
+    try:
+        body = json.loads(await request.text())
+    except ValueError:
+        body = None
+    if not isinstance(body, dict):
+        raise ValueError("the body must be a JSON object")
+    return body
+
+
 class Default(WorkerEntrypoint):
     """Other Workers call these methods over a service binding; HTTP serves the same."""
 
@@ -324,30 +344,25 @@ class Default(WorkerEntrypoint):
         return {"status": "uploaded"}
 
     async def fetch(self, request):
-        token = getattr(self.env, "API_TOKEN", None)
-        if not token or request.headers.get("authorization") != f"Bearer {token}":
+        if not _authorized(request, getattr(self.env, "API_TOKEN", None)):
             return Response.json({"error": "unauthorized"}, status=401)
         path = "/" + request.url.split("://", 1)[-1].split("/", 1)[-1].split("?", 1)[0]
         parts = [part for part in path.split("/") if part]
         try:
             if request.method == "POST" and len(parts) == 3 and parts[::2] == ["counters", "add"]:
-                body = await request.json()
-                if not isinstance(body, dict):
-                    raise ValueError("the body must be a JSON object")
+                body = await _json_object(request)
                 value = await self.add(parts[1], body.get("tally"), body.get("amount"))
                 return Response.json({"count": value})
             if request.method == "GET" and len(parts) == 2 and parts[0] == "tallies":
                 return Response.json({"total": await self.total(parts[1])})
             if request.method == "POST" and parts == ["jobs"]:
-                return Response.json(await self.submit_job(await request.json()), status=202)
+                return Response.json(await self.submit_job(await _json_object(request)), status=202)
             if request.method == "GET" and len(parts) == 2 and parts[0] == "jobs":
                 return Response.json(await self.job_status(parts[1]))
             if request.method == "GET" and len(parts) == 3 and parts[::2] == ["accounts", "usage"]:
                 return Response.json(await self.account_usage(parts[1]))
             if request.method == "POST" and len(parts) == 3 and parts[::2] == ["users", "uploads"]:
-                body = await request.json()
-                if not isinstance(body, dict):
-                    raise ValueError("the body must be a JSON object")
+                body = await _json_object(request)
                 result = await self.upload(parts[1], body.get("work_ms", 0))
                 status = {"uploaded": 200, "busy": 429}.get(result["status"], 503)
                 return Response.json(result, status=status)

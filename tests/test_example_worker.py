@@ -55,6 +55,22 @@ def test_http_needs_the_bearer_token(example):
     assert example.run(scenario()) == [401, 401]
 
 
+@pytest.mark.parametrize("path", ["/counters/c1/add", "/jobs", "/users/u1/uploads"])
+@pytest.mark.parametrize("body", ["{not json", "[1]", "3", "\"text\"", "", "\udcff"], ids=[
+    "broken", "list", "number", "string", "empty", "lone-surrogate"])
+def test_a_body_that_is_not_a_json_object_is_a_400_and_changes_nothing(example, path, body):
+    auth = {"Authorization": "Bearer t0ken"}
+    raw = body.encode("utf-8", "surrogateescape")  # bytes that are not UTF-8 for the last case
+
+    async def scenario():
+        response = await example.fetch(f"https://w.test{path}", method="POST", headers=auth, body=raw)
+        return response.status, await response.json()
+
+    status, reply = example.run(scenario())
+    assert status == 400 and "JSON object" in reply["error"]
+    assert [event for event in example.trace if event[2] == "call"] == []  # no object was asked
+
+
 def test_http_routes(example):
     auth = {"Authorization": "Bearer t0ken"}
 

@@ -14,7 +14,7 @@ import pytest
 from durability.testing import Runtime
 from fidelity.embedded import EmbeddedDriver
 from fidelity.pyodide_host import ROOT, PyodideHostError, run_host, skip_without_node
-from fidelity.scenarios import account_jobs, uploads
+from fidelity.scenarios import account_jobs, http_bodies, uploads
 
 pytestmark = [pytest.mark.pyodide, skip_without_node()]
 
@@ -118,3 +118,26 @@ def test_a_reply_rpc_cannot_carry_fails_the_scenario(tmp_path):
                                   'return {"id": item.id, "state": item.state, "at": (1, 2)}'))
     with pytest.raises(PyodideHostError, match="cannot be sent over RPC"):
         run_host({**SCENARIO, "args": {"jobs": 5}}, module_dir=variant, vars=VARS)
+
+
+def test_http_bodies_that_are_not_json_objects_are_400s_in_pyodide_too():
+    vars = {"API_TOKEN": http_bodies.TOKEN}
+    in_pyodide = run_host({"kind": "scenario", "module": "scenarios.http_bodies", "function": "run"}, vars=vars)
+    with Runtime.from_wrangler(ROOT / "wrangler.toml", vars=vars) as runtime:
+        embedded = runtime.run(http_bodies.run(EmbeddedDriver(runtime)))
+    outcomes = in_pyodide["result"]
+    assert outcomes == embedded
+    for path in http_bodies.ROUTES:
+        for name in http_bodies.BODIES:
+            assert outcomes[f"{path} {name}"] == [400, "the body must be a JSON object"]
+    assert outcomes["wrong token"] == [401, None]
+    assert outcomes["a good body"] == [200, {"count": 2}]
+    assert in_pyodide["background_errors"] == []
+
+
+def test_the_request_s_own_json_fails_with_a_javascript_error_in_pyodide(tmp_path):
+    # The route as it was: request.json() on workerd's JavaScript Request.
+    variant = _variant(tmp_path, ("body = json.loads(await request.text())", "body = await request.json()"))
+    with pytest.raises(PyodideHostError, match="SyntaxError"):
+        run_host({"kind": "scenario", "module": "scenarios.http_bodies", "function": "run"},
+                 module_dir=variant, vars={"API_TOKEN": http_bodies.TOKEN})

@@ -1,8 +1,8 @@
 """What a scenario drives the Worker through, inside Pyodide.
 
 Lives here: ``PyodideDriver`` (entrypoint calls made as a service binding
-makes them, ``env`` wrapped by the real SDK, virtual time, the Worker
-module for instrumentation) and JSON output. Must not know: any scenario.
+makes them, HTTP requests to ``fetch``, ``env`` wrapped by the real SDK,
+virtual time, the Worker module for instrumentation) and JSON output. Must not know: any scenario.
 The embedded runtime's twin is ``fidelity.embedded.EmbeddedDriver``.
 """
 
@@ -21,6 +21,15 @@ class PyodideDriver:
     async def call(self, method, *args):
         reply = await self._host.callEntrypoint(method, python_to_rpc(list(args)))
         return python_from_rpc(reply)
+
+    async def fetch(self, url, method="GET", headers=None, body=None):
+        """An HTTP request to ``Default.fetch``: ``(status, body text)``."""
+        from pyodide.ffi import to_js
+        from js import Object
+
+        init = {"url": url, "method": method, "headers": headers or {}, "body": body}
+        reply = await self._host.fetchEntrypoint(to_js(init, dict_converter=Object.fromEntries))
+        return int(reply.status), str(reply.body)
 
     def now_ms(self):
         return float(self._now_ms())

@@ -2,7 +2,8 @@
 
 Lives here: constructing an object from JavaScript ``ctx`` / ``env``, calling
 an RPC method (arguments through ``python_from_rpc``, the reply through
-``python_to_rpc``, as workerd's Python entrypoint does), calling ``alarm``
+``python_to_rpc``, as workerd's Python entrypoint does), calling ``fetch``
+with the JavaScript Request, calling ``alarm``
 with its raw info object and relaxed arity, and listing a module's
 entrypoint classes. Must not know: storage, stubs, time (the JavaScript
 side owns them) or any Worker.
@@ -28,6 +29,11 @@ async def call_method(instance, name, *args):
     if inspect.isawaitable(result):
         result = await result
     return python_to_rpc(result)
+
+
+async def call_fetch(instance, request):
+    """``fetch`` gets the JavaScript Request as it is: workerd converts nothing for it."""
+    return await instance.fetch(request)
 
 
 async def call_alarm(instance, info):

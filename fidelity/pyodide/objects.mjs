@@ -289,4 +289,17 @@ export class WorkerHost {
       throw asRemoteError(error);
     }
   }
+
+  // One HTTP request to the Default entrypoint's fetch, as workerd makes it:
+  // the handler gets the JavaScript Request itself and may return the SDK's
+  // Response, whose js_object workerd sends. Resolves to {status, body}.
+  async fetchEntrypoint({ url, method, headers, body }) {
+    this.stats.entrypointCalls += 1;
+    const ctx = new ExecutionContext(this);
+    const instance = this.glue.construct(this.pythonClass("Default"), ctx, this.env);
+    const request = new Request(url, { method, headers, body: body ?? undefined });
+    const result = await this.glue.call_fetch(instance, request);
+    const response = result?.js_object ?? result;
+    return { status: response.status, body: await response.text() };
+  }
 }

@@ -310,10 +310,14 @@ class Runtime:
             raise python_error(error) from None
 
     async def fetch(self, url: str, **init: Any) -> Any:
-        """Send an HTTP request to ``Default.fetch`` and return its Response."""
-        from workers import Request
+        """Send an HTTP request to ``Default.fetch`` and return its Response.
 
-        request = Request(url, **init)
+        The handler receives what workerd gives it, a JavaScript Request:
+        ``await request.json()`` on a body that is not JSON raises a
+        ``JsException`` (``SyntaxError``) there and here alike."""
+        from ._workers_standin import IncomingRequest
+
+        request = IncomingRequest(url, **init)
         instance = self._entrypoint_instance()
         return await instance.fetch(request)
 

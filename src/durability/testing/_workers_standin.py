@@ -17,7 +17,7 @@ from http import HTTPStatus
 from typing import Any
 from urllib.parse import urlsplit
 
-from ._values import JsDict, rpc_copy
+from ._values import JsDict, JsException, rpc_copy
 
 MODULE_NAME = "workers"
 
@@ -111,6 +111,24 @@ class Request(_Body):
 
     def __repr__(self) -> str:
         return f"Request(method={self.method!r}, url={self.url!r})"
+
+
+class IncomingRequest(Request):
+    """The request workerd hands to ``Default.fetch``: the JavaScript Request
+    itself, not the SDK's wrapper (SDK 1.9.5 wraps only handlers decorated
+    with ``workers.handler``). Its ``text()`` decodes as JavaScript does, and
+    its ``json()`` rejects a body that is not JSON with a JavaScript
+    ``SyntaxError``, which Python sees as a ``JsException``, not a ``ValueError``."""
+
+    async def text(self) -> str:
+        return self._consume().decode(errors="replace")
+
+    async def json(self, **_kwargs: Any) -> Any:
+        text = await self.text()
+        try:
+            return _json.loads(text)
+        except ValueError:
+            raise JsException(f"Unexpected token in JSON: {text[:40]!r}", name="SyntaxError") from None
 
 
 class Response(_Body):
