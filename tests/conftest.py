@@ -15,3 +15,14 @@ def probe():
 def example():
     with example_runtime() as runtime:
         yield runtime
+
+
+def pytest_terminal_summary(terminalreporter):
+    """The hostile-message property tests' counts: refused, accepted, crashed."""
+    from hostile import Tally
+
+    lines = Tally.lines()
+    if lines:
+        terminalreporter.section("hostile messages")
+        for line in lines:
+            terminalreporter.write_line(line)

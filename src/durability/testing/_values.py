@@ -78,7 +78,7 @@ def rpc_copy(value: object) -> object:
         return number_from_js(value)
     if isinstance(value, (tuple, bytearray)):
         raise _refuse(value)
-    if isinstance(value, bytes):
+    if isinstance(value, (bytes, memoryview)):
         return memoryview(bytes(value))  # a Uint8Array arrives as a memoryview
     if isinstance(value, dict):
         return JsDict((_rpc_key(k), rpc_copy(v)) for k, v in value.items())
