@@ -225,3 +225,21 @@ def test_a_late_claim_on_a_reclaimed_grant_with_claims_is_answered_expired(runti
         ("expired", 1, 1, 1)]
     assert [(o["status"], o["claimed"]) for o in nothing_claimed["reports"]] == [("not_found", 0)]
     assert (usage["outstanding"], usage["grants"]) == (0, 0)
+
+
+# -- a lowered limit reaches a client on its next exchange of any kind ------------------------------
+
+def test_a_sync_reply_tells_the_client_its_lease_was_retired_by_a_lowered_limit(runtime):
+    runtime.module.CONFIG.update(leases=LEASES)
+
+    async def scenario():
+        first = await holder(runtime).permits(request("a", [("g", 4, 0)], leases=True))
+        lease = first["leases"][0]
+        before = await holder(runtime).permits(sync("a"))
+        runtime.module.CONFIG.update(limit=3)  # below the limit the lease was issued under
+        after = await holder(runtime).permits(sync("a"))  # no lease report in it
+        return lease, before, after
+
+    lease, before, after = runtime.run(scenario())
+    assert before["leases"] == []
+    assert [(entry["leaseId"], entry["retired"]) for entry in after["leases"]] == [(lease["leaseId"], True)]

@@ -185,6 +185,47 @@ def test_a_malformed_or_old_holder_reply_is_refused_without_losing_items(runtime
     assert runtime.run(scenario()) == {"j0": "queued", "j1": "queued"}
 
 
+def _grants_reply(**change):
+    grant = {"grantId": "g1", "group": "g", "permits": 2, "claimed": 0, "claimDeadline": 10**13}
+    reply = {"type": "grants", "v": 1, "grants": [grant], "reports": [], "leases": [], "leaseReports": [],
+             "blocked": [], "contended": False, "nextRequestAt": 0}
+    for path, value in change.items():
+        target, _, name = path.rpartition("__")
+        (grant if target == "grant" else reply)[name] = value
+    return reply
+
+
+@pytest.mark.parametrize("reply", [
+    _grant_reply for _grant_reply in (
+        _grants_reply(grant__permits=10**400),
+        _grants_reply(grant__permits=-2),
+        _grants_reply(grant__permits=True),
+        _grants_reply(grant__claimDeadline="soon"),
+        _grants_reply(grant__claimDeadline=float("nan")),
+        _grants_reply(grant__grantId="\ud800"),
+        _grants_reply(grant__group=None),
+        _grants_reply(nextRequestAt="later"),
+        _grants_reply(reports=[{"grantId": "g1", "status": "great", "claimed": 1, "released": 0, "permits": 2}]),
+        _grants_reply(leases=[{"leaseId": "l1", "group": "g", "permits": 10**400, "expiresAt": 0}]),
+        _grants_reply(blocked=[{"group": "g", "reason": "tired", "waiting": 1}]),
+        _grants_reply(contended="yes"),
+        _grants_reply(leaseReports="none"),
+    )
+], ids=["huge-permits", "negative-permits", "bool-permits", "text-deadline", "nan-deadline", "surrogate-id",
+        "no-group", "text-next-request", "unknown-status", "huge-lease", "unknown-reason", "text-contended",
+        "lease-reports-not-a-list"])
+def test_a_reply_that_breaks_the_format_anywhere_admits_nothing_and_loses_nothing(runtime, reply):
+    runtime.module.CONFIG["fake_reply"] = reply
+
+    async def scenario():
+        await shard(runtime).submit(jobs("j", 2))
+        await asyncio.sleep(10)
+        return await shard(runtime).states()
+
+    assert runtime.run(scenario()) == {"j0": "queued", "j1": "queued"}
+    assert runtime.module.WORLD["admit_calls"] == 0
+
+
 def test_a_blocked_key_waits_at_the_holder_instead_of_asking_every_round(runtime):
     world = runtime.module.WORLD
 

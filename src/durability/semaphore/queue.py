@@ -436,7 +436,8 @@ class DurabilitySemaphoreQueue:
         def on_reply(key: str, reply: Reply, batch: list[OutboxMessage]) -> None:
             self._apply_outcomes(reply.reports)
             self.reports.acknowledge(batch)
-            self._learn_leases(key, reply.leases, now_ms())
+            if reply.leases:  # leases retired since: stop drawing now
+                self._learn_leases(key, reply.leases, now_ms())
             self._after_contended(key, reply)
 
         await self._sync_per_key(messages, lambda batch: {"grants": [_report_of(m) for m in batch]}, on_reply)
@@ -588,7 +589,8 @@ class DurabilitySemaphoreQueue:
         def on_reply(key: str, reply: Reply, batch: list[OutboxMessage]) -> None:
             self.lease_reports.acknowledge(batch)  # first: an outcome may queue a newer report
             self._apply_lease_outcomes(reply.lease_reports, now_ms())
-            self._learn_leases(key, reply.leases, now_ms())
+            if reply.leases:
+                self._learn_leases(key, reply.leases, now_ms())
             self._after_contended(key, reply)
 
         await self._sync_per_key([m for m in messages if m.id in current], fields, on_reply)
