@@ -57,18 +57,18 @@ class GrowingCounter:
     """Numbers that only grow within this instance, starting above a column's maximum.
 
     ``max_query`` returns that maximum as ``n`` (NULL when the table is
-    empty). It is read once, at the first number, so a counter costs one
-    scan per instance and no write.
+    empty). It is read once, when the counter is made (its table must
+    exist), so a counter costs one scan per instance and no write. Read
+    then and not at the first number: a number this instance read from the
+    table before its first write (a message version held by a call in
+    flight) must stay below every number it hands out, even once that row
+    is deleted.
     """
 
     def __init__(self, sql: Sql, max_query: str) -> None:
-        self._sql = sql
-        self._query = max_query
-        self._last: int | None = None
+        row = sql.one(max_query)
+        self._last = int(row["n"] or 0) if row else 0
 
     def next(self) -> int:
-        if self._last is None:
-            row = self._sql.one(self._query)
-            self._last = int(row["n"] or 0) if row else 0
         self._last += 1
         return self._last

@@ -169,8 +169,8 @@ class DurabilityOutbox:
         self.scheduler = scheduler
         self.sql: Sql = scheduler.sql
         self._channels: dict[str, OutboxChannel] = {}
-        self._versions = GrowingCounter(self.sql, "SELECT max(version) AS n FROM durability_outbox")
         migrate(self.sql, "outbox", _SCHEMA)
+        self._versions = GrowingCounter(self.sql, "SELECT max(version) AS n FROM durability_outbox")
         scheduler.register(PARTICIPANT, self._on_timer, backoff=backoff)
 
     @classmethod

@@ -105,17 +105,17 @@ class DurabilityScheduler:
         # Timers whose handler is running now: scheduling one of them always
         # moves its version, or the run's end would delete the new request.
         self._running: dict[tuple[str, str], None] = {}
-        # Versions come from a counter that only grows in this instance: a run
-        # that ends deletes its timer only if no write came since, even one
-        # that deleted the timer and wrote it again (a version restarting
-        # from zero would be taken for the one that ran).
-        self._versions = GrowingCounter(self.sql, "SELECT max(version) AS n FROM durability_timers")
         self.outbox: Any = None  # the object's one DurabilityOutbox, if any (DurabilityOutbox.of)
         # While alarm() dispatches, newly scheduled timers wake it instead of
         # moving the alarm: it runs them itself and re-arms when it ends.
         self._dispatching = False
         self._wake = asyncio.Event()
         migrate(self.sql, "scheduler", _SCHEMA)
+        # Versions come from a counter that only grows in this instance: a run
+        # that ends deletes its timer only if no write came since, even one
+        # that deleted the timer and wrote it again (a version restarting
+        # from zero would be taken for the one that ran).
+        self._versions = GrowingCounter(self.sql, "SELECT max(version) AS n FROM durability_timers")
 
     @staticmethod
     def migrate(ctx: Any, version: int | None) -> None:

@@ -1,0 +1,233 @@
+"""Ground truth kept outside the objects, and the invariants checked against it at every step.
+
+Lives here: ``Truth`` for the budget modes (which work really runs, per key
+and group; what the holder counts after each commit; every registration
+of an item's work; the ceilings in force over time), the end-of-run checks
+(durability, no leak after the sweep, liveness within a stated bound), and
+``overlaps_beyond_limits`` for the lock semaphore. Must not know: how the
+runtime runs objects; the Worker and the runner call in.
+
+The invariants (``docs/testing.md`` explains each bound):
+
+- ``limit``: at every start, the work running under a key is within the
+  ceiling (the limit, or limit + extra for leases ``over``). A lowered limit
+  revokes nothing and a lease is capacity already handed out, so the
+  ceiling that applies is the highest one in force during the last
+  ``stale_ms``: as long as a permit issued before a change may still be used.
+- ``group_limit``: the same per group, for groups with a limit of their own.
+- ``accounting``: at every start and every holder commit, the work running
+  under a key (and group) is no more than what the holder counts: a report
+  applied twice or a permit freed early shows here first.
+- ``issue``: a holder commit that hands out permits leaves the holder's count
+  within the ceiling in force (and each group within its limit).
+- ``monotonic``: a grant's claimed and released counts and a lease's drawn
+  and released counts never move back, and permits never grow.
+- ``exactly_once``: an item's work is registered once, however often
+  ``admit()`` is called; at the end every admitted item was registered.
+- ``durability``: every item a shard accepted is still there at the end.
+- ``leak``: once the run is quiet, the holder counts nothing but leases their
+  clients never learned of (the one charge the spec keeps).
+- ``liveness``: once faults stop, every item not cancelled is admitted
+  within ``liveness_bound_ms``.
+"""
+
+from __future__ import annotations
+
+import collections
+from dataclasses import dataclass, field
+
+from .scenario import (
+    FINISHED_CHECK_MS,
+    GRANT_TIMEOUT_MS,
+    LEASE_TTL_MS,
+    RETRY_MAX_MS,
+    Scenario,
+)
+
+ROUND_MS = 3_000  #: round_wait_ms + round_period_ms of the campaign's holders
+OVER_EXTRA = 2  #: the extra of mode "over": leases get two permits above the limit
+
+
+def ceiling_of(mode: str, limit: int, leases_on: bool) -> int:
+    return limit + (OVER_EXTRA if mode == "over" and leases_on else 0)
+
+
+def stale_ms(scenario: Scenario) -> float:
+    """How long a permit handed out before a change may still be used: a grant
+    until its claim is confirmed (its deadline, plus confirmations retried at
+    most ``RETRY_MAX_MS`` apart a few times), a lease until its client hears it
+    is retired (half its ttl, or after a partition ends)."""
+    partition = max((p.ms for p in scenario.partitions), default=0)
+    return LEASE_TTL_MS + GRANT_TIMEOUT_MS + partition + 6 * RETRY_MAX_MS + 2 * ROUND_MS
+
+
+def liveness_bound_ms(scenario: Scenario, waiting_work_ms: float, limit: int, capped_work_ms: float,
+                      cap: int | None) -> float:
+    """How long after faults stop the last item of a key may wait to be admitted.
+
+    Once faults stop, a shard's failed request is retried within
+    ``RETRY_MAX_MS``; a permit whose release was lost comes back by the
+    ``finished()`` sweep (``FINISHED_CHECK_MS``, twice: a sweep may have just
+    run); a lease unreported past its ttl and unclaimed grants come back
+    within ``LEASE_TTL_MS`` and ``GRANT_TIMEOUT_MS``; each request waits at
+    most two rounds. Then the work still waiting needs its sum over the
+    limit (or over its group's limit), after the longest job running ends.
+    """
+    recovery = 2 * RETRY_MAX_MS + 2 * FINISHED_CHECK_MS + LEASE_TTL_MS + GRANT_TIMEOUT_MS + 4 * ROUND_MS
+    work = waiting_work_ms / max(limit, 1)
+    if cap:
+        work = max(work, capped_work_ms / cap)
+    return recovery + 20_000 + work * 1.5 + 30_000
+
+
+@dataclass
+class Violations:
+    counts: collections.Counter = field(default_factory=collections.Counter)
+    first: dict[str, str] = field(default_factory=dict)
+
+    def add(self, invariant: str, detail: str) -> None:
+        self.counts[invariant] += 1
+        self.first.setdefault(invariant, detail)
+
+    def __bool__(self) -> bool:
+        return bool(self.counts)
+
+
+class History:
+    """Values in force over time, for "the highest in the last ``window`` ms"."""
+
+    def __init__(self, value: object) -> None:
+        self.changes: list[tuple[float, object]] = [(float("-inf"), value)]
+
+    def set(self, at: float, value: object) -> None:
+        self.changes.append((at, value))
+
+    def now(self) -> object:
+        return self.changes[-1][1]
+
+    def highest_since(self, since: float) -> object:
+        """The highest value in force at any time from ``since`` on (None: no ceiling)."""
+        values = [value for at, value in self.changes if at > since]
+        values.append(next(value for at, value in reversed(self.changes) if at <= since))
+        numbers = [v for v in values if isinstance(v, int)]
+        if any(v is None for v in values):
+            return None  # without a ceiling of its own for a while: nothing to hold it to
+        return max(numbers) if numbers else 0  # a raising callback admits nothing
+
+
+class Truth:
+    """What really runs, registered as the Worker reports it, checked at every step."""
+
+    def __init__(self, scenario: Scenario, clock) -> None:
+        self.scenario = scenario
+        self.clock = clock  #: () -> now in ms
+        self.violations = Violations()
+        self.steps = 0
+        self.running: dict[int, dict[str, set[str]]] = collections.defaultdict(lambda: collections.defaultdict(set))
+        self.where: dict[str, tuple[int, str]] = {}
+        self.registered: collections.Counter = collections.Counter()
+        self.admitted_at: dict[str, float] = {}
+        self.stopped: set[str] = set()
+        self.counted: dict[int, tuple[int, dict[str, int]]] = {}  #: key -> holder's (total, per group)
+        leases_on = scenario.mode != "grants"
+        self.leases_on = History(leases_on)
+        self.limits = [History(limit) for limit in scenario.limits]
+        own = dict(scenario.group_limits)
+        self.group_limits = [{group: History(own.get(group)) for group in ("wf0", "wf1", "capped")}
+                             for _ in scenario.limits]
+
+    # -- live changes, as the runner makes them --------------------------------------
+    def limit_changed(self, key: int, value: int) -> None:
+        self.limits[key].set(self.clock(), value)
+
+    def group_limit_changed(self, key: int, group: str, value: object) -> None:
+        self.group_limits[key][group].set(self.clock(), value)
+
+    def leases_changed(self, on: bool) -> None:
+        self.leases_on.set(self.clock(), on)
+
+    def ceiling_now(self, key: int) -> int:
+        return ceiling_of(self.scenario.mode, self.limits[key].now(), self.leases_on.now())
+
+    def _allowed(self, key: int) -> int:
+        since = self.clock() - stale_ms(self.scenario)
+        limit = self.limits[key].highest_since(since)
+        over = self.scenario.mode == "over" and self.leases_on.highest_since(since)
+        return limit + (OVER_EXTRA if over else 0)
+
+    # -- steps ----------------------------------------------------------------------------
+    def register(self, item: str) -> bool:
+        """An item's work is registered (started); False if it already was."""
+        self.steps += 1
+        self.registered[item] += 1
+        if self.registered[item] > 1:
+            self.violations.add("exactly_once", f"{item} registered {self.registered[item]} times")
+            return False
+        return True
+
+    def start(self, item: str, key: int, group: str) -> None:
+        self.steps += 1
+        self.admitted_at.setdefault(item, self.clock())
+        self.where[item] = (key, group)
+        self.running[key][group].add(item)
+        total = sum(len(items) for items in self.running[key].values())
+        allowed = self._allowed(key)
+        if total > allowed:
+            self.violations.add("limit", f"{total} running under key {key} at {self.clock():.0f} ms; at most {allowed}")
+        ceiling = self.group_limits[key][group].highest_since(self.clock() - stale_ms(self.scenario))
+        in_group = len(self.running[key][group])
+        if isinstance(ceiling, int) and in_group > ceiling:
+            self.violations.add("group_limit", f"{in_group} running in {key}/{group}; at most {ceiling}")
+        self._check_counted(key)
+
+    def stop(self, item: str) -> None:
+        self.steps += 1
+        key, group = self.where.get(item, (None, None))
+        if key is not None:
+            self.running[key][group].discard(item)
+        self.stopped.add(item)
+
+    def holder_committed(self, key: int, counted: tuple[int, dict[str, int]], issued: set[str],
+                         moved_back: list[str]) -> None:
+        """After each holder commit: what it counts, the groups it handed permits in,
+        and any count that moved back."""
+        self.steps += 1
+        self.counted[key] = counted
+        for detail in moved_back:
+            self.violations.add("monotonic", detail)
+        if issued:
+            total, groups = counted
+            ceiling = self.ceiling_now(key)
+            if total > ceiling:
+                self.violations.add("issue", f"holder {key} counts {total} after handing out permits; ceiling {ceiling}")
+            for group in issued:
+                limit = self.group_limits[key][group].now()
+                if isinstance(limit, int) and groups.get(group, 0) > limit:
+                    self.violations.add("issue", f"holder {key} counts {groups[group]} in {group}; limit {limit}")
+        self._check_counted(key)
+
+    def _check_counted(self, key: int) -> None:
+        if key not in self.counted:
+            return
+        total, groups = self.counted[key]
+        running = {group: len(items) for group, items in self.running[key].items()}
+        if sum(running.values()) > total:
+            self.violations.add("accounting", f"{sum(running.values())} running under key {key}; holder counts {total}")
+        for group, n in running.items():
+            if n > groups.get(group, 0):
+                self.violations.add("accounting", f"{n} running in {key}/{group}; holder counts {groups.get(group, 0)}")
+
+
+def overlaps_beyond_limits(holds: list[dict]) -> list[tuple]:
+    """Every hold admitted while as many others surely held the key as its open's limit allows.
+
+    A key admits by the limit of the open that waits, so a hold's limit binds
+    at its admission: later holds admitted by larger limits may join it.
+    """
+    found = []
+    for hold in holds:
+        others = [other for other in holds if other is not hold and other["key"] == hold["key"]
+                  and other["start"] <= hold["admitted"] < other["end"] and other["seq"] < hold["seq"]]
+        if len(others) >= hold["limit"]:
+            found.append((hold["id"], hold["limit"], sorted(o["id"] for o in others)))
+    return found

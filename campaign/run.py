@@ -1,0 +1,328 @@
+"""Running one scenario on the embedded runtime, in virtual time, and checking it.
+
+Lives here: ``run(scenario) -> Outcome``: the runtime with the scenario's
+seed and faults, the driver that submits and cancels jobs, makes the live
+changes and partitions, stops the faults and waits for quiet, the
+end-of-run checks, and the planted defects that patch the library for one
+run. Must not know: how scenarios are drawn or shrunk, or how many run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator
+
+from durability.semaphore import allocation
+from durability.testing import Faults, Runtime, load_worker_module
+
+from .checks import Truth, Violations, ceiling_of, liveness_bound_ms, overlaps_beyond_limits
+from .scenario import FAULTS_END_MS, LEASE_TTL_MS, Scenario
+
+ROOT = Path(__file__).resolve().parent.parent
+BUDGET_WORKER = Path(__file__).resolve().parent / "worker.py"
+LOCKS_WORKER = ROOT / "tests" / "workers" / "locks.py"
+LEASE_MODES = {
+    "strict": {"mode": "strict"},
+    "under": {"mode": "under", "reserve": 1},
+    "over": {"mode": "over", "extra": {"count": 2}},  # campaign.checks.OVER_EXTRA
+}
+POLL_MS = 5_000
+
+
+@dataclass
+class Outcome:
+    mode: str
+    seed: int
+    steps: int
+    virtual_ms: float
+    violations: Violations = field(default_factory=Violations)
+
+    @property
+    def failed(self) -> bool:
+        return bool(self.violations)
+
+
+def run(scenario: Scenario) -> Outcome:
+    """One run; the library's own log lines (retries under faults) are silenced."""
+    logging.disable(logging.CRITICAL)
+    try:
+        return _run_locks(scenario) if scenario.mode == "locks" else _run_budget(scenario)
+    finally:
+        logging.disable(logging.NOTSET)
+
+
+def _faults(scenario: Scenario, **extra) -> Faults:
+    return Faults(**dict(scenario.faults), latency_ms=(0.0, scenario.latency_ms), **extra)
+
+
+def lease_options(scenario: Scenario, on: bool = True) -> dict | None:
+    if scenario.mode not in LEASE_MODES or not on:
+        return None
+    return {"provisioning": LEASE_MODES[scenario.mode], "permits_per_lease": scenario.permits_per_lease,
+            "ttl_ms": LEASE_TTL_MS}
+
+
+@contextlib.contextmanager
+def planted(plant: str | None) -> Iterator[None]:
+    """A defect in the library for one run: a report applied twice frees its releases again."""
+    if plant != "double_report":
+        yield
+        return
+    real = allocation.apply_report
+
+    def applied_twice(working, report):
+        outcome = real(working, report)
+        grant = working.get(report.grant_id)
+        if grant is not None and report.released:
+            released = min(grant.claimed, grant.released + report.released)  # as if it were a delta
+            working.put(allocation.replace(grant, released=released))
+        return outcome
+
+    allocation.apply_report = applied_twice
+    try:
+        yield
+    finally:
+        allocation.apply_report = real
+
+
+# -- the budget modes ---------------------------------------------------------------------
+
+def _run_budget(scenario: Scenario) -> Outcome:
+    runtime = Runtime(load_worker_module(BUDGET_WORKER), {"HOLDER": "Holder", "SHARD": "Shard"},
+                      seed=scenario.seed, faults=_faults(scenario))
+    truth = Truth(scenario, runtime.now_ms)
+    module = runtime.module
+    module.TRUTH = truth
+    module.CONFIG.update(limits=list(scenario.limits), group_limits=[dict(scenario.group_limits) for _ in scenario.limits],
+                         leases=lease_options(scenario), lose_releases=scenario.lose_releases, plant=scenario.plant)
+    start = runtime.now_ms()
+    try:
+        with planted(scenario.plant):
+            runtime.run(_BudgetDriver(runtime, scenario, truth).drive())
+    finally:
+        runtime.close()
+    return Outcome(scenario.mode, scenario.seed, truth.steps, runtime.now_ms() - start, truth.violations)
+
+
+class _BudgetDriver:
+    def __init__(self, runtime: Runtime, scenario: Scenario, truth: Truth) -> None:
+        self.runtime, self.scenario, self.truth = runtime, scenario, truth
+        self.config = runtime.module.CONFIG
+        self.start = runtime.now_ms()
+        self.accepted: dict[str, tuple[str, int, int]] = {}  # item id -> (shard, key, ms)
+        self.cancelled: set[str] = set()
+
+    def shard(self, index: int):
+        return self.runtime.env.SHARD.getByName(f"s{index}")
+
+    async def at(self, ms: float) -> None:
+        await asyncio.sleep(max(0.0, self.start + ms - self.runtime.now_ms()) / 1000)
+
+    async def drive(self) -> None:
+        await asyncio.gather(*(self.submit(i, job) for i, job in enumerate(self.scenario.jobs)),
+                             *(self.change(c) for c in self.scenario.changes),
+                             *(self.partition(p) for p in self.scenario.partitions))
+        await self.at(FAULTS_END_MS)
+        self.runtime.faults.enabled = False
+        self.restore()
+        await self.quiet()
+
+    async def submit(self, index: int, job) -> None:
+        await self.at(job.at_ms)
+        item_id = f"j{index}"
+        item = {"id": item_id, "key": f"k{job.key}", "group": job.group,
+                "body": {"ms": job.ms // 3 if job.fails else job.ms}}
+        for _ in range(30):  # a submit may fail with its shard (evicted, crashed): try again
+            try:
+                await self.shard(job.shard).submit([item])
+                break
+            except Exception:
+                await asyncio.sleep(1)
+        else:
+            return
+        self.accepted[item_id] = (job.shard, job.key, item["body"]["ms"])
+        if job.cancel_after_ms is not None:
+            await asyncio.sleep(job.cancel_after_ms / 1000)
+            with contextlib.suppress(Exception):
+                if await self.shard(job.shard).cancel(item_id):
+                    self.cancelled.add(item_id)
+
+    async def change(self, change) -> None:
+        await self.at(change.at_ms)
+        self.apply(change.kind, change.key, change.value)
+
+    def apply(self, kind: str, key: int, value: object) -> None:
+        if kind == "limit":
+            self.config["limits"][key] = value
+            self.truth.limit_changed(key, value)
+        elif kind == "group_limit":
+            self.config["group_limits"][key]["wf1"] = value
+            self.truth.group_limit_changed(key, "wf1", value)
+        elif kind == "leases":
+            on = value == "on"
+            self.config["leases"] = lease_options(self.scenario, on)
+            self.truth.leases_changed(on)
+            for key_ in range(self.scenario.keys):  # a holder reads leases= when it starts
+                self.runtime.evict(self.runtime.env.HOLDER.getByName(f"k{key_}"))
+
+    async def partition(self, partition) -> None:
+        await self.at(partition.at_ms)
+        self.config["partitioned"][f"s{partition.shard}"] = self.runtime.now_ms() + partition.ms
+
+    def restore(self) -> None:
+        """Faults stop; limits, group limits and leases go back to where they started."""
+        own = dict(self.scenario.group_limits)
+        for key, limit in enumerate(self.scenario.limits):
+            if self.config["limits"][key] != limit:
+                self.apply("limit", key, limit)
+            if self.config["group_limits"][key].get("wf1") != own.get("wf1"):
+                self.apply("group_limit", key, own.get("wf1"))
+        if (self.config["leases"] is None) != (self.scenario.mode == "grants"):
+            self.apply("leases", 0, "on")
+
+    def bounds(self) -> dict[int, float]:
+        """When each key's last item must be admitted (``checks.liveness_bound_ms``)."""
+        own = dict(self.scenario.group_limits)
+        bounds = {}
+        for key, limit in enumerate(self.scenario.limits):
+            waiting = [(item, ms) for item, (_, k, ms) in self.accepted.items()
+                       if k == key and item not in self.truth.admitted_at and item not in self.cancelled]
+            capped = [ms for item, ms in waiting if self.scenario.jobs[int(item[1:])].group == "capped"]
+            bounds[key] = self.runtime.now_ms() + liveness_bound_ms(
+                self.scenario, sum(ms for _, ms in waiting), limit, sum(capped), own.get("capped"))
+        return bounds
+
+    async def quiet(self) -> None:
+        """Wait until every item is released or cancelled and every holder's count is
+        back to what runs (outboxes retry on their own backoff), or past the bounds."""
+        bounds = self.bounds()
+        give_up = max(bounds.values(), default=self.runtime.now_ms()) + 60_000
+        while self.runtime.now_ms() < give_up:
+            await asyncio.sleep(POLL_MS / 1000)
+            states = await self.states()
+            if all(states.get(item) in ("released", "cancelled") for item in self.accepted) and not self.leaks():
+                break
+        self.check_end(await self.states(), bounds)
+
+    async def states(self) -> dict[str, str]:
+        found = {}
+        for index in range(self.scenario.shards):
+            found.update(await self.shard(index).states())
+        return found
+
+    def check_end(self, states: dict[str, str], bounds: dict[int, float]) -> None:
+        truth, violations = self.truth, self.truth.violations
+        for item, (_, key, _) in self.accepted.items():
+            state = states.get(item)
+            if state is None:
+                violations.add("durability", f"{item}, accepted, is gone")
+            elif item in self.cancelled:
+                if state != "cancelled" or truth.registered[item]:
+                    violations.add("durability", f"{item} was cancelled, yet is {state}")
+            elif state != "released":
+                violations.add("liveness", f"{item} is still {state} at the end")
+            elif truth.registered[item] != 1:
+                violations.add("exactly_once", f"{item} was registered {truth.registered[item]} times")
+            elif truth.admitted_at[item] > bounds[key] and truth.admitted_at[item] > self.start + FAULTS_END_MS:
+                late = truth.admitted_at[item] - bounds[key]
+                violations.add("liveness", f"{item} admitted {late:.0f} ms past its bound")
+        for leak in self.leaks():
+            violations.add("leak", leak)
+
+    def leaks(self) -> list[str]:
+        """Each holder that counts more than really runs, beyond the leases their
+        clients never learned of (the one charge the spec keeps)."""
+        known = set()
+        for index in range(self.scenario.shards):
+            db = self.runtime.host_of(self.shard(index)).db
+            with contextlib.suppress(Exception):  # a shard that never queued has no lease table
+                known |= {row["lease_id"] for row in db.inspect("SELECT lease_id FROM durability_queue_leases")}
+        found = []
+        for key in range(self.scenario.keys):
+            running = sum(len(items) for items in self.truth.running[key].values())
+            db = self.runtime.host_of(self.runtime.env.HOLDER.getByName(f"k{key}")).db
+            try:
+                grants = db.inspect("SELECT permits - released AS charged FROM durability_semaphore_grants")
+                leases = db.inspect("SELECT lease_id, permits, drawn, released FROM durability_semaphore_leases")
+            except Exception:
+                continue  # this holder never started
+            never_learned = [r for r in leases if r["lease_id"] not in known and r["drawn"] == r["released"] == 0]
+            charged = sum(r["charged"] for r in grants) + sum(r["permits"] - r["released"] for r in leases) - sum(
+                r["permits"] for r in never_learned)
+            if charged != running:
+                found.append(f"holder k{key} counts {charged}; {running} running at the end")
+        return found
+
+
+# -- the lock semaphore -------------------------------------------------------------------
+
+def _run_locks(scenario: Scenario) -> Outcome:
+    runtime = Runtime(load_worker_module(LOCKS_WORKER), {"SLOTS": "Slots", "UPLOADER": "Uploader"},
+                      seed=scenario.seed, faults=_faults(scenario, targets=frozenset({"Slots"})))
+    world = runtime.module.WORLD
+    violations = Violations()
+    start = runtime.now_ms()
+    rng = random.Random(scenario.seed)
+
+    async def one(index: int, hold) -> dict:
+        await asyncio.sleep(hold.at_ms / 1000)
+        job = {"id": f"h{index}", "key": f"key{hold.key}", "limit": hold.limit, "ttl": "2s", "work_ms": hold.work_ms}
+        if hold.style == "try":
+            job["try"] = True
+        elif hold.style == "wait":
+            job["wait"] = "5s"
+        if hold.stall_ms:
+            job["stall_ms"] = hold.stall_ms
+        if hold.max_hold:
+            job["max_hold"] = "2.5s"
+        return await runtime.env.UPLOADER.getByName(f"uploader-{rng.randrange(scenario.shards)}").upload(job)
+
+    async def drive() -> tuple[list, list]:
+        calls = asyncio.gather(*(one(i, hold) for i, hold in enumerate(scenario.holds)))
+        stop_faults = asyncio.ensure_future(_later(FAULTS_END_MS / 2, lambda: setattr(runtime.faults, "enabled", False)))
+        try:
+            results = await asyncio.wait_for(calls, FAULTS_END_MS * 4 / 1000)
+        except asyncio.TimeoutError:
+            violations.add("liveness", "a hold never ended")
+            results = []
+        await stop_faults
+        await asyncio.sleep(10)  # every lease left behind ends
+        with runtime.no_faults():
+            left = [await runtime.env.SLOTS.getByName(f"uploads:key{k}").semaphore_usage()
+                    for k in range(scenario.keys)]
+        return results, left
+
+    try:
+        results, left = runtime.run(drive())
+    finally:
+        runtime.close()
+    holds = [dict(h, admitted=world["admitted_at"][h["token"]], seq=world["admission_seq"][h["token"]])
+             for h in world["holds"]]
+    for hold in holds:
+        if hold["admitted"] > hold["start"]:
+            violations.add("limit", f"{hold['id']} began before the holder admitted it")
+    for found in overlaps_beyond_limits(holds):
+        violations.add("limit", f"{found[0]} admitted beyond its limit {found[1]} with {found[2]} holding")
+    stalled = {f"h{i}" for i, hold in enumerate(scenario.holds) if hold.stall_ms}
+    for result in results:
+        if result["status"] not in ("done", "timeout", "busy", "lost"):
+            violations.add("liveness", f"{result['id']} ended {result['status']}")
+        if result["id"] in stalled and result["status"] == "done":
+            violations.add("lost", f"{result['id']} stalled past its lease and was not told")
+    for k, usage in enumerate(left):
+        if (usage["held"], usage["waiting"]) != (0, 0):
+            violations.add("leak", f"key{k} still holds {usage['held']} and has {usage['waiting']} waiting")
+    return Outcome(scenario.mode, scenario.seed, len(holds) + len(results), runtime.now_ms() - start, violations)
+
+
+async def _later(ms: float, fn) -> None:
+    await asyncio.sleep(ms / 1000)
+    fn()
+
+
+__all__ = ["Outcome", "ceiling_of", "lease_options", "planted", "run"]

@@ -1,0 +1,239 @@
+"""Scenarios of the simulation campaign: what one run does, drawn from one seed.
+
+Lives here: ``Scenario`` (a workload, a mode, live changes, a fault mix
+and partitions, all plain values that print as a ready-to-paste Python
+literal), ``generate(seed, mode)``, which draws one "swarm" style (each
+fault kind on or off per run, at its own rate), and ``smaller(scenario)``,
+the candidates the shrinker tries. Must not know: the runtime, the Worker
+or the checks; a scenario is data.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import asdict, dataclass, replace
+from typing import Iterator
+
+BUDGET_MODES = ("grants", "strict", "under", "over")
+MODES = BUDGET_MODES + ("locks",)
+PLANTS = ("over_grant", "double_report", "lost_release", "double_admit")
+
+LEASE_TTL_MS = 20_000
+GRANT_TIMEOUT_MS = 5_000
+FINISHED_CHECK_MS = 10_000
+RETRY_MAX_MS = 10_000  #: the shards' backoff ceiling (see ``campaign.checks.liveness_bound_ms``)
+FAULTS_END_MS = 150_000  #: faults stop here; every live change is undone here too
+JOB_MS = (200, 1_000, 3_000, 8_000, 20_000)
+GROUPS = ("wf0", "wf1", "capped")
+FAULT_KINDS = ("lost_request", "lost_reply", "duplicate", "evict", "crash_before_commit", "alarm_failure",
+               "duplicate_alarm")
+
+
+@dataclass(frozen=True)
+class Job:
+    at_ms: float  #: when it is submitted
+    shard: int
+    key: int
+    group: str
+    ms: int  #: how long its work runs once admitted
+    cancel_after_ms: float | None = None  #: cancelled this long after submission, if still queued
+    fails: bool = False  #: its work ends in failure (its permit goes back all the same)
+
+
+@dataclass(frozen=True)
+class Change:
+    """A live change at ``at_ms``: ``kind`` is "limit" (key, value), "group_limit"
+    (key, value: None, an int, or "raise" for a callback that raises) or "leases"
+    (value: on or off)."""
+
+    at_ms: float
+    kind: str
+    key: int = 0
+    value: object = None
+
+
+@dataclass(frozen=True)
+class Partition:
+    """``shard`` cannot reach any holder from ``at_ms`` for ``ms``."""
+
+    shard: int
+    at_ms: float
+    ms: float
+
+
+@dataclass(frozen=True)
+class Hold:
+    """One use of a lock semaphore (mode "locks")."""
+
+    at_ms: float
+    key: int
+    limit: int
+    work_ms: int
+    style: str = "hold"  #: "hold" (wait as long as it takes), "wait" (5 s at most) or "try"
+    stall_ms: int = 0  #: the holder's code stalls this long (past its lease: it must be told)
+    max_hold: bool = False
+
+
+@dataclass(frozen=True)
+class Scenario:
+    seed: int
+    mode: str
+    limits: tuple[int, ...] = (3,)  #: per key
+    group_limits: tuple[tuple[str, int], ...] = ()  #: group -> its own ceiling, every key
+    shards: int = 3
+    jobs: tuple[Job, ...] = ()
+    holds: tuple[Hold, ...] = ()
+    changes: tuple[Change, ...] = ()
+    faults: tuple[tuple[str, float], ...] = ()  #: fault kind -> rate
+    latency_ms: float = 0.0  #: the upper end of each call's delay each way
+    partitions: tuple[Partition, ...] = ()
+    lose_releases: float = 0.0  #: share of releases a shard forgets to make (finished() returns them)
+    permits_per_lease: int = 2
+    plant: str | None = None  #: a defect planted on purpose, to show a check catches it
+
+    @property
+    def keys(self) -> int:
+        return len(self.limits)
+
+    def size(self) -> int:
+        """What the shrinker makes smaller."""
+        return (len(self.jobs) + len(self.holds) + len(self.changes) + len(self.faults) + len(self.partitions)
+                + self.keys + self.shards + (self.latency_ms > 0) + (self.lose_releases > 0))
+
+    def to_literal(self) -> str:
+        """The scenario as Python source, for a pytest case."""
+        fields = [f"{name}={_literal(getattr(self, name))}" for name in asdict(self)
+                  if getattr(self, name) != getattr(Scenario, name, object())]
+        return "Scenario(" + ", ".join(fields) + ")"
+
+
+def _literal(value: object) -> str:
+    if isinstance(value, tuple):
+        inner = ", ".join(_literal(v) for v in value)
+        return f"({inner},)" if len(value) == 1 else f"({inner})"
+    if isinstance(value, (Job, Change, Partition, Hold)):
+        defaults = type(value).__dataclass_fields__  # a field without a default is always written
+        parts = [f"{k}={v!r}" for k, v in asdict(value).items() if v != defaults[k].default]
+        return f"{type(value).__name__}({', '.join(parts)})"
+    return repr(value)
+
+
+# -- drawing one scenario ------------------------------------------------------------
+
+def generate(seed: int, mode: str) -> Scenario:
+    """One scenario of ``mode``, the same for the same seed."""
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}, not {mode!r}")
+    rng = random.Random(f"{mode}:{seed}")
+    faults, latency = _swarm(rng)
+    if mode == "locks":
+        keys = rng.randint(1, 3)
+        return Scenario(seed, mode, limits=(1,) * keys, shards=rng.randint(2, 5), holds=_holds(rng, keys),
+                        faults=faults, latency_ms=latency)
+    keys = rng.choice([1, 1, 2])
+    limits = tuple(rng.randint(1, 6) for _ in range(keys))
+    shards = rng.randint(2, 5)
+    group_limits = (("capped", rng.randint(1, 2)),) if rng.random() < 0.6 else ()
+    return Scenario(
+        seed, mode, limits=limits, group_limits=group_limits, shards=shards,
+        jobs=_jobs(rng, keys, shards), changes=_changes(rng, mode, keys), faults=faults, latency_ms=latency,
+        partitions=_partitions(rng, shards), lose_releases=rng.choice([0.0, 0.05, 0.2]),
+        permits_per_lease=rng.randint(1, 4),
+    )
+
+
+def _swarm(rng: random.Random) -> tuple[tuple[tuple[str, float], ...], float]:
+    """Each fault kind on or off for this run, at a rate of its own; one kind
+    often heavy: some runs lose many replies, some evict often, some delay long."""
+    heavy = rng.choice(FAULT_KINDS + ("latency", None))
+    faults = []
+    for kind in FAULT_KINDS:
+        if kind == heavy:
+            faults.append((kind, round(rng.uniform(0.2, 0.4), 3)))
+        elif rng.random() < 0.5:
+            faults.append((kind, round(rng.uniform(0.01, 0.08), 3)))
+    latency = rng.choice([0.0, 20.0, 80.0]) if heavy != "latency" else 2_000.0
+    return tuple(faults), latency
+
+
+def _jobs(rng: random.Random, keys: int, shards: int) -> tuple[Job, ...]:
+    jobs = []
+    for _ in range(rng.randint(3, 10)):  # bursts
+        at = rng.uniform(0, 100_000)
+        for _ in range(rng.randint(1, 8)):
+            cancel = rng.uniform(0, 8_000) if rng.random() < 0.1 else None
+            jobs.append(Job(round(at + rng.uniform(0, 500), 1), rng.randrange(shards), rng.randrange(keys),
+                            rng.choice(GROUPS), rng.choice(JOB_MS),
+                            None if cancel is None else round(cancel, 1), rng.random() < 0.1))
+    return tuple(sorted(jobs, key=lambda job: job.at_ms))
+
+
+def _changes(rng: random.Random, mode: str, keys: int) -> tuple[Change, ...]:
+    changes = []
+    for _ in range(rng.randint(0, 3)):
+        at = round(rng.uniform(5_000, FAULTS_END_MS - 10_000), 1)
+        kind = rng.choice(["limit", "limit", "group_limit"] + (["leases"] if mode != "grants" else []))
+        if kind == "limit":
+            changes.append(Change(at, kind, rng.randrange(keys), rng.randint(0, 8)))
+        elif kind == "group_limit":
+            changes.append(Change(at, kind, rng.randrange(keys), rng.choice([None, 1, 3, "raise"])))
+        else:
+            changes.append(Change(at, kind, 0, rng.choice(["on", "off"])))
+    return tuple(sorted(changes, key=lambda change: change.at_ms))
+
+
+def _partitions(rng: random.Random, shards: int) -> tuple[Partition, ...]:
+    if rng.random() >= 0.3:
+        return ()
+    at = round(rng.uniform(10_000, 80_000), 1)
+    return (Partition(rng.randrange(shards), at, round(rng.uniform(1.2, 2.0) * LEASE_TTL_MS, 1)),)
+
+
+def _holds(rng: random.Random, keys: int) -> tuple[Hold, ...]:
+    holds = []
+    for _ in range(rng.randint(10, 60)):
+        style = rng.choices(["hold", "wait", "try"], [0.65, 0.2, 0.15])[0]
+        holds.append(Hold(round(rng.uniform(0, 60_000), 1), rng.randrange(keys), rng.choice([1, 2, 3]),
+                          rng.choice([0, 300, 1_500, 4_000]), style,
+                          2_500 if rng.random() < 0.05 else 0, rng.random() < 0.1))
+    return tuple(sorted(holds, key=lambda hold: hold.at_ms))
+
+
+# -- shrinking -------------------------------------------------------------------------
+
+def smaller(scenario: Scenario) -> Iterator[Scenario]:
+    """Candidates one step smaller, the biggest cuts first."""
+    for name in ("jobs", "holds", "changes", "partitions", "faults"):
+        items = getattr(scenario, name)
+        n = len(items)
+        chunk = n  # all of them, then halves, down to one at a time
+        while chunk >= 1:
+            for start in range(0, n, chunk):
+                yield replace(scenario, **{name: items[:start] + items[start + chunk:]})
+            chunk //= 2
+    if scenario.latency_ms:
+        yield replace(scenario, latency_ms=0.0)
+    if scenario.lose_releases:
+        yield replace(scenario, lose_releases=0.0)
+    if scenario.keys > 1:
+        yield _without_key(scenario, scenario.keys - 1)
+    if scenario.shards > 1:
+        last = scenario.shards - 1
+        yield replace(scenario, shards=last,
+                      jobs=tuple(replace(j, shard=min(j.shard, last - 1)) for j in scenario.jobs),
+                      partitions=tuple(p for p in scenario.partitions if p.shard < last))
+
+
+def _without_key(scenario: Scenario, key: int) -> Scenario:
+    return replace(scenario, limits=scenario.limits[:key],
+                   jobs=tuple(j for j in scenario.jobs if j.key != key),
+                   holds=tuple(h for h in scenario.holds if h.key != key),
+                   changes=tuple(c for c in scenario.changes if c.key != key))
+
+
+def with_plant(scenario: Scenario, plant: str | None) -> Scenario:
+    if plant is not None and plant not in PLANTS:
+        raise ValueError(f"plant must be one of {PLANTS}, not {plant!r}")
+    return replace(scenario, plant=plant)
+
+

@@ -1,0 +1,175 @@
+"""The Worker module the campaign runs in its budget modes: holders, and shards that queue jobs.
+
+Lives here: ``Holder`` (a ``DurabilitySemaphore`` per key, its limits read
+from ``CONFIG`` on every round, each commit reported to ``TRUTH``) and
+``Shard`` (a ``DurabilitySemaphoreQueue`` whose admitted items "run" for the
+time their body names; each start, stop and registration reported to
+``TRUTH``), written the way a user writes them, plus the hooks of the
+planted defects. Must not know: how a scenario is drawn or checked.
+
+The runner loads this module afresh for every run (so ``CONFIG`` and
+``TRUTH`` are the run's own) and sets them before any object starts.
+"""
+
+import random
+import time
+
+from workers import DurableObject
+
+from durability import Backoff, DurabilityScheduler
+from durability.semaphore import DurabilitySemaphore, DurabilitySemaphoreQueue
+from durability.semaphore.allocation import usage
+from durability.semaphore.leases import lease_usage
+from durability.testing import JsException
+
+from campaign.scenario import FINISHED_CHECK_MS, GRANT_TIMEOUT_MS, RETRY_MAX_MS
+
+CONFIG = {
+    "limits": [],  # per key
+    "group_limits": [],  # per key: group -> int, None, or "raise"
+    "leases": None,  # the holders' leases= option (read when a holder starts)
+    "lose_releases": 0.0,
+    "partitioned": {},  # shard name -> until (ms)
+    "plant": None,
+}
+TRUTH = None
+
+
+def now_ms():
+    return time.time() * 1000
+
+
+def key_index(name):
+    return int(name[1:])  # "k0" -> 0
+
+
+class Holder(DurableObject):
+    """One instance per key ("k0", "k1", ...)."""
+
+    def __init__(self, ctx, env):
+        super().__init__(ctx, env)
+        self.key = key_index(ctx.id.name)
+        self.scheduler = DurabilityScheduler(ctx)
+        self.semaphore = DurabilitySemaphore(
+            self.scheduler, limit=self._limit, group_limit=self._group_limit,
+            grant_timeout_ms=GRANT_TIMEOUT_MS, leases=CONFIG["leases"],
+        )
+        self._semaphore_commit = self.semaphore._commit
+        self.semaphore._commit = self._commit_and_report  # every commit is reported to TRUTH
+
+    def _limit(self):
+        planted = 1 if CONFIG["plant"] == "over_grant" else 0  # a holder that grants one permit too many
+        return CONFIG["limits"][self.key] + planted
+
+    def _group_limit(self, group):
+        value = CONFIG["group_limits"][self.key].get(group)
+        if value == "raise":
+            raise RuntimeError(f"no limit known for {group}")
+        return value
+
+    def _commit_and_report(self, changes):
+        grants, leases = self.semaphore._grants(), self.semaphore._leases()
+        moved_back = _moved_back(grants, leases, changes)
+        issued = {g.group for g in changes.written.values() if g.grant_id not in grants}
+        issued |= {lease.group for lease in changes.leases_written.values() if lease.lease_id not in leases}
+        self._semaphore_commit(changes)
+        total, groups = usage(self.semaphore._grants().values())
+        leased, leased_groups = lease_usage(self.semaphore._leases().values())
+        for group, n in leased_groups.items():
+            groups[group] = groups.get(group, 0) + n
+        TRUTH.holder_committed(self.key, (total + leased, groups), issued, moved_back)
+
+    async def permits(self, message):
+        return await self.semaphore.handle(message)
+
+    async def usage(self):
+        return self.semaphore.usage()
+
+    async def alarm(self, alarm_info=None):
+        await self.scheduler.alarm(alarm_info)
+
+
+def _moved_back(grants, leases, changes):
+    found = []
+    for grant in changes.written.values():
+        old = grants.get(grant.grant_id)
+        if old is not None and (grant.claimed < old.claimed or grant.released < old.released
+                                or grant.permits > old.permits):
+            found.append(f"grant {grant.grant_id}: {old} -> {grant}")
+    for lease in changes.leases_written.values():
+        old = leases.get(lease.lease_id)
+        if old is not None and (lease.drawn < old.drawn or lease.released < old.released
+                                or lease.permits > old.permits):
+            found.append(f"lease {lease.lease_id}: {old} -> {lease}")
+    return found
+
+
+limits = DurabilitySemaphore.client(binding="HOLDER")
+
+
+def lost_connection():
+    error = JsException("Network connection lost.")
+    error.retryable = True
+    return error
+
+
+class Shard(DurableObject):
+    """Queues jobs of every key; an admitted job runs for ``body["ms"]``, then is released."""
+
+    def __init__(self, ctx, env):
+        super().__init__(ctx, env)
+        self.name = ctx.id.name
+        self.scheduler = DurabilityScheduler(ctx)
+        self.scheduler.register("work", self._work_ends)
+        server = limits.bind(env)
+        send = server._send
+
+        async def send_unless_partitioned(key, message):
+            if CONFIG["partitioned"].get(self.name, 0) > now_ms():
+                raise lost_connection()
+            return await send(key, message)
+
+        server._send = send_unless_partitioned
+        lost_all = CONFIG["plant"] == "lost_release"
+        self.queue = DurabilitySemaphoreQueue(
+            self.scheduler, client_id=self.name, server=server, admit=self._admit,
+            finished=None if lost_all else self._finished,  # a lost release with no sweep
+            finished_check_ms=FINISHED_CHECK_MS, lease_report_delay_ms=2_000,
+            retries=Backoff(initial_ms=500, max_ms=RETRY_MAX_MS),
+        )
+
+    async def submit(self, items):
+        return [item.id for item in await self.queue.enqueue(items)]
+
+    async def cancel(self, item_id):
+        try:
+            return await self.queue.cancel(item_id)
+        except ValueError:
+            return False  # no longer queued
+
+    async def states(self):
+        return {r["id"]: r["state"] for r in self.ctx.storage.sql.exec("SELECT id, state FROM durability_queue_items")}
+
+    async def _admit(self, items):
+        twice = CONFIG["plant"] == "double_admit"
+        for item in items:
+            # admit() must be idempotent on item id: the work registers once.
+            if twice or not TRUTH.registered[item.id]:
+                if TRUTH.register(item.id):
+                    TRUTH.start(item.id, key_index(item.key), item.group)
+            self.scheduler.schedule("work", item.id, TRUTH.admitted_at[item.id] + item.body["ms"])
+        await self.scheduler.sync()
+        if twice and items:
+            raise RuntimeError("admit() fails after its work started: it runs again")
+
+    async def _work_ends(self, timer):
+        TRUTH.stop(timer.key)
+        lost = CONFIG["plant"] == "lost_release" or random.random() < CONFIG["lose_releases"]
+        if not lost:
+            await self.queue.release(timer.key)
+
+    async def _finished(self, ids):
+        return [i for i in ids if i in TRUTH.stopped]
+
+    async def alarm(self, alarm_info=None):
+        await self.scheduler.alarm(alarm_info)
