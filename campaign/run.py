@@ -20,7 +20,7 @@ from typing import Iterator
 from durability.semaphore import allocation
 from durability.testing import Faults, Runtime, load_worker_module
 
-from .checks import Truth, Violations, ceiling_of, liveness_bound_ms, overlaps_beyond_limits
+from .checks import Truth, Violations, liveness_bound_ms, overlaps_beyond_limits
 from .scenario import FAULTS_END_MS, LEASE_TTL_MS, Scenario
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -324,5 +324,3 @@ async def _later(ms: float, fn) -> None:
     await asyncio.sleep(ms / 1000)
     fn()
 
-
-__all__ = ["Outcome", "ceiling_of", "lease_options", "planted", "run"]

@@ -127,7 +127,9 @@ def main() -> int:
     with multiprocessing.get_context("spawn").Pool(args.jobs) as pool:
         for result in pool.imap_unordered(one, tasks, chunksize=4):
             results.append(result)
-            failed += bool(result["violations"])
+            if result["violations"]:
+                failed += 1
+                sys.stderr.write(f"\r{result['mode']} seed {result['seed']} failed: {result['first']}\n")
             progress(len(results), len(tasks), failed, started)
     sys.stderr.write("\n")
     summary = summarize(results, modes)

@@ -27,7 +27,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "src"))
+sys.path[:0] = [str(ROOT / "src"), str(ROOT)]
+
+from bench import measure  # noqa: E402
 
 from durability.testing import Faults, JsException, Runtime  # noqa: E402
 
@@ -58,6 +60,7 @@ class Ledger:
         self.succeeded: dict[str, int] = {}  # runs that returned, per job
         self.overlaps = 0  # a job started while a run of it was still going
         self.outcome: dict[str, str] = {}  # job id -> completed | failed
+        self.truth = measure.Ledger()  # submissions, starts and ends, for the busy share
 
     def instrument(self, runtime: Runtime) -> None:
         module = runtime.module
@@ -70,10 +73,12 @@ class Ledger:
                 self.overlaps += 1
             self.running[account].add(job_id)
             self.max_running[account] = max(self.max_running[account], len(self.running[account]))
+            self.truth.started(job_id, runtime.now_ms())
             try:
                 result = await real_run_job(env, job)
             finally:
                 self.running[account].discard(job_id)
+                self.truth.ended(job_id, runtime.now_ms())
             self.succeeded[job_id] = self.succeeded.get(job_id, 0) + 1
             return result
 
@@ -105,6 +110,7 @@ async def workload(runtime: Runtime, args: argparse.Namespace, ledger: Ledger, a
             job = {"id": job_id, "account": account, "workflow": f"wf-{rng.randint(0, 2)}",
                    "work_ms": rng.randint(1_000, 30_000), "fail": rng.random() < 0.05}
             ledger.submitted_at[job_id] = runtime.now_ms()
+            ledger.truth.submitted(job_id, account, job["work_ms"], runtime.now_ms())
             while True:  # submitting is idempotent on the job id: retry until it lands
                 try:
                     await runtime.call_entrypoint("submit_job", job)
@@ -155,11 +161,6 @@ def progress(done: int, total: int, runtime: Runtime) -> None:
     minutes, seconds = divmod(int(runtime.loop.time()), 60)
     print(f"\r[{'#' * filled}{'.' * (width - filled)}] {done}/{total} jobs ended, "
           f"{minutes}m{seconds:02d}s virtual", end="", file=sys.stderr, flush=True)
-
-
-def percentile(values: list[float], share: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(share * len(ordered)))] if ordered else 0.0
 
 
 def main() -> int:
@@ -218,8 +219,10 @@ def main() -> int:
         # runner is at least once, so handlers must be idempotent on job id.
         "jobs_run_twice_at_once": ledger.overlaps,
         "work_repeated_after_crash": sum(1 for n in ledger.succeeded.values() if n > 1),
-        "p50_wait_s": round(percentile(waits, 0.50), 1),
-        "p99_wait_s": round(percentile(waits, 0.99), 1),
+        # Mean of running ÷ limit while jobs of the account waited (bench/measure.py).
+        "busy_while_waiting": round(measure.busy_share(ledger.truth, limits)[0], 4),
+        "p50_wait_s": round(measure.percentile(waits, 0.50), 1),
+        "p99_wait_s": round(measure.percentile(waits, 0.99), 1),
         "rows_written_per_admission": round(totals["rows_written"] / max(admitted, 1), 2),
         "rows_read_per_admission": round(totals["rows_read"] / max(admitted, 1), 2),
         "rpc_per_admission": round(totals["requests"] / max(admitted, 1), 2),
@@ -264,7 +267,8 @@ def human(s: dict) -> str:
     if s["leases"]:
         lines.append(f"leases ({s['leases']}): {s['admitted_via']['lease']} jobs drawn from leases, "
                      f"{s['admitted_via']['grant']} admitted by grants")
-    lines.append(f"wait from submit to start: p50 {s['p50_wait_s']} s, p99 {s['p99_wait_s']} s")
+    lines.append(f"wait from submit to start: p50 {s['p50_wait_s']} s, p99 {s['p99_wait_s']} s; "
+                 f"limit busy while jobs wait: {s['busy_while_waiting']:.1%}")
     lines.append(f"per admission: {s['rows_written_per_admission']} rows written, "
                  f"{s['rows_read_per_admission']} rows read, {s['rpc_per_admission']} requests")
     lines.append(f"jobs run twice at once: {s['jobs_run_twice_at_once']}; work repeated after a crash lost "

@@ -108,3 +108,42 @@ def test_a_growing_counter_stays_above_numbers_read_before_its_first_write():
     counter = GrowingCounter(table, "SELECT max(version) AS n ...")
     table.versions.clear()  # version 2 deleted, while a call in flight still holds it
     assert counter.next() == 3
+
+def test_campaign_strict_seed_163():
+    # The holder kept a request of a client over to later rounds (its long
+    # poll, up to 50 s) though the reply listed a lease the client had never
+    # heard of (its first reply was lost in a crash): the client could not
+    # draw from its own lease, and the key's one permit sat idle until the
+    # poll ended. A reply with news now goes out at once.
+    scenario = Scenario(seed=163, mode='strict', limits=(6, 1), group_limits=(('capped', 2),), jobs=(Job(at_ms=7312.1, shard=1, key=1, group='wf0', ms=200), Job(at_ms=7643.4, shard=0, key=1, group='wf1', ms=200), Job(at_ms=9068.9, shard=2, key=0, group='wf1', ms=200), Job(at_ms=9452.6, shard=1, key=1, group='wf0', ms=3000), Job(at_ms=9484.6, shard=0, key=1, group='capped', ms=200), Job(at_ms=44777.6, shard=0, key=0, group='wf0', ms=1000), Job(at_ms=44839.4, shard=0, key=1, group='wf0', ms=1000), Job(at_ms=45043.7, shard=1, key=1, group='capped', ms=1000), Job(at_ms=45128.0, shard=2, key=1, group='wf0', ms=3000, cancel_after_ms=1553.3, fails=True), Job(at_ms=45489.5, shard=2, key=0, group='capped', ms=8000), Job(at_ms=45804.3, shard=2, key=1, group='wf1', ms=3000), Job(at_ms=57563.0, shard=0, key=0, group='wf1', ms=20000, cancel_after_ms=1246.0), Job(at_ms=57573.2, shard=1, key=0, group='capped', ms=1000, fails=True), Job(at_ms=57578.7, shard=1, key=1, group='wf1', ms=3000), Job(at_ms=57610.0, shard=1, key=1, group='capped', ms=1000), Job(at_ms=57781.2, shard=2, key=0, group='wf0', ms=20000), Job(at_ms=57854.4, shard=0, key=1, group='wf0', ms=1000), Job(at_ms=57968.7, shard=0, key=0, group='capped', ms=20000, fails=True), Job(at_ms=82339.6, shard=1, key=1, group='wf0', ms=200), Job(at_ms=92083.3, shard=0, key=0, group='wf1', ms=3000), Job(at_ms=92128.9, shard=1, key=1, group='capped', ms=1000), Job(at_ms=92134.4, shard=2, key=1, group='wf1', ms=8000, fails=True)), changes=(Change(at_ms=44702.9, kind='group_limit', value='raise'),), faults=(('lost_request', 0.013), ('lost_reply', 0.064), ('duplicate', 0.327), ('evict', 0.011), ('crash_before_commit', 0.062), ('alarm_failure', 0.051), ('duplicate_alarm', 0.038)), latency_ms=80.0, partitions=(Partition(shard=1, at_ms=24915.6, ms=25949.8),))
+    outcome = run(scenario)
+    assert not outcome.violations, outcome.violations.first
+
+
+def test_a_lease_the_client_never_heard_of_reaches_it_at_the_next_round():
+    from support import holders_runtime
+
+    def request(client, leases=()):
+        return {"type": "request", "v": 1, "clientId": client, "wait": 50_000, "leases": True,
+                "demand": [{"group": "g", "count": 1, "oldestAt": 0}, {"group": "h", "count": 1, "oldestAt": 1}],
+                "grants": [],
+                "leaseReports": [{"leaseId": i, "group": "g", "permits": 1, "drawn": 0, "released": 0}
+                                 for i in leases]}
+
+    with holders_runtime(seed=1) as runtime:
+        runtime.module.CONFIG.update(limit=1, leases={"provisioning": {"mode": "strict"}, "permits_per_lease": 1,
+                                                      "ttl_ms": 60_000})
+        holder = runtime.env.HOLDER.getByName("holder")
+
+        async def scenario():
+            first = await holder.permits(request("a"))  # its reply is "lost": a never hears of the lease
+            asked = runtime.now_ms()
+            again = await holder.permits(request("a"))  # "h" is blocked: the holder could hold this
+            waited = runtime.now_ms() - asked
+            other = await holder.permits(request("b"))  # nothing new for b: it waits at the holder
+            return first, again, waited, other, runtime.now_ms() - asked - waited
+
+        first, again, waited, other, waited_after = runtime.run(scenario())
+    assert [lease["leaseId"] for lease in again["leases"]] == [first["leases"][0]["leaseId"]]
+    assert waited < 5_000  # one round, not the 50 s long poll
+    assert waited_after > 40_000 and other["leases"] == []  # the long poll, as before

@@ -59,11 +59,13 @@ async def exchange(runtime, method=None, message=NOTHING):
     waiting = asyncio.ensure_future(stub.semaphore_acquire(acquire("h2", wait_ms=10_000)))
     await asyncio.sleep(1)
     hostile = None
-    if message is not NOTHING:
-        hostile = await getattr(stub, method)(message)
+    if message is not NOTHING:  # alongside the honest calls: an accepted acquire may wait in line
+        hostile = asyncio.ensure_future(getattr(stub, method)(message))
     await asyncio.sleep(1)
     released = await stub.semaphore_release({"v": 1, "token": first["token"]})
     second = await waiting
+    if hostile is not None:
+        hostile = await hostile
     usage = await stub.semaphore_usage()
     second = {k: v for k, v in second.items() if k != "token"}
     return hostile, released, second, usage

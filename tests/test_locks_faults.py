@@ -8,24 +8,10 @@ import pytest
 
 from durability.testing import Faults
 
+from campaign.checks import overlaps_beyond_limits
 from support import locks_runtime
 
 KEYS = ["alice", "bob", "carol"]
-
-
-def overlaps_beyond_limits(holds):
-    """Every hold admitted while as many others surely held the key as its open's limit allows.
-
-    A key admits by the limit of the open that waits, so a hold's limit binds
-    at its admission: later holds admitted by larger limits may join it.
-    """
-    found = []
-    for hold in holds:
-        others = [other for other in holds if other is not hold and other["key"] == hold["key"]
-                  and other["start"] <= hold["admitted"] < other["end"] and other["seq"] < hold["seq"]]
-        if len(others) >= hold["limit"]:
-            found.append((hold["id"], hold["limit"], sorted(o["id"] for o in others)))
-    return found
 
 
 def test_the_checker_sees_an_overlap():

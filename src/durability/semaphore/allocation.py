@@ -292,6 +292,21 @@ class ClientOutcome:
     listed_leases: list[Lease] = field(default_factory=list)
 
 
+def news_for(request: Request, outcome: ClientOutcome) -> bool:
+    """Does the reply tell the client something it may not know? New permits;
+    a lease it did not report (a client reports every lease of the key it
+    knows); or a grant with unclaimed permits in a group it asks for (a
+    client claims what it knows of before it asks). Such a reply goes out at
+    once: held over by the long poll, it would leave those permits idle."""
+    if outcome.new_grants or outcome.new_leases:
+        return True
+    reported = {report.lease_id for report in request.lease_reports}
+    if any(lease.lease_id not in reported for lease in outcome.listed_leases):
+        return True
+    asked = {demand.group for demand in request.demand}
+    return any(grant.group in asked for grant in outcome.open_grants)
+
+
 @dataclass
 class RoundResult:
     changes: Changes

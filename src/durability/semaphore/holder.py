@@ -31,6 +31,7 @@ from .allocation import (
     apply_reports,
     merged,
     merged_leases,
+    news_for,
     next_reclaim_at,
     reclaim,
     run_round,
@@ -242,9 +243,8 @@ class DurabilitySemaphore:
                 waiter.set_result(result.errors[index].reply())
                 continue
             outcome = result.outcomes[request.client_id]
-            if (not outcome.new_grants and not outcome.new_leases and outcome.blocked
-                    and hold_until > next_request_at):
-                # Nothing to grant yet: keep the request for the next round
+            if not news_for(request, outcome) and outcome.blocked and hold_until > next_request_at:
+                # Nothing new to tell: keep the request for the next round
                 # instead of having the client ask again (a long poll).
                 # Its reports were heard once: a lease must not stay alive
                 # on a request whose client may be gone since.

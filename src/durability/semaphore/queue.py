@@ -470,9 +470,10 @@ class DurabilitySemaphoreQueue:
 
     def _after_contended(self, key: str, reply: Reply) -> None:
         """A holder short of permits gets back, at once, what idle leases hold undrawn."""
-        if reply.contended:
-            self._return_idle_leases(key)
+        if reply.contended and self._return_idle_leases(key):
             # Publish what that queued now, not after the lease channel's delay.
+            # Only then: moving the channel's timer costs a row written, and
+            # a shard that holds no idle lease has nothing to send.
             self.scheduler.schedule_by(OUTBOX, LEASE_CHANNEL, now_ms())
 
     # -- leases -----------------------------------------------------------------------
@@ -528,13 +529,17 @@ class DurabilitySemaphoreQueue:
                 self.store.put_lease(renewed)
         self._schedule_renewal()
 
-    def _return_idle_leases(self, key: str) -> None:
+    def _return_idle_leases(self, key: str) -> bool:
         """The holder is short of permits: give back what leases in groups with
-        nothing queued have not drawn."""
+        nothing queued have not drawn. True if any was given back."""
+        leases = [lease for lease in self.store.leases(key) if lease.undrawn > 0]
+        if not leases:
+            return False
         queued = {group for group, _, _ in self.store.demand(key)}
-        for lease in self.store.leases(key):
-            if lease.undrawn > 0 and lease.group not in queued:
-                self._put_lease_and_report(replace(lease, stopped=True))
+        idle = [lease for lease in leases if lease.group not in queued]
+        for lease in idle:
+            self._put_lease_and_report(replace(lease, stopped=True))
+        return bool(idle)
 
     def _settled_horizon_ms(self) -> float:
         """How long a settled lease's row is kept: longer than any reply can take."""

@@ -1,0 +1,115 @@
+"""What a benchmark measures from ground truth: each job's submission, start and end, outside the objects.
+
+Lives here: ``Ledger`` (what every system under test reports: a job
+submitted, started, ended) and the figures every benchmark prints the same
+way (``docs/design.md``, cost model): the busy share while jobs wait, the
+out-of-order share, waits, the makespan against its lower bound and the
+dollars per million jobs. Must not know: which system ran the jobs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+PRICE_PER_MILLION = {"rows_written": 1.00, "rows_read": 0.001, "requests": 0.15}
+
+
+@dataclass
+class Ledger:
+    """Ground truth per job: its account, work, and when it was submitted, started and ended."""
+
+    account: dict[str, str] = field(default_factory=dict)
+    work_ms: dict[str, float] = field(default_factory=dict)
+    submitted_at: dict[str, float] = field(default_factory=dict)
+    started_at: dict[str, float] = field(default_factory=dict)
+    ended_at: dict[str, float] = field(default_factory=dict)
+    overlaps: int = 0  #: a job started while a run of it was still going
+    running: dict[str, set[str]] = field(default_factory=dict)
+    max_running: dict[str, int] = field(default_factory=dict)
+
+    def submitted(self, job_id: str, account: str, work_ms: float, at: float) -> None:
+        self.account[job_id], self.work_ms[job_id] = account, work_ms
+        self.submitted_at.setdefault(job_id, at)
+
+    def started(self, job_id: str, at: float) -> None:
+        account = self.account[job_id]
+        running = self.running.setdefault(account, set())
+        if job_id in running:
+            self.overlaps += 1
+        running.add(job_id)
+        self.max_running[account] = max(self.max_running.get(account, 0), len(running))
+        self.started_at.setdefault(job_id, at)
+
+    def ended(self, job_id: str, at: float) -> None:
+        self.running.get(self.account[job_id], set()).discard(job_id)
+        self.ended_at[job_id] = at
+
+
+def busy_share(ledger: Ledger, limits: dict[str, int]) -> tuple[float, dict[str, float]]:
+    """Per account, the mean of running ÷ limit over the time at least one of its
+    jobs waited to start; and that mean over all accounts' waiting time."""
+    per_account, total_busy, total_time = {}, 0.0, 0.0
+    for account, limit in limits.items():
+        changes = []  # (time, change in waiting, change in running)
+        for job_id, owner in ledger.account.items():
+            if owner == account and job_id in ledger.started_at:
+                changes += [(ledger.submitted_at[job_id], 1, 0), (ledger.started_at[job_id], -1, 1),
+                            (ledger.ended_at.get(job_id, float("inf")), 0, -1)]
+        waiting = running = 0
+        busy = span = 0.0
+        last = None
+        for at, d_waiting, d_running in sorted(changes):
+            if last is not None and waiting > 0 and at > last:
+                span += at - last
+                busy += (at - last) * min(running, limit) / limit
+            last = at
+            waiting += d_waiting
+            running += d_running
+        per_account[account] = busy / span if span else 1.0
+        total_busy, total_time = total_busy + busy, total_time + span
+    return (total_busy / total_time if total_time else 1.0), per_account
+
+
+def out_of_order_share(ledger: Ledger) -> float:
+    """The share of starts made while an older job of the same account still waited."""
+    late = 0
+    by_account: dict[str, list[str]] = {}
+    for job_id in ledger.started_at:
+        by_account.setdefault(ledger.account[job_id], []).append(job_id)
+    for jobs in by_account.values():
+        for job_id in jobs:
+            start = ledger.started_at[job_id]
+            if any(ledger.submitted_at[o] < ledger.submitted_at[job_id] and ledger.started_at[o] > start
+                   for o in jobs):
+                late += 1
+    return late / max(len(ledger.started_at), 1)
+
+
+def percentile(values: list[float], share: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(share * len(ordered)))] if ordered else 0.0
+
+
+def waits_s(ledger: Ledger) -> list[float]:
+    return [(ledger.started_at[j] - ledger.submitted_at[j]) / 1000 for j in ledger.started_at]
+
+
+def makespan(ledger: Ledger, limits: dict[str, int]) -> tuple[float, float]:
+    """The last end after the first submission, and its lower bound: per account,
+    its work over its limit, or its last arrival plus that job's work."""
+    first = min(ledger.submitted_at.values())
+    span = max(ledger.ended_at.values(), default=first) - first
+    bound = 0.0
+    for account, limit in limits.items():
+        jobs = [j for j, owner in ledger.account.items() if owner == account]
+        if not jobs:
+            continue
+        work = sum(ledger.work_ms[j] for j in jobs) / limit
+        last = max(ledger.submitted_at[j] - first + ledger.work_ms[j] for j in jobs)
+        bound = max(bound, work, last)
+    return span, bound
+
+
+def dollars_per_million(totals: dict[str, int], jobs: int) -> float:
+    """What Cloudflare bills per million admitted jobs at these totals."""
+    return sum(totals[name] * price for name, price in PRICE_PER_MILLION.items()) / max(jobs, 1)

@@ -1,0 +1,43 @@
+"""The demo's workload as a list of arrivals, so that several systems get exactly the same one.
+
+Lives here: ``arrivals(seed, jobs, accounts)``: bursts of 5 to 60 jobs
+every 1 to 8 s, each for a random account and workflow, working 1 to 30 s
+(or 100 ms to 2 s with ``short``), 5% failing; the accounts' limits; and
+the shard a job goes to. Must not know: any system that runs them.
+"""
+
+from __future__ import annotations
+
+import random
+import zlib
+from dataclasses import dataclass
+
+LIMITS = [3, 5, 8, 4, 6, 2]
+
+
+@dataclass(frozen=True)
+class Arrival:
+    at_ms: float  #: after the start of the run
+    job: dict  #: {id, account, workflow, work_ms, fail}
+
+
+def arrivals(seed: int, jobs: int, accounts: list[str], short: bool = False) -> list[Arrival]:
+    rng = random.Random(seed)
+    found, at = [], 0.0
+    while len(found) < jobs:
+        for _ in range(min(jobs - len(found), rng.randint(5, 60))):
+            work_ms = rng.randint(100, 2_000) if short else rng.randint(1_000, 30_000)
+            job = {"id": f"job-{len(found):05d}", "account": rng.choice(accounts),
+                   "workflow": f"wf-{rng.randint(0, 2)}", "work_ms": work_ms, "fail": rng.random() < 0.05}
+            found.append(Arrival(at, job))
+        at += rng.uniform(1_000, 8_000)
+    return found
+
+
+def limits_of(accounts: list[str]) -> dict[str, int]:
+    return dict(zip(accounts, LIMITS))
+
+
+def shard_of(job_id: str, shards: int) -> str:
+    """The example Worker's own placement (``entry._shard``)."""
+    return f"shard-{zlib.crc32(job_id.encode()) % shards}"

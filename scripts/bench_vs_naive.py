@@ -1,0 +1,230 @@
+#!/usr/bin/env python3
+"""The example Worker against what users would write instead, on the demo's workload.
+
+    uv run scripts/bench_vs_naive.py [--jobs N] [--seed N] [--shards N] [--short] [--faults]
+                                     [--plot PATH] [--json]
+
+Runs, on the embedded runtime in virtual time and on exactly the same
+arrivals: the example Worker with grants, the example Worker with strict
+leases, and the naive Worker of ``bench/naive.py`` polling every 5 s and
+every 1 s. Prints, per system, rows written, rows read and requests per
+admitted job, dollars per million jobs (rows written $1, rows read $0.001,
+requests $0.15, per million), the share of the limit kept busy while jobs
+wait, the share of admissions made out of oldest-first order, p50 and p99
+wait, and the makespan against its lower bound; all from ground truth
+measured outside the objects. ``--faults`` adds the demo's faults (2% of
+calls lost, duplicated, delayed; evictions, crashes; 5% of releases lost)
+to every system. ``--plot`` writes a PNG (running ÷ limit over time per
+account for each system, and dollars per million jobs as bars).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import random
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(ROOT / "src"), str(ROOT)]
+
+from bench import measure  # noqa: E402
+from bench.breakdown import WriteBreakdown  # noqa: E402
+from bench.workload import arrivals, limits_of, shard_of  # noqa: E402
+from durability.testing import Faults, JsException, Runtime, load_worker_module  # noqa: E402
+
+NAIVE = ROOT / "bench" / "naive.py"
+SETTLE_MS = 4 * 3_600_000
+LEASES = {"provisioning": {"mode": "strict"}, "permits_per_lease": 2, "ttl_ms": 10 * 60_000}
+SYSTEMS = ["grants", "strict leases", "naive, polling every 5 s", "naive, polling every 1 s"]
+
+
+def faults_of(on: bool) -> Faults | None:
+    rate = 0.02
+    return Faults(lost_request=rate, lost_reply=rate, duplicate=rate, latency_ms=(1, 30), evict=rate / 2,
+                  crash_before_commit=rate / 4, alarm_failure=rate) if on else None
+
+
+def example_runtime(system: str, args, limits: dict, ledger: measure.Ledger, rng: random.Random) -> Runtime:
+    runtime = Runtime.from_wrangler(ROOT / "wrangler.toml", seed=args.seed, faults=faults_of(args.faults), vars={
+        "ACCOUNT_LIMITS": json.dumps(limits), "SHARDS": str(args.shards),
+        "ACCOUNT_LEASES": json.dumps(LEASES if system == "strict leases" else None)})
+    module = runtime.module
+    real_run_job = module.run_job
+
+    async def run_job(env, job):
+        ledger.started(job["id"], runtime.now_ms())
+        try:
+            return await real_run_job(env, job)
+        finally:
+            ledger.ended(job["id"], runtime.now_ms())
+
+    module.run_job = run_job
+    if args.faults:  # a lifecycle hook is best effort: drop 5% of its releases
+        shard, real = module.JobShard, module.JobShard._on_job_event
+
+        async def on_job_event(self, event):
+            if event.type == "terminal" and rng.random() < 0.05:
+                return
+            await real(self, event)
+
+        shard._on_job_event = on_job_event
+    return runtime
+
+
+def naive_runtime(poll_ms: float, args, limits: dict, ledger: measure.Ledger, rng: random.Random) -> Runtime:
+    module = load_worker_module(NAIVE)
+    module.LEDGER, module.POLL_MS = ledger, poll_ms
+    module.LOSE_RELEASES, module.RNG = (0.05 if args.faults else 0.0), rng
+    return Runtime(module, {"NAIVE_LIMIT": "NaiveLimit", "NAIVE_SHARD": "NaiveShard"}, seed=args.seed,
+                   faults=faults_of(args.faults), vars={"ACCOUNT_LIMITS": json.dumps(limits)})
+
+
+async def drive(runtime: Runtime, system: str, args, work, ledger: measure.Ledger) -> None:
+    start = runtime.now_ms()
+    for arrival in work:
+        await asyncio.sleep(max(0.0, start + arrival.at_ms - runtime.now_ms()) / 1000)
+        job = arrival.job
+        ledger.submitted(job["id"], job["account"], job["work_ms"], runtime.now_ms())
+        while True:  # submitting is idempotent on the job id: retry until it lands
+            try:
+                if system.startswith("naive"):
+                    await runtime.env.NAIVE_SHARD.getByName(shard_of(job["id"], args.shards)).submit(job)
+                else:
+                    await runtime.call_entrypoint("submit_job", job)
+                break
+            except JsException:
+                await asyncio.sleep(0.5)
+    deadline = runtime.now_ms() + SETTLE_MS
+    while len(ledger.ended_at) < len(work) and runtime.now_ms() < deadline:
+        await asyncio.sleep(10)
+    await asyncio.sleep(120)  # the last releases reach their holders; sweeps run
+
+
+def run_system(system: str, args, work, limits: dict) -> dict:
+    ledger = measure.Ledger()
+    rng = random.Random(args.seed + 1)
+    if system.startswith("naive"):
+        runtime = naive_runtime(5_000 if "5 s" in system else 1_000, args, limits, ledger, rng)
+    else:
+        runtime = example_runtime(system, args, limits, ledger, rng)
+    started = time.perf_counter()
+    with runtime, WriteBreakdown() as writes:
+        runtime.run(drive(runtime, system, args, work, ledger))
+        totals = runtime.totals()
+    jobs = len(ledger.started_at)
+    alarms = sum(host.stats.alarm_writes for host in runtime.hosts())
+    busy, busy_per_account = measure.busy_share(ledger, limits)
+    span, bound = measure.makespan(ledger, limits)
+    waits = measure.waits_s(ledger)
+    return {
+        "system": system, "admitted": jobs,
+        "rows_written_per_job": round(totals["rows_written"] / max(jobs, 1), 2),
+        "rows_read_per_job": round(totals["rows_read"] / max(jobs, 1), 1),
+        "requests_per_job": round(totals["requests"] / max(jobs, 1), 2),
+        "dollars_per_million_jobs": round(measure.dollars_per_million(totals, jobs), 2),
+        "busy_while_waiting": round(busy, 4), "busy_per_account": {a: round(b, 4) for a, b in busy_per_account.items()},
+        "out_of_order": round(measure.out_of_order_share(ledger), 4),
+        "p50_wait_s": round(measure.percentile(waits, 0.5), 1), "p99_wait_s": round(measure.percentile(waits, 0.99), 1),
+        "makespan_s": round(span / 1000, 1), "makespan_bound_s": round(bound / 1000, 1),
+        "over_limit": {a: ledger.max_running.get(a, 0) > limits[a] for a in limits},
+        "run_twice_at_once": ledger.overlaps, "real_seconds": round(time.perf_counter() - started, 1),
+        "rows_written_by_table": [list(row) for row in writes.rows(jobs)] + [["setAlarm", "", round(alarms / max(jobs, 1), 2)]],
+        "_timeline": timeline(ledger, limits),
+    }
+
+
+def timeline(ledger: measure.Ledger, limits: dict) -> dict[str, list[tuple[float, float]]]:
+    """Running ÷ limit per account, as (minutes, share) steps, for the plot."""
+    first = min(ledger.submitted_at.values())
+    found = {}
+    for account, limit in limits.items():
+        changes = sorted([(ledger.started_at[j], 1) for j, a in ledger.account.items()
+                          if a == account and j in ledger.started_at]
+                         + [(ledger.ended_at[j], -1) for j, a in ledger.account.items()
+                            if a == account and j in ledger.ended_at])
+        running, points = 0, [(0.0, 0.0)]
+        for at, step in changes:
+            running += step
+            points.append(((at - first) / 60_000, running / limit))
+        found[account] = points
+    return found
+
+
+def table(rows: list[dict]) -> str:
+    header = ("| system | rows written / job | rows read / job | requests / job | $ per million jobs "
+              "| busy while jobs wait | out of oldest-first order | p50 / p99 wait (s) | makespan / bound (s) |")
+    lines = [header, "| --- " * 9 + "|"]
+    for r in rows:
+        lines.append(f"| {r['system']} | {r['rows_written_per_job']} | {r['rows_read_per_job']} | "
+                     f"{r['requests_per_job']} | {r['dollars_per_million_jobs']} | {r['busy_while_waiting']:.1%} | "
+                     f"{r['out_of_order']:.0%} | {r['p50_wait_s']} / {r['p99_wait_s']} | "
+                     f"{r['makespan_s']} / {r['makespan_bound_s']} |")
+    return "\n".join(lines)
+
+
+def plot(rows: list[dict], path: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(len(rows) + 1, 1, figsize=(10, 2.4 * (len(rows) + 1)), constrained_layout=True)
+    for axis, row in zip(axes, rows):
+        for account, points in row["_timeline"].items():
+            axis.step([p[0] for p in points], [p[1] for p in points], where="post", label=account, linewidth=0.8)
+        axis.set_title(f"{row['system']}: busy while jobs wait {row['busy_while_waiting']:.1%}", fontsize=9)
+        axis.set_ylabel("running ÷ limit")
+        axis.set_ylim(0, 1.15)
+        axis.legend(fontsize=7, loc="lower right")
+    axes[-2].set_xlabel("virtual minutes")
+    bars = axes[-1]
+    bars.bar([r["system"] for r in rows], [r["dollars_per_million_jobs"] for r in rows], color="tab:gray")
+    bars.set_ylabel("$ per million jobs")
+    figure.suptitle(title, fontsize=10)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=110)
+
+
+def main() -> int:
+    logging.disable(logging.WARNING)  # the jobs that fail as asked would log every attempt
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--jobs", type=int, default=2_000)
+    parser.add_argument("--accounts", type=int, default=3)
+    parser.add_argument("--shards", type=int, default=24)
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--short", action="store_true", help="jobs of 100 ms to 2 s instead of 1 to 30 s")
+    parser.add_argument("--faults", action="store_true", help="the demo's faults, for every system")
+    parser.add_argument("--system", action="append", choices=SYSTEMS, help="only these (repeat it)")
+    parser.add_argument("--plot", type=Path, help="write a PNG here")
+    parser.add_argument("--breakdown", action="store_true", help="rows written per job, by table and kind")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    accounts = [f"account-{i}" for i in range(args.accounts)]
+    limits = limits_of(accounts)
+    work = arrivals(args.seed, args.jobs, accounts, short=args.short)
+    rows = []
+    for system in args.system or SYSTEMS:
+        rows.append(run_system(system, args, work, limits))
+        print(f"{system}: done in {rows[-1]['real_seconds']} s", file=sys.stderr)
+    title = (f"{args.jobs} {'short ' if args.short else ''}jobs, limits {list(limits.values())}, {args.shards} shards, "
+             f"seed {args.seed}, {'with' if args.faults else 'no'} faults")
+    if args.plot:
+        plot(rows, args.plot, title)
+    public = [{k: v for k, v in r.items() if not k.startswith("_")} for r in rows]
+    print(json.dumps(public, indent=2) if args.json else f"{title}\n\n{table(rows)}")
+    if args.breakdown and not args.json:
+        for row in rows:
+            print(f"\n{row['system']}: rows written per job, by table")
+            for name, kind, per_job in row["rows_written_by_table"]:
+                print(f"  {per_job:>6}  {name} {kind}")
+    healthy = all(not any(r["over_limit"].values()) and r["run_twice_at_once"] == 0 for r in rows)
+    return 0 if healthy else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,69 @@
+"""The benchmark's measures, by hand, and the benchmark itself on a small workload."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from bench.measure import Ledger, busy_share, dollars_per_million, makespan, out_of_order_share
+from bench.workload import arrivals
+from support import ROOT
+
+
+def ledger(*jobs):
+    """jobs: (id, account, work_ms, submitted, started, ended)."""
+    book = Ledger()
+    for job_id, account, work, submitted, started, ended in jobs:
+        book.submitted(job_id, account, work, submitted)
+    for job_id, _, _, _, started, ended in sorted(jobs, key=lambda j: j[4]):
+        book.started(job_id, started)
+        book.ended(job_id, ended)
+    return book
+
+
+def test_busy_share_counts_idle_permits_only_while_jobs_wait():
+    # Limit 1: a runs 0-10; b waits from 0 to 12 (idle 10-12), then runs; nothing waits after 12.
+    book = ledger(("a", "x", 10, 0, 0, 10), ("b", "x", 8, 0, 12, 20))
+    assert busy_share(book, {"x": 1}) == (pytest.approx(10 / 12), {"x": pytest.approx(10 / 12)})
+    # With a limit of 2, one running of two is half busy while b waits.
+    assert busy_share(book, {"x": 2})[0] == pytest.approx(0.5 * 10 / 12)
+
+
+def test_out_of_order_share_counts_starts_ahead_of_an_older_waiting_job():
+    book = ledger(("old", "x", 5, 0, 10, 15), ("new", "x", 5, 1, 2, 7), ("other", "y", 5, 0, 20, 25))
+    assert out_of_order_share(book) == pytest.approx(1 / 3)
+
+
+def test_makespan_and_its_lower_bound():
+    book = ledger(("a", "x", 10, 0, 0, 10), ("b", "x", 10, 0, 10, 22), ("c", "y", 4, 30, 31, 35))
+    # x: 20 ms of work at a limit of 1; y: arrives at 30 and works 4.
+    assert makespan(book, {"x": 1, "y": 1}) == (35, 34)
+
+
+def test_dollars_per_million_jobs():
+    assert dollars_per_million({"rows_written": 10, "rows_read": 1_000, "requests": 20}, 1) == pytest.approx(
+        10 * 1.0 + 1_000 * 0.001 + 20 * 0.15)
+
+
+def test_the_same_seed_gives_the_same_arrivals():
+    assert arrivals(3, 50, ["a", "b"]) == arrivals(3, 50, ["a", "b"]) != arrivals(4, 50, ["a", "b"])
+    assert all(100 <= a.job["work_ms"] <= 2_000 for a in arrivals(3, 50, ["a"], short=True))
+
+
+def test_the_benchmark_runs_every_system_on_one_workload_within_the_limits(tmp_path):
+    plot = tmp_path / "plot.png"
+    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_vs_naive.py"), "--jobs", "40",
+                           "--shards", "4", "--json", "--plot", str(plot)], capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stderr[-2_000:]
+    rows = json.loads(done.stdout)
+    assert [r["system"] for r in rows] == ["grants", "strict leases", "naive, polling every 5 s",
+                                          "naive, polling every 1 s"]
+    for row in rows:
+        assert row["admitted"] == 40 and row["run_twice_at_once"] == 0 and not any(row["over_limit"].values())
+        assert 0 < row["busy_while_waiting"] <= 1 and row["rows_written_per_job"] > 0
+        assert row["makespan_s"] >= row["makespan_bound_s"]
+    # Polling more often costs more requests: the baseline behaves as described.
+    assert rows[3]["requests_per_job"] > rows[2]["requests_per_job"]
+    assert plot.stat().st_size > 10_000
