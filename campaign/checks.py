@@ -122,6 +122,7 @@ class Truth:
         self.scenario = scenario
         self.clock = clock  #: () -> now in ms
         self.violations = Violations()
+        self.excused: collections.Counter = collections.Counter()  #: what the spec allows, counted
         self.steps = 0
         self.running: dict[int, dict[str, set[str]]] = collections.defaultdict(lambda: collections.defaultdict(set))
         self.where: dict[str, tuple[int, str]] = {}

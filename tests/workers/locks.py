@@ -68,6 +68,7 @@ class Uploader(DurableObject):
                 finally:
                     # Surely its holder's until now, or until its lease ran out.
                     record["end"] = min(now_ms(), permit.valid_until)
+                    record["ran_until"] = now_ms()  # past "end": its code outran its lease
                     record["reason"] = permit.reason
         except WaitTimeout:
             return {"id": job["id"], "status": "timeout", "waited_ms": now_ms() - record["asked"]}
