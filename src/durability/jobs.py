@@ -7,10 +7,11 @@ running one attempt per timer firing, retrying failed attempts under a
 Must not know: what a handler does with its payload, or what a listener
 does with an event.
 
-A job is one row of ``durability_jobs``; its timer (participant
-``durability.jobs``, key = the job id) is written in the same transaction,
-so an accepted job is never lost. Each firing of the timer runs one
-attempt:
+A job is one row of ``durability_jobs``, and the row says when its next
+attempt is due (``due_at``); its timer (participant ``durability.jobs``,
+key = the job id) is kept in memory and derived from the rows again when
+the object starts, so an accepted job is never lost and its timer costs no
+row. Each firing of the timer runs one attempt:
 
 1. the attempt is marked started (``attempt + 1``, status ``running``)
    before the handler is called, and that write commits at the first await
@@ -21,9 +22,9 @@ attempt:
 2. the handler runs; its exceptions are caught here, never left to the
    scheduler (whose own backoff applies only when storage itself fails);
 3. the outcome is written: ``completed`` with the JSON result, or a failure,
-   which either moves the timer by ``retries`` (status back to ``pending``)
-   or, once the attempts are spent, makes the job ``failed``. The outcome
-   and the timer move commit together.
+   which either moves ``due_at`` and the timer by ``retries`` (status back
+   to ``pending``) or, once the attempts are spent, makes the job
+   ``failed``.
 
 Timers run at least once, so a firing for a job that is already completed
 or failed does nothing. An attempt cut short after its handler had
@@ -64,6 +65,8 @@ log = logging.getLogger("durability.jobs")
 # starting an attempt and settling it each write one row. ``status`` is
 # pending (waiting for its timer), running (an attempt started and has not
 # settled), completed or failed (terminal). ``error`` keeps the last failure.
+# ``due_at`` is when a pending job's next attempt is due (version 2; NULL,
+# as in rows written before it, means at once).
 _SCHEMA = {
     1: [
         """
@@ -78,7 +81,8 @@ _SCHEMA = {
           created_at REAL NOT NULL
         ) WITHOUT ROWID
         """
-    ]
+    ],
+    2: ["ALTER TABLE durability_jobs ADD COLUMN due_at REAL"],
 }
 _TABLES = ["durability_jobs"]
 _TERMINAL = ("completed", "failed")
@@ -143,9 +147,9 @@ class JobRunner:
             if existing is not None:
                 return _state(existing)
             d.sql.exec(
-                "INSERT INTO durability_jobs (id, handler, payload, status, created_at) "
-                "VALUES (?, ?, ?, 'pending', ?)",
-                id, name, text, now_ms(),
+                "INSERT INTO durability_jobs (id, handler, payload, status, created_at, due_at) "
+                "VALUES (?, ?, ?, 'pending', ?, ?)",
+                id, name, text, now_ms(), now_ms(),
             )
             d.scheduler.schedule(PARTICIPANT, id, now_ms())
             return None
@@ -206,7 +210,17 @@ class Durability:
         # the timer meanwhile must not take it for an interrupted attempt.
         self._in_flight: set[str] = set()
         migrate(self.sql, "jobs", _SCHEMA)
-        scheduler.register(PARTICIPANT, self._on_timer)
+        scheduler.register(PARTICIPANT, self._on_timer, durable=False)
+        self._derive_timers()
+
+    def _derive_timers(self) -> None:
+        """A new instance sets again the timer of every job not settled: a
+        pending one when its row says, a running one (cut short) at once."""
+        rows = self.sql.exec(
+            "SELECT id, status, due_at FROM durability_jobs WHERE status IN ('pending', 'running')")
+        for row in rows:
+            due = row["due_at"] if row["status"] == "pending" and row["due_at"] is not None else now_ms()
+            self.scheduler.schedule(PARTICIPANT, row["id"], due)
 
     @staticmethod
     def migrate(ctx: Any, version: int | None) -> None:
@@ -292,7 +306,8 @@ class Durability:
 
             def retry() -> None:
                 self.sql.exec(
-                    "UPDATE durability_jobs SET status = 'pending', error = ? WHERE id = ?", error, job_id
+                    "UPDATE durability_jobs SET status = 'pending', error = ?, due_at = ? WHERE id = ?",
+                    error, decision.at_ms, job_id,
                 )
                 # The timer is running, so this always moves it and the
                 # scheduler keeps it; its alarm() re-arms afterwards.

@@ -6,8 +6,9 @@ messages so that a caller can piggyback them on another call.
 Must not know: what a message means or where a sender delivers it.
 
 A message enqueued inside a transaction commits with that transaction or
-not at all, and so does the timer that will publish it: nothing accepted is
-lost on a crash. Delivery is at least once; a receiver must tolerate
+not at all; the timer that will publish it is derived from the rows again
+when the channel opens in a new instance: nothing accepted is lost on a
+crash. Delivery is at least once; a receiver must tolerate
 duplicates (cumulative counts make that easy).
 """
 
@@ -171,7 +172,10 @@ class DurabilityOutbox:
         self._channels: dict[str, OutboxChannel] = {}
         migrate(self.sql, "outbox", _SCHEMA)
         self._versions = GrowingCounter(self.sql, "SELECT max(version) AS n FROM durability_outbox")
-        scheduler.register(PARTICIPANT, self._on_timer, backoff=backoff)
+        # A channel's timer is due when its oldest message's delay is over:
+        # the rows say so, so the timer lives in memory and costs no row
+        # (see DurabilityScheduler); channel() derives it when it opens.
+        scheduler.register(PARTICIPANT, self._on_timer, backoff=backoff, durable=False)
 
     @classmethod
     def of(cls, scheduler: DurabilityScheduler) -> "DurabilityOutbox":
@@ -202,6 +206,9 @@ class DurabilityOutbox:
             raise ValueError("delay_ms must not be negative")
         channel = OutboxChannel(self, name, send, batch_size, delay_ms)
         self._channels[name] = channel
+        oldest = channel.pending(1)  # first in line, so the first enqueued
+        if oldest:
+            self.scheduler.schedule_by(PARTICIPANT, name, oldest[0].created_at + delay_ms)
         return channel
 
     def _count(self, channel: str) -> int:

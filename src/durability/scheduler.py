@@ -7,9 +7,18 @@ timer. Must not know: what any participant does when its timer fires.
 
 A Durable Object has one alarm. Every helper in the object that needs to
 wake up later registers as a participant and keeps named timers here; the
-scheduler alone calls ``setAlarm``. Timers are rows, so a timer set in the
-same transaction as the state change that needs it survives any crash, and
-``alarm()`` runs every due timer at least once.
+scheduler alone calls ``setAlarm``. A durable participant's timers are rows,
+so a timer set in the same transaction as the state change that needs it
+survives any crash, and ``alarm()`` runs every due timer at least once.
+
+A participant registered with ``durable=False`` keeps its timers in memory
+instead: it promises that its own durable state already says when each of
+its timers is due, and it schedules them again from that state when the
+object starts (in its constructor). Such a timer costs no row at all, where
+a durable one costs two (the upsert, then the delete once it ran); the alarm
+still covers it, so an evicted object wakes up, derives it again and runs
+it. What is lost on eviction is only a failing timer's backoff: it is
+retried at once by the new instance.
 """
 
 from __future__ import annotations
@@ -18,6 +27,7 @@ import asyncio
 import logging
 import math
 import random
+import itertools
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, TypeVar
 
@@ -100,6 +110,11 @@ class DurabilityScheduler:
         self.max_concurrency = max_concurrency
         self.alarm_budget_ms = alarm_budget_ms
         self._participants: dict[str, tuple[TimerHandler, Backoff]] = {}
+        # Timers of participants registered with durable=False:
+        # (participant, key) -> a row shaped as _due returns it.
+        self._volatile: set[str] = set()
+        self._memory: dict[tuple[str, str], dict[str, Any]] = {}
+        self._memory_versions = itertools.count(1)
         self._armed: Any = _UNKNOWN
         self._sync_lock = asyncio.Lock()
         # Timers whose handler is running now: scheduling one of them always
@@ -126,44 +141,81 @@ class DurabilityScheduler:
 
     # -- registration ------------------------------------------------------
     def register(self, participant: str, handler: TimerHandler, *,
-                 backoff: Backoff | None = None) -> None:
-        """Route due timers of ``participant`` to ``handler(timer)``."""
+                 backoff: Backoff | None = None, durable: bool = True) -> None:
+        """Route due timers of ``participant`` to ``handler(timer)``.
+
+        ``durable=False`` keeps its timers in memory (see the module's
+        docstring): register before scheduling, and schedule them again from
+        durable state in the constructor.
+        """
         _name(participant, "participant")
         if participant in self._participants:
             raise ValueError(f"participant {participant!r} is already registered")
         self._participants[participant] = (handler, backoff or self.backoff)
+        if not durable:
+            self._volatile.add(participant)
 
     # -- timers (synchronous: call them inside the transaction that needs them)
     def schedule(self, participant: str, key: str, at_ms: float) -> None:
         """Set the timer ``(participant, key)`` to fire at ``at_ms``, replacing any time it had."""
-        self._upsert(participant, key, at_ms, "durability_timers.due_at != excluded.due_at")
+        self._upsert(participant, key, at_ms, earlier_only=False)
 
     def schedule_by(self, participant: str, key: str, at_ms: float) -> None:
         """Make sure the timer fires no later than ``at_ms``; an earlier time is kept."""
-        self._upsert(participant, key, at_ms, "excluded.due_at < durability_timers.due_at")
+        self._upsert(participant, key, at_ms, earlier_only=True)
 
-    def _upsert(self, participant: str, key: str, at_ms: float, when: str) -> None:
+    def _upsert(self, participant: str, key: str, at_ms: float, *, earlier_only: bool) -> None:
+        _name(participant, "participant")
+        _name(key, "timer key")
+        at_ms = _time(at_ms)
         self._wake.set()
-        if (participant, key) in self._running:
-            when = "1"  # its due time is being consumed: any request is a new one
+        # A running timer's due time is being consumed: any request is a new one.
+        always = (participant, key) in self._running
+        if participant in self._volatile:
+            current = self._memory.get((participant, key))
+            if current is not None and not always and (
+                    at_ms >= current["due_at"] if earlier_only else at_ms == current["due_at"]):
+                return
+            self._memory[(participant, key)] = {"participant": participant, "key": key, "due_at": at_ms,
+                                                "attempt": 0, "version": next(self._memory_versions)}
+            return
+        when = "1" if always else (
+            "excluded.due_at < durability_timers.due_at" if earlier_only
+            else "durability_timers.due_at != excluded.due_at")
         self.sql.exec(
             "INSERT INTO durability_timers (participant, key, due_at, version) VALUES (?, ?, ?, ?) "
             "ON CONFLICT (participant, key) DO UPDATE SET due_at = excluded.due_at, "
             f"attempt = 0, version = excluded.version WHERE {when}",
-            _name(participant, "participant"), _name(key, "timer key"), _time(at_ms), self._versions.next(),
+            participant, key, at_ms, self._versions.next(),
         )
 
     def cancel(self, participant: str, key: str) -> None:
+        if participant in self._volatile:
+            self._memory.pop((participant, key), None)
+            return
         self.sql.exec(
             "DELETE FROM durability_timers WHERE participant = ? AND key = ?", participant, key
         )
 
     def timer(self, participant: str, key: str) -> Timer | None:
-        row = self.sql.one(
-            "SELECT due_at, attempt FROM durability_timers WHERE participant = ? AND key = ?",
-            participant, key,
-        )
+        if participant in self._volatile:
+            row = self._memory.get((participant, key))
+        else:
+            row = self.sql.one(
+                "SELECT due_at, attempt FROM durability_timers WHERE participant = ? AND key = ?",
+                participant, key,
+            )
         return None if row is None else Timer(participant, key, row["due_at"], row["attempt"])
+
+    def timers(self, participant: str) -> list[Timer]:
+        """Every timer ``participant`` has set, soonest first."""
+        if participant in self._volatile:
+            rows = [t for (p, _), t in self._memory.items() if p == participant]
+        else:
+            rows = self.sql.exec(
+                "SELECT key, due_at, attempt FROM durability_timers WHERE participant = ?", participant)
+        return sorted((Timer(participant, r["key"], r["due_at"], r["attempt"]) for r in rows),
+                      key=lambda t: t.due_at)
 
     def transaction(self, fn: Callable[[], T]) -> T:
         """Run ``fn`` atomically (no awaits inside); then ``await sync()``."""
@@ -172,8 +224,10 @@ class DurabilityScheduler:
     # -- the physical alarm ------------------------------------------------
     def _earliest(self) -> int | None:
         row = self.sql.one("SELECT min(due_at) AS due FROM durability_timers")
+        due = [row["due"]] if row is not None and row["due"] is not None else []
+        due += [timer["due_at"] for timer in self._memory.values()]
         # Alarms hold whole milliseconds; round up so the timer is due when it fires.
-        return None if row is None or row["due"] is None else math.ceil(row["due"])
+        return math.ceil(min(due)) if due else None
 
     async def sync(self) -> None:
         """Keep the alarm on the earliest timer.
@@ -257,22 +311,46 @@ class DurabilityScheduler:
             "WHERE due_at <= ? ORDER BY due_at",
             now,
         )
-        return [r for r in rows if (r["participant"], r["key"]) not in running][:limit]
+        # A row of a participant now kept in memory (written by an older
+        # deployment) still runs once, and is then deleted.
+        rows = [*rows, *(dict(t, memory=True) for t in self._memory.values() if t["due_at"] <= now)]
+        rows.sort(key=lambda r: r["due_at"])
+        chosen: dict[tuple[str, str], dict[str, Any]] = {}
+        for row in rows:
+            key = (row["participant"], row["key"])
+            if key not in running and key not in chosen:
+                chosen[key] = row
+        return list(chosen.values())[:limit]
 
     def _next_due(self, running: dict) -> float | None:
         rows = self.sql.exec("SELECT participant, key, due_at FROM durability_timers ORDER BY due_at")
-        for row in rows:
-            if (row["participant"], row["key"]) not in running:
-                return row["due_at"]
-        return None
+        due = [r["due_at"] for r in rows if (r["participant"], r["key"]) not in running][:1]
+        due += [t["due_at"] for k, t in self._memory.items() if k not in running]
+        return min(due) if due else None
+
+    def _current_version(self, participant: str, key: str, memory: bool) -> int | None:
+        if memory:
+            row = self._memory.get((participant, key))
+        else:
+            row = self.sql.one(
+                "SELECT version FROM durability_timers WHERE participant = ? AND key = ?", participant, key)
+        return None if row is None else row["version"]
+
+    def _forget(self, participant: str, key: str, version: int, memory: bool) -> None:
+        """Delete a timer that ran, unless it was written since."""
+        if memory:
+            if self._current_version(participant, key, memory) == version:
+                del self._memory[(participant, key)]
+            return
+        self.sql.exec(
+            "DELETE FROM durability_timers WHERE participant = ? AND key = ? AND version = ?",
+            participant, key, version,
+        )
 
     async def _run_timer(self, row: dict[str, Any]) -> None:
         participant, key, version = row["participant"], row["key"], row["version"]
-        current = self.sql.one(
-            "SELECT version FROM durability_timers WHERE participant = ? AND key = ?",
-            participant, key,
-        )
-        if current is None or current["version"] != version:
+        memory = bool(row.get("memory"))
+        if self._current_version(participant, key, memory) != version:
             return  # cancelled or moved by another timer of this alarm
         timer = Timer(participant, key, row["due_at"], row["attempt"])
         entry = self._participants.get(participant)
@@ -283,32 +361,30 @@ class DurabilityScheduler:
                 raise LookupError(f"no participant {participant!r} is registered")
             await entry[0](timer)
         except Exception as error:
-            self._after_failure(timer, version, backoff, error)
+            self._after_failure(timer, version, memory, backoff, error)
             return
         finally:
             self._running.pop((participant, key), None)
-        # Done, unless the handler moved its own timer meanwhile.
-        self.sql.exec(
-            "DELETE FROM durability_timers WHERE participant = ? AND key = ? AND version = ?",
-            participant, key, version,
-        )
+        self._forget(participant, key, version, memory)  # done, unless the handler moved it meanwhile
 
-    def _after_failure(self, timer: Timer, version: int, backoff: Backoff,
+    def _after_failure(self, timer: Timer, version: int, memory: bool, backoff: Backoff,
                        error: Exception) -> None:
         failures = timer.attempt + 1
         decision = decide_retry(backoff, failures, now_ms(), random.random())
-        if decision.retry:
-            log.warning("timer %s/%s failed (attempt %d): %r; retrying",
-                        timer.participant, timer.key, failures, error)
-            self.sql.exec(
-                "UPDATE durability_timers SET due_at = ?, attempt = ?, version = ? "
-                "WHERE participant = ? AND key = ? AND version = ?",
-                decision.at_ms, failures, self._versions.next(), timer.participant, timer.key, version,
-            )
-        else:
+        if not decision.retry:
             log.error("timer %s/%s failed %d times: %r; giving up",
                       timer.participant, timer.key, failures, error)
-            self.sql.exec(
-                "DELETE FROM durability_timers WHERE participant = ? AND key = ? AND version = ?",
-                timer.participant, timer.key, version,
-            )
+            self._forget(timer.participant, timer.key, version, memory)
+            return
+        log.warning("timer %s/%s failed (attempt %d): %r; retrying",
+                    timer.participant, timer.key, failures, error)
+        if memory:
+            current = self._memory.get((timer.participant, timer.key))
+            if current is not None and current["version"] == version:
+                current.update(due_at=decision.at_ms, attempt=failures, version=next(self._memory_versions))
+            return
+        self.sql.exec(
+            "UPDATE durability_timers SET due_at = ?, attempt = ?, version = ? "
+            "WHERE participant = ? AND key = ? AND version = ?",
+            decision.at_ms, failures, self._versions.next(), timer.participant, timer.key, version,
+        )

@@ -100,7 +100,8 @@ class Jobs(DurableObject):
         sql = self.ctx.storage.sql
         return {
             "jobs": sql.exec("SELECT count(*) AS n FROM durability_jobs").one()["n"],
-            "timers": sql.exec("SELECT count(*) AS n FROM durability_timers").one()["n"],
+            "timers": sql.exec("SELECT count(*) AS n FROM durability_timers").one()["n"]
+            + len(self.scheduler.timers("durability.jobs")),  # the jobs' timers live in memory
             "alarm": await self.ctx.storage.getAlarm(),
         }
 

@@ -28,6 +28,11 @@ class SemaphoreClient:
         """The earliest time (epoch ms) the holder of ``key`` wants the next request."""
         return self._next_request_at.get(key)
 
+    def paced(self, key: str, at_ms: float) -> None:
+        """Remember pacing kept elsewhere (the queue's pump timer, after an
+        eviction); a later time the holder gave is kept."""
+        self._next_request_at[key] = max(at_ms, self._next_request_at.get(key, at_ms))
+
     async def request(self, key: str, message: dict) -> dict:
         reply = await self._send(key, message)
         if isinstance(reply, dict) and reply.get("type") == "grants":

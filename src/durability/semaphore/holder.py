@@ -102,7 +102,9 @@ class DurabilitySemaphore:
         self.grant_timeout_ms = _positive_ms(grant_timeout_ms, "grant_timeout_ms")
         self.lease_policy = None if leases is None else LeasePolicy.from_options(leases)
         self.store = HolderStore(scheduler.sql)
-        scheduler.register(PARTICIPANT, self._on_timer)
+        # The reclaim timer is due when the books say (next_reclaim_at): it
+        # lives in memory, costs no row, and is derived again right here.
+        scheduler.register(PARTICIPANT, self._on_timer, durable=False)
         self._book: dict[str, Grant] | None = None
         self._lease_book: dict[str, Lease] | None = None
         self._ids: LeaseIds | None = None
@@ -111,6 +113,7 @@ class DurabilitySemaphore:
         self._round: asyncio.Task | None = None
         self._last_round_at: float | None = None
         self._contended = False  #: the last round left demand waiting for capacity
+        self._schedule_reclaim(next_reclaim_at(self._grants().values(), self._leases().values()))
 
     @staticmethod
     def migrate(ctx: Any, version: int | None) -> None:
@@ -148,15 +151,18 @@ class DurabilitySemaphore:
 
         def write() -> None:
             self.store.write(changes)
-            if due is None:
-                self.scheduler.cancel(PARTICIPANT, RECLAIM)
-            else:
-                self.scheduler.schedule(PARTICIPANT, RECLAIM, due)
+            self._schedule_reclaim(due)
 
         self.scheduler.transaction(write)
         changes.apply_to(self._grants(), self._leases())
         if changes.issued is not None:
             self._ids = replace(self._lease_ids(), issued=changes.issued)
+
+    def _schedule_reclaim(self, due: float | None) -> None:
+        if due is None:
+            self.scheduler.cancel(PARTICIPANT, RECLAIM)
+        else:
+            self.scheduler.schedule(PARTICIPANT, RECLAIM, due)
 
     # -- messages ---------------------------------------------------------------
     async def handle(self, message: Any) -> dict[str, Any]:

@@ -56,6 +56,12 @@ from .queue_store import ADMITTED, CANCELLED, CLAIMING, QUEUED, RELEASED, Item, 
 
 log = logging.getLogger("durability.semaphore.queue")
 PARTICIPANT = "durability.semaphore-queue"
+# The admit, finished and renew timers are due when the queue's own rows say
+# (items admitted whose admit() has not returned, admit() returns, lease
+# renewal times), so they live in memory under a participant of their own
+# and cost no row; the constructor derives them again. The pump timers stay
+# rows: each one's due time is the key's request pacing, kept in SQL.
+LOCAL = "durability.semaphore-queue.local"
 CHANNEL = "durability.semaphore-queue"
 LEASE_CHANNEL = "durability.semaphore-queue.leases"
 ADMIT, FINISHED, PUMP, RENEW = "admit", "finished", "pump:", "renew"
@@ -161,8 +167,20 @@ class DurabilitySemaphoreQueue:
         self.lease_reports = outbox.channel(LEASE_CHANNEL, self._send_lease_reports,
                                             delay_ms=lease_report_delay_ms, batch_size=MAX_REPORTS)
         scheduler.register(PARTICIPANT, self._on_timer, backoff=retries)
+        scheduler.register(LOCAL, self._on_timer, backoff=retries, durable=False)
         self._blocked: dict[tuple[str, str], tuple[str, int]] = {}
         self._admitting = asyncio.Lock()
+        self._derive_timers()
+
+    def _derive_timers(self) -> None:
+        """Set again, in a new instance, the timers its rows imply (see LOCAL)."""
+        for timer in self.scheduler.timers(PARTICIPANT):
+            if timer.key.startswith(PUMP):  # the pacing the holder asked for survives eviction
+                self.server.paced(timer.key[len(PUMP):], timer.due_at)
+        if self.store.to_admit():
+            self.scheduler.schedule_by(LOCAL, ADMIT, now_ms())
+        self._schedule_finished(None)
+        self._schedule_renewal()
 
     @staticmethod
     def migrate(ctx: Any, version: int | None) -> None:
@@ -290,7 +308,7 @@ class DurabilitySemaphoreQueue:
                 self.store.put_lease(replace(lease, drawn=lease.drawn + len(items)))
                 drawn = True
         if drawn:
-            self.scheduler.schedule_by(PARTICIPANT, ADMIT, now)
+            self.scheduler.schedule_by(LOCAL, ADMIT, now)
 
     def _claim(self, key: str, now: float) -> None:
         """Claim, for queued items, permits this object already holds unclaimed."""
@@ -429,7 +447,7 @@ class DurabilitySemaphoreQueue:
             if refused:
                 self._wake(grant.key, now_ms())
         if admitted:
-            self.scheduler.schedule_by(PARTICIPANT, ADMIT, now_ms())
+            self.scheduler.schedule_by(LOCAL, ADMIT, now_ms())
 
     async def _send_reports(self, messages: list[OutboxMessage]) -> None:
         """The grant channel's sender: a ``sync`` per key with its cumulative counts."""
@@ -552,9 +570,9 @@ class DurabilitySemaphoreQueue:
         forget = None if settled is None else settled + self._settled_horizon_ms()
         due = [t for t in (renewal, forget) if t is not None]
         if not due:
-            self.scheduler.cancel(PARTICIPANT, RENEW)
+            self.scheduler.cancel(LOCAL, RENEW)
         else:
-            self.scheduler.schedule(PARTICIPANT, RENEW, min(due))
+            self.scheduler.schedule(LOCAL, RENEW, min(due))
 
     async def _renew_leases(self) -> None:
         """At half its lifetime a lease is reported again: one with permits in
@@ -628,9 +646,9 @@ class DurabilitySemaphoreQueue:
                 now = now_ms()
                 self.store.mark_admit_returned([i.id for i in items], now)
                 if not self.store.to_admit():  # items admitted meanwhile still need the timer
-                    self.scheduler.cancel(PARTICIPANT, ADMIT)
+                    self.scheduler.cancel(LOCAL, ADMIT)
                 if self.finished is not None:
-                    self.scheduler.schedule_by(PARTICIPANT, FINISHED, now + self.finished_check_ms)
+                    self.scheduler.schedule_by(LOCAL, FINISHED, now + self.finished_check_ms)
 
             self.scheduler.transaction(done)
             await self.scheduler.sync()
@@ -656,9 +674,29 @@ class DurabilitySemaphoreQueue:
                             self._release(current)
 
                 self.scheduler.transaction(release_all)
-        if self.store.oldest_admit_return() is not None:
-            self.scheduler.schedule(PARTICIPANT, FINISHED, now_ms() + self.finished_check_ms)
+        self.scheduler.transaction(lambda: self._schedule_finished(now - self.finished_check_ms))
         await self.scheduler.sync()
+
+    def _schedule_finished(self, asked_up_to: float | None) -> None:
+        """Ask ``finished()`` about each item ``finished_check_ms`` after its
+        ``admit()`` returned, and again at that interval.
+
+        ``asked_up_to``: the sweep that just ran asked about items whose
+        admit() returned by then; the next sweep is due for the first item
+        not asked yet, or one interval on for the ones asked.
+        """
+        if self.finished is None:
+            return
+        due = []
+        first = self.store.oldest_admit_return(after=asked_up_to)
+        if first is not None:
+            due.append(first + self.finished_check_ms)
+        if asked_up_to is not None and self.store.oldest_admit_return() is not None:
+            due.append(now_ms() + self.finished_check_ms)
+        if due:
+            self.scheduler.schedule(LOCAL, FINISHED, min(due))
+        else:
+            self.scheduler.cancel(LOCAL, FINISHED)
 
     async def _emit(self, event: QueueEvent) -> None:
         if self.on_lifecycle_event is None:

@@ -218,8 +218,13 @@ class QueueStore:
         )
         return [_item(r) for r in rows]
 
-    def oldest_admit_return(self) -> float | None:
-        row = self.sql.one(f"SELECT min(admitted_at) AS t FROM {ITEMS} WHERE state = ?", ADMITTED)
+    def oldest_admit_return(self, after: float | None = None) -> float | None:
+        """The earliest time an admitted item's admit() returned (after ``after``, if given)."""
+        if after is None:
+            row = self.sql.one(f"SELECT min(admitted_at) AS t FROM {ITEMS} WHERE state = ?", ADMITTED)
+        else:
+            row = self.sql.one(f"SELECT min(admitted_at) AS t FROM {ITEMS} WHERE state = ? AND admitted_at > ?",
+                               ADMITTED, after)
         return None if row is None else row["t"]
 
     # -- grants ---------------------------------------------------------------
