@@ -27,6 +27,7 @@ import asyncio
 import inspect
 import json
 import logging
+import math
 from dataclasses import dataclass, replace
 from typing import Any, Callable
 
@@ -56,12 +57,9 @@ from .queue_store import ADMITTED, CANCELLED, CLAIMING, QUEUED, RELEASED, Item, 
 
 log = logging.getLogger("durability.semaphore.queue")
 PARTICIPANT = "durability.semaphore-queue"
-# The admit, finished and renew timers are due when the queue's own rows say
-# (items admitted whose admit() has not returned, admit() returns, lease
-# renewal times), so they live in memory under a participant of their own
-# and cost no row; the constructor derives them again. The pump timers stay
-# rows: each one's due time is the key's request pacing, kept in SQL.
-LOCAL = "durability.semaphore-queue.local"
+# Every queue timer is due when the queue's own rows say (a key with queued
+# items, at its pacing; items admitted; lease renewal times), so they live
+# in memory, cost no row, and the constructor derives them again.
 CHANNEL = "durability.semaphore-queue"
 LEASE_CHANNEL = "durability.semaphore-queue.leases"
 ADMIT, FINISHED, PUMP, RENEW = "admit", "finished", "pump:", "renew"
@@ -166,20 +164,26 @@ class DurabilitySemaphoreQueue:
         self.reports = outbox.channel(CHANNEL, self._send_reports, delay_ms=report_delay_ms, batch_size=MAX_REPORTS)
         self.lease_reports = outbox.channel(LEASE_CHANNEL, self._send_lease_reports,
                                             delay_ms=lease_report_delay_ms, batch_size=MAX_REPORTS)
-        scheduler.register(PARTICIPANT, self._on_timer, backoff=retries)
-        scheduler.register(LOCAL, self._on_timer, backoff=retries, durable=False)
+        scheduler.register(PARTICIPANT, self._on_timer, backoff=retries, durable=False)
         self._blocked: dict[tuple[str, str], tuple[str, int]] = {}
         self._admitting = asyncio.Lock()
+        # When admit() returned for each admitted item, in this instance. Not
+        # a row: a new instance calls admit() again for every admitted item
+        # (admit() is idempotent on item id), which saves a row written per
+        # item; finished() is asked about an item only once admit() returned.
+        self._returned: dict[str, float] = {}
         self._derive_timers()
 
     def _derive_timers(self) -> None:
-        """Set again, in a new instance, the timers its rows imply (see LOCAL)."""
-        for timer in self.scheduler.timers(PARTICIPANT):
-            if timer.key.startswith(PUMP):  # the pacing the holder asked for survives eviction
-                self.server.paced(timer.key[len(PUMP):], timer.due_at)
-        if self.store.to_admit():
-            self.scheduler.schedule_by(LOCAL, ADMIT, now_ms())
-        self._schedule_finished(None)
+        """Set again, in a new instance, the timers its rows imply."""
+        now = now_ms()
+        for key in self.store.queued_keys():
+            interval = self.store.pacing(key)
+            if interval is not None:  # the holder's pacing holds across an eviction
+                self.server.paced(key, now + interval)
+            self._wake(key, now)
+        if self.store.admitted():
+            self.scheduler.schedule_by(PARTICIPANT, ADMIT, now)
         self._schedule_renewal()
 
     @staticmethod
@@ -308,7 +312,7 @@ class DurabilitySemaphoreQueue:
                 self.store.put_lease(replace(lease, drawn=lease.drawn + len(items)))
                 drawn = True
         if drawn:
-            self.scheduler.schedule_by(LOCAL, ADMIT, now)
+            self.scheduler.schedule_by(PARTICIPANT, ADMIT, now)
 
     def _claim(self, key: str, now: float) -> None:
         """Claim, for queued items, permits this object already holds unclaimed."""
@@ -335,6 +339,7 @@ class DurabilitySemaphoreQueue:
 
     def _release(self, item: Item) -> None:
         self.store.set_state(item.id, RELEASED, item.grant_id, item.via)
+        self._returned.pop(item.id, None)
         if item.via == "lease":
             lease = self.store.lease(item.grant_id)
             if lease is not None:
@@ -394,6 +399,8 @@ class DurabilitySemaphoreQueue:
                 known = LocalGrant(entry.grant_id, key, entry.group, entry.permits, 0, 0, 0, entry.claim_deadline)
             self.store.put_grant(replace(known, permits=entry.permits, claim_deadline=entry.claim_deadline))
         self.reports.acknowledge(piggybacked)
+        if reply.next_request_at is not None:
+            self.store.set_pacing(key, _pacing_interval(reply.next_request_at - now))
         self._claim_local(key, now)
         if self.store.demand(key):
             self.scheduler.schedule(PARTICIPANT, PUMP + key, max(now, reply.next_request_at or now))
@@ -447,7 +454,7 @@ class DurabilitySemaphoreQueue:
             if refused:
                 self._wake(grant.key, now_ms())
         if admitted:
-            self.scheduler.schedule_by(LOCAL, ADMIT, now_ms())
+            self.scheduler.schedule_by(PARTICIPANT, ADMIT, now_ms())
 
     async def _send_reports(self, messages: list[OutboxMessage]) -> None:
         """The grant channel's sender: a ``sync`` per key with its cumulative counts."""
@@ -570,9 +577,9 @@ class DurabilitySemaphoreQueue:
         forget = None if settled is None else settled + self._settled_horizon_ms()
         due = [t for t in (renewal, forget) if t is not None]
         if not due:
-            self.scheduler.cancel(LOCAL, RENEW)
+            self.scheduler.cancel(PARTICIPANT, RENEW)
         else:
-            self.scheduler.schedule(LOCAL, RENEW, min(due))
+            self.scheduler.schedule(PARTICIPANT, RENEW, min(due))
 
     async def _renew_leases(self) -> None:
         """At half its lifetime a lease is reported again: one with permits in
@@ -627,14 +634,13 @@ class DurabilitySemaphoreQueue:
 
     async def _admit_pending(self) -> None:
         async with self._admitting:
-            items = self.store.to_admit()
-            if not items:
+            if not self._to_admit():
                 return
             # The admissions (and a lease draw with them) must be durable before
             # any work starts: work started on an admission that is then lost
             # would run on a permit nobody counts.
             await self.scheduler.sql.sync()
-            items = self.store.to_admit()
+            items = self._to_admit()
             if not items:
                 return
             admitted = [AdmittedItem(i.id, i.key, i.group, i.body, i.via or "grant") for i in items]
@@ -642,24 +648,29 @@ class DurabilitySemaphoreQueue:
             if inspect.isawaitable(result):
                 await result
 
-            def done() -> None:
-                now = now_ms()
-                self.store.mark_admit_returned([i.id for i in items], now)
-                if not self.store.to_admit():  # items admitted meanwhile still need the timer
-                    self.scheduler.cancel(LOCAL, ADMIT)
-                if self.finished is not None:
-                    self.scheduler.schedule_by(LOCAL, FINISHED, now + self.finished_check_ms)
-
-            self.scheduler.transaction(done)
+            now = now_ms()
+            for item in items:
+                self._returned[item.id] = now
+            if not self._to_admit():  # items admitted meanwhile still need the timer
+                self.scheduler.cancel(PARTICIPANT, ADMIT)
+            if self.finished is not None:
+                self.scheduler.schedule_by(PARTICIPANT, FINISHED, now + self.finished_check_ms)
             await self.scheduler.sync()
         for key in sorted({i.key for i in items}):
             await self._emit(QueueEvent("admitted", key, tuple(i.id for i in items if i.key == key)))
+
+    def _to_admit(self) -> list[Item]:
+        """Admitted items whose admit() has not returned in this instance."""
+        return [item for item in self.store.admitted() if item.id not in self._returned]
 
     async def _check_finished(self) -> None:
         if self.finished is None:
             return
         now = now_ms()
-        candidates = self.store.admitted_since_before(now - self.finished_check_ms, 1_000_000)
+        cutoff = now - self.finished_check_ms
+        due = sorted((at, item_id) for item_id, at in self._returned.items() if at <= cutoff)
+        candidates = [item for item in (self.store.item(item_id) for _, item_id in due)
+                      if item is not None and item.state == ADMITTED]
         for start in range(0, len(candidates), FINISHED_BATCH):
             chunk = candidates[start:start + FINISHED_BATCH]
             asked = {item.id: item for item in chunk}
@@ -674,10 +685,10 @@ class DurabilitySemaphoreQueue:
                             self._release(current)
 
                 self.scheduler.transaction(release_all)
-        self.scheduler.transaction(lambda: self._schedule_finished(now - self.finished_check_ms))
+        self._schedule_finished(cutoff)
         await self.scheduler.sync()
 
-    def _schedule_finished(self, asked_up_to: float | None) -> None:
+    def _schedule_finished(self, asked_up_to: float) -> None:
         """Ask ``finished()`` about each item ``finished_check_ms`` after its
         ``admit()`` returned, and again at that interval.
 
@@ -687,16 +698,14 @@ class DurabilitySemaphoreQueue:
         """
         if self.finished is None:
             return
-        due = []
-        first = self.store.oldest_admit_return(after=asked_up_to)
-        if first is not None:
-            due.append(first + self.finished_check_ms)
-        if asked_up_to is not None and self.store.oldest_admit_return() is not None:
+        not_asked = [at for at in self._returned.values() if at > asked_up_to]
+        due = [min(not_asked) + self.finished_check_ms] if not_asked else []
+        if len(not_asked) < len(self._returned):
             due.append(now_ms() + self.finished_check_ms)
         if due:
-            self.scheduler.schedule(LOCAL, FINISHED, min(due))
+            self.scheduler.schedule(PARTICIPANT, FINISHED, min(due))
         else:
-            self.scheduler.cancel(LOCAL, FINISHED)
+            self.scheduler.cancel(PARTICIPANT, FINISHED)
 
     async def _emit(self, event: QueueEvent) -> None:
         if self.on_lifecycle_event is None:
@@ -717,6 +726,13 @@ def _report_of(message: OutboxMessage) -> dict:
 def _lease_report_of(lease: LocalLease) -> dict:
     return {"leaseId": lease.lease_id, "group": lease.group, "permits": lease.permits, "drawn": lease.drawn,
             "released": lease.released, "stopped": lease.stopped}
+
+
+def _pacing_interval(ms: float) -> float:
+    """The holder's pacing as kept in SQL: whole seconds, rounded up, so that
+    it is written once per key rather than on every reply (replies arrive a
+    few ms apart from the holder's clock) and a new instance never asks early."""
+    return max(0.0, math.ceil(ms / 1000) * 1000)
 
 
 def _renew_at(now: float, ttl_ms: float) -> float:

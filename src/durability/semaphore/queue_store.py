@@ -6,7 +6,10 @@ know: the protocol with the holder, timers, or when anything happens.
 Items, grants and leases are WITHOUT ROWID tables keyed by id with no
 secondary index: each state change of an item writes one row, and a batch
 of draws from a lease one more. Finding the oldest queued items scans the
-table; reads cost a thousandth of writes. Version 2 added the lease table.
+table; reads cost a thousandth of writes. Version 2 added the lease table;
+version 3 the pacing table: per key, the interval the holder asks between
+requests, written only when that interval changes (about once per key), so
+that a new instance paces its first request as the holder asked.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ COMPONENT = "semaphore-queue"
 ITEMS = "durability_queue_items"
 GRANTS = "durability_queue_grants"
 LEASES = "durability_queue_leases"
+PACING = "durability_queue_pacing"
 _SCHEMA = {
     1: [
         f"""
@@ -35,7 +39,7 @@ _SCHEMA = {
           state TEXT NOT NULL,
           grant_id TEXT,
           via TEXT,
-          admitted_at REAL
+          admitted_at REAL  -- when admit() returned; written before version 3, unused since
         ) WITHOUT ROWID
         """,
         f"""
@@ -64,6 +68,14 @@ _SCHEMA = {
           ttl_ms REAL NOT NULL,
           renew_at REAL NOT NULL,
           settled_at REAL
+        ) WITHOUT ROWID
+        """,
+    ],
+    3: [
+        f"""
+        CREATE TABLE IF NOT EXISTS {PACING} (
+          key TEXT PRIMARY KEY,
+          interval_ms REAL NOT NULL
         ) WITHOUT ROWID
         """,
     ],
@@ -152,7 +164,20 @@ class QueueStore:
 
     @staticmethod
     def drop(sql: Sql) -> None:
-        drop(sql, COMPONENT, [ITEMS, GRANTS, LEASES])
+        drop(sql, COMPONENT, [ITEMS, GRANTS, LEASES, PACING])
+
+    # -- pacing -----------------------------------------------------------------
+    def pacing(self, key: str) -> float | None:
+        row = self.sql.one(f"SELECT interval_ms FROM {PACING} WHERE key = ?", key)
+        return None if row is None else row["interval_ms"]
+
+    def set_pacing(self, key: str, interval_ms: float) -> None:
+        """Keep the key's pacing interval; a row is written only when it changes."""
+        self.sql.exec(
+            f"INSERT INTO {PACING} (key, interval_ms) VALUES (?, ?) ON CONFLICT (key) "
+            f"DO UPDATE SET interval_ms = excluded.interval_ms WHERE {PACING}.interval_ms != excluded.interval_ms",
+            key, interval_ms,
+        )
 
     # -- items ----------------------------------------------------------------
     def item(self, item_id: str) -> Item | None:
@@ -197,35 +222,10 @@ class QueueStore:
             f"UPDATE {ITEMS} SET state = ?, grant_id = ?, via = ? WHERE id = ?", state, grant_id, via, item_id
         )
 
-    def to_admit(self) -> list[Item]:
-        rows = self.sql.exec(
-            f"SELECT {_ITEM_COLUMNS} FROM {ITEMS} WHERE state = ? AND admitted_at IS NULL ORDER BY seq",
-            ADMITTED,
-        )
+    def admitted(self) -> list[Item]:
+        """Admitted items not yet released, oldest first."""
+        rows = self.sql.exec(f"SELECT {_ITEM_COLUMNS} FROM {ITEMS} WHERE state = ? ORDER BY seq", ADMITTED)
         return [_item(r) for r in rows]
-
-    def mark_admit_returned(self, item_ids: list[str], now: float) -> None:
-        for item_id in item_ids:
-            self.sql.exec(
-                f"UPDATE {ITEMS} SET admitted_at = ? WHERE id = ? AND state = ? AND admitted_at IS NULL",
-                now, item_id, ADMITTED,
-            )
-
-    def admitted_since_before(self, cutoff: float, limit: int) -> list[Item]:
-        rows = self.sql.exec(
-            f"SELECT {_ITEM_COLUMNS} FROM {ITEMS} WHERE state = ? AND admitted_at <= ? ORDER BY admitted_at LIMIT ?",
-            ADMITTED, cutoff, limit,
-        )
-        return [_item(r) for r in rows]
-
-    def oldest_admit_return(self, after: float | None = None) -> float | None:
-        """The earliest time an admitted item's admit() returned (after ``after``, if given)."""
-        if after is None:
-            row = self.sql.one(f"SELECT min(admitted_at) AS t FROM {ITEMS} WHERE state = ?", ADMITTED)
-        else:
-            row = self.sql.one(f"SELECT min(admitted_at) AS t FROM {ITEMS} WHERE state = ? AND admitted_at > ?",
-                               ADMITTED, after)
-        return None if row is None else row["t"]
 
     # -- grants ---------------------------------------------------------------
     def grant(self, grant_id: str) -> LocalGrant | None:
