@@ -257,7 +257,11 @@ class DurabilitySemaphore:
                 held.append((replace(request, heartbeat=False), waiter, hold_until))
             else:
                 ttl_ms = self.lease_policy.ttl_ms if self.lease_policy is not None else 0
-                waiter.set_result(_grants_reply(outcome, next_request_at, result.contended, ttl_ms))
+                # A client handed permits may ask again at once: its request is
+                # held for the next round anyway, and is then present in it,
+                # instead of arriving just after it and waiting a period more.
+                ask_at = now if outcome.new_grants or outcome.new_leases else next_request_at
+                waiter.set_result(_grants_reply(outcome, ask_at, result.contended, ttl_ms))
         self._waiting = held + self._waiting
 
     def _resolve_limits(self, requests: list[Request]) -> Limits:

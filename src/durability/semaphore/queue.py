@@ -166,6 +166,7 @@ class DurabilitySemaphoreQueue:
                                             delay_ms=lease_report_delay_ms, batch_size=MAX_REPORTS)
         scheduler.register(PARTICIPANT, self._on_timer, backoff=retries, durable=False)
         self._blocked: dict[tuple[str, str], tuple[str, int]] = {}
+        self._contended: set[str] = set()  #: keys whose holder last said it is short of permits
         self._admitting = asyncio.Lock()
         # When admit() returned for each admitted item, in this instance. Not
         # a row: a new instance calls admit() again for every admitted item
@@ -242,8 +243,16 @@ class DurabilitySemaphoreQueue:
             raise ValueError(f"item {item_id!r} is {item.state}, not admitted")
         self.scheduler.transaction(lambda: self._release(item))
         await self.scheduler.sync()
+        await self._report_at_once_if_contended({item.key})
         await self._emit(QueueEvent("released", item.key, (item.id,)))
         return True
+
+    async def _report_at_once_if_contended(self, keys: set[str]) -> None:
+        """Releases of a key whose holder said it is short of permits go out
+        now, not after the channels' delay: waiting work gets them sooner."""
+        if keys & self._contended:
+            await self.reports.flush()
+            await self.lease_reports.flush()
 
     async def cancel(self, item_id: str) -> bool:
         """Remove an item that is still queued."""
@@ -292,11 +301,12 @@ class DurabilitySemaphoreQueue:
             await self._pump(timer.key[len(PUMP):])
 
     # -- claims and requests ------------------------------------------------------
-    def _claim_local(self, key: str, now: float) -> None:
+    def _claim_local(self, key: str, now: float, learned: tuple[LocalGrant, ...] = ()) -> None:
         """Draw, for queued items, from this object's leases, then claim
-        permits it already holds unclaimed."""
+        permits it already holds unclaimed (``learned``: grants a reply just
+        brought, not stored yet: each is written once, with its claims)."""
         self._draw(key, now)
-        self._claim(key, now)
+        self._claim(key, now, learned)
 
     def _draw(self, key: str, now: float) -> None:
         """Admit queued items at once on permits drawn from this object's leases
@@ -314,24 +324,32 @@ class DurabilitySemaphoreQueue:
         if drawn:
             self.scheduler.schedule_by(PARTICIPANT, ADMIT, now)
 
-    def _claim(self, key: str, now: float) -> None:
+    def _claim(self, key: str, now: float, learned: tuple[LocalGrant, ...] = ()) -> None:
         """Claim, for queued items, permits this object already holds unclaimed."""
-        for grant in self.store.grants(key):
+        grants = {g.grant_id: g for g in self.store.grants(key)}
+        grants.update((g.grant_id, g) for g in learned)
+        fresh = {g.grant_id for g in learned}
+        for grant in sorted(grants.values(), key=lambda g: g.grant_id):
             if grant.claim_deadline <= now:
                 if grant.claimed == grant.confirmed == grant.released:
-                    self.store.delete_grant(grant.grant_id)  # the holder takes it back
-                continue
-            if grant.unclaimed <= 0:
-                continue
-            items = self.store.oldest_queued(key, grant.group, grant.unclaimed)
-            if not items:
-                continue
-            for item in items:
-                self.store.set_state(item.id, CLAIMING, grant.grant_id, "grant")
-            self._put_and_report(replace(grant, claimed=grant.claimed + len(items)))
+                    if grant.grant_id not in fresh:
+                        self.store.delete_grant(grant.grant_id)  # the holder takes it back
+                    continue
+            else:
+                items = self.store.oldest_queued(key, grant.group, grant.unclaimed) if grant.unclaimed > 0 else []
+                if items:
+                    for item in items:
+                        self.store.set_state(item.id, CLAIMING, grant.grant_id, "grant")
+                    self._put_and_report(replace(grant, claimed=grant.claimed + len(items)))
+                    continue
+            if grant.grant_id in fresh:
+                self.store.put_grant(grant)
 
     def _put_and_report(self, grant: LocalGrant) -> None:
         self.store.put_grant(grant)
+        self._report(grant)
+
+    def _report(self, grant: LocalGrant) -> None:
         self.reports.enqueue(
             {"key": grant.key, "grantId": grant.grant_id, "claimed": grant.claimed, "released": grant.released},
             key=grant.grant_id,
@@ -346,8 +364,18 @@ class DurabilitySemaphoreQueue:
                 self._put_lease_and_report(replace(lease, released=lease.released + 1))
             return
         grant = self.store.grant(item.grant_id) if item.grant_id else None
-        if grant is not None:
-            self._put_and_report(replace(grant, released=grant.released + 1))
+        if grant is None:
+            return
+        grant = replace(grant, released=grant.released + 1)
+        spent = grant.unclaimed <= 0 or grant.claim_deadline <= now_ms()
+        if spent and grant.released == grant.confirmed == grant.claimed:
+            # Nothing left to claim, confirm or release here: the report says
+            # the rest, and the row goes now instead of after the holder's
+            # answer (one row written less per grant).
+            self.store.delete_grant(grant.grant_id)
+            self._report(grant)
+        else:
+            self._put_and_report(grant)
 
     async def _pump(self, key: str) -> None:
         self.scheduler.transaction(lambda: self._claim_local(key, now_ms()))
@@ -391,21 +419,32 @@ class DurabilitySemaphoreQueue:
         if reply.contended:
             self._return_idle_leases(key)  # _after_reply publishes them
         self.lease_reports.acknowledge(lease_piggybacked)
+        learned = []
         for entry in reply.grants:
             known = self.store.grant(entry.grant_id)
             if known is None:
                 if entry.claimed:
                     continue  # claimed here before and settled since: a late reply, not a new grant
-                known = LocalGrant(entry.grant_id, key, entry.group, entry.permits, 0, 0, 0, entry.claim_deadline)
-            self.store.put_grant(replace(known, permits=entry.permits, claim_deadline=entry.claim_deadline))
+                learned.append(LocalGrant(entry.grant_id, key, entry.group, entry.permits, 0, 0, 0,
+                                          entry.claim_deadline))
+            elif (known.permits, known.claim_deadline) != (entry.permits, entry.claim_deadline):
+                learned.append(replace(known, permits=entry.permits, claim_deadline=entry.claim_deadline))
         self.reports.acknowledge(piggybacked)
-        if reply.next_request_at is not None:
-            self.store.set_pacing(key, _pacing_interval(reply.next_request_at - now))
-        self._claim_local(key, now)
+        interval = _pacing_interval((reply.next_request_at or now) - now)
+        if interval > 0:  # "ask at once" (a reply with permits) is not pacing to keep
+            self.store.set_pacing(key, interval)
+        self._claim_local(key, now, tuple(learned))
         if self.store.demand(key):
             self.scheduler.schedule(PARTICIPANT, PUMP + key, max(now, reply.next_request_at or now))
 
+    def _heard(self, key: str, reply: Reply) -> None:
+        if reply.contended:
+            self._contended.add(key)
+        else:
+            self._contended.discard(key)
+
     async def _after_reply(self, key: str, reply: Reply) -> None:
+        self._heard(key, reply)
         blocked = {b.group: (b.reason, b.waiting) for b in reply.blocked}
         for (k, group) in [k for k in self._blocked if k[0] == key]:
             if group not in blocked:
@@ -495,6 +534,7 @@ class DurabilitySemaphoreQueue:
 
     def _after_contended(self, key: str, reply: Reply) -> None:
         """A holder short of permits gets back, at once, what idle leases hold undrawn."""
+        self._heard(key, reply)
         if reply.contended and self._return_idle_leases(key):
             # Publish what that queued now, not after the lease channel's delay.
             # Only then: moving the channel's timer costs a row written, and
@@ -685,6 +725,8 @@ class DurabilitySemaphoreQueue:
                             self._release(current)
 
                 self.scheduler.transaction(release_all)
+                await self.scheduler.sync()
+                await self._report_at_once_if_contended({item.key for item in finished_items})
         self._schedule_finished(cutoff)
         await self.scheduler.sync()
 
