@@ -14,7 +14,7 @@ know: the benchmark or the library.
 
 ``LEDGER`` (set by the benchmark) hears when work really starts and ends;
 ``LOSE_RELEASES`` (with ``RNG``) drops that share of release calls, as the
-library's benchmark drops lifecycle events.
+library's benchmark loses releases (bench/workload.py, LostReleases).
 """
 
 import json

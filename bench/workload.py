@@ -41,3 +41,40 @@ def limits_of(accounts: list[str]) -> dict[str, int]:
 def shard_of(job_id: str, shards: int) -> str:
     """The example Worker's own placement (``entry._shard``)."""
     return f"shard-{zlib.crc32(job_id.encode()) % shards}"
+
+
+class LostReleases:
+    """Lose the application's release of a share of jobs on every path it
+    takes (each ``release()`` call for a chosen job does nothing), so that
+    only the queue's ``finished()`` sweep can return their permits.
+
+    Use it as a context manager around the run: it patches the queue class
+    the example Worker uses and puts it back after.
+    """
+
+    def __init__(self, queue_class: type, rate: float, rng: random.Random) -> None:
+        self.queue_class, self.rate, self.rng = queue_class, rate, rng
+        self.chosen: dict[str, bool] = {}  #: job id -> its releases are lost
+        self._real = None
+
+    @property
+    def lost(self) -> int:
+        """Jobs whose release was asked for and lost."""
+        return sum(self.chosen.values())
+
+    def __enter__(self) -> "LostReleases":
+        real = self._real = self.queue_class.release
+        chosen, rate, rng = self.chosen, self.rate, self.rng
+
+        async def release(queue, item_id):
+            if item_id not in chosen:
+                chosen[item_id] = rng.random() < rate
+            if chosen[item_id]:
+                return True  # the caller believes it released; the permit is still out
+            return await real(queue, item_id)
+
+        self.queue_class.release = release
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.queue_class.release = self._real

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import logging
 import random
@@ -34,7 +35,7 @@ sys.path[:0] = [str(ROOT / "src"), str(ROOT)]
 
 from bench import measure  # noqa: E402
 from bench.breakdown import WriteBreakdown  # noqa: E402
-from bench.workload import arrivals, limits_of, shard_of  # noqa: E402
+from bench.workload import LostReleases, arrivals, limits_of, shard_of  # noqa: E402
 from durability.testing import Faults, JsException, Runtime, load_worker_module  # noqa: E402
 
 NAIVE = ROOT / "bench" / "naive.py"
@@ -49,7 +50,7 @@ def faults_of(on: bool) -> Faults | None:
                   crash_before_commit=rate / 4, alarm_failure=rate) if on else None
 
 
-def example_runtime(system: str, args, limits: dict, ledger: measure.Ledger, rng: random.Random) -> Runtime:
+def example_runtime(system: str, args, limits: dict, ledger: measure.Ledger) -> Runtime:
     runtime = Runtime.from_wrangler(ROOT / "wrangler.toml", seed=args.seed, faults=faults_of(args.faults), vars={
         "ACCOUNT_LIMITS": json.dumps(limits), "SHARDS": str(args.shards),
         "ACCOUNT_LEASES": json.dumps(LEASES if system == "strict leases" else None)})
@@ -64,15 +65,6 @@ def example_runtime(system: str, args, limits: dict, ledger: measure.Ledger, rng
             ledger.ended(job["id"], runtime.now_ms())
 
     module.run_job = run_job
-    if args.faults:  # a lifecycle hook is best effort: drop 5% of its releases
-        shard, real = module.JobShard, module.JobShard._on_job_event
-
-        async def on_job_event(self, event):
-            if event.type == "terminal" and rng.random() < 0.05:
-                return
-            await real(self, event)
-
-        shard._on_job_event = on_job_event
     return runtime
 
 
@@ -111,9 +103,12 @@ def run_system(system: str, args, work, limits: dict) -> dict:
     if system.startswith("naive"):
         runtime = naive_runtime(5_000 if "5 s" in system else 1_000, args, limits, ledger, rng)
     else:
-        runtime = example_runtime(system, args, limits, ledger, rng)
+        runtime = example_runtime(system, args, limits, ledger)
     started = time.perf_counter()
-    with runtime, WriteBreakdown() as writes:
+    lost = contextlib.nullcontext()
+    if args.faults and not system.startswith("naive"):  # the naive Worker loses its own (bench/naive.py)
+        lost = LostReleases(runtime.module.DurabilitySemaphoreQueue, 0.05, rng)
+    with runtime, WriteBreakdown() as writes, lost:
         runtime.run(drive(runtime, system, args, work, ledger))
         totals = runtime.totals()
     jobs = len(ledger.started_at)

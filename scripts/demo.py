@@ -30,6 +30,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT / "src"), str(ROOT)]
 
 from bench import measure  # noqa: E402
+from bench.workload import LostReleases  # noqa: E402
 
 from durability.testing import Faults, JsException, Runtime  # noqa: E402
 
@@ -83,19 +84,6 @@ class Ledger:
             return result
 
         module.run_job = run_job
-
-
-def lose_some_releases(runtime: Runtime, rate: float, rng: random.Random) -> None:
-    """A lifecycle hook is best effort: drop this share of its releases."""
-    shard = runtime.module.JobShard
-    real = shard._on_job_event
-
-    async def on_job_event(self, event):
-        if event.type == "terminal" and rng.random() < rate:
-            return
-        await real(self, event)
-
-    shard._on_job_event = on_job_event
 
 
 async def workload(runtime: Runtime, args: argparse.Namespace, ledger: Ledger, accounts: list[str]) -> dict:
@@ -193,8 +181,8 @@ def main() -> int:
     )
     ledger = Ledger(accounts)
     ledger.instrument(runtime)
-    lose_some_releases(runtime, args.lost_releases, random.Random(args.seed + 1))
-    with runtime:
+    lost = LostReleases(runtime.module.DurabilitySemaphoreQueue, args.lost_releases, random.Random(args.seed + 1))
+    with runtime, lost:
         usages = runtime.run(workload(runtime, args, ledger, accounts))
         totals = runtime.totals()
         vias = admitted_via(runtime)
@@ -213,6 +201,9 @@ def main() -> int:
         "max_running": ledger.max_running,
         "over_limit": {a: ledger.max_running[a] > ceilings[a] for a in accounts},
         "admitted_via": vias,
+        # Releases the application asked for and lost: only the queue's
+        # finished() sweep returned those permits.
+        "releases_lost": lost.lost,
         "lease_footprint_left": sum(u["leaseFootprint"] for u in usages.values()),
         # Two runs of one job at once: never. Work that completed but whose
         # outcome was lost in a crash before it committed runs again: the
@@ -273,7 +264,8 @@ def human(s: dict) -> str:
                  f"{s['rows_read_per_admission']} rows read, {s['rpc_per_admission']} requests")
     lines.append(f"jobs run twice at once: {s['jobs_run_twice_at_once']}; work repeated after a crash lost "
                  f"its outcome: {s['work_repeated_after_crash']}")
-    lines.append(f"leaked permits after the sweep: {s['leaked_permits']}; evictions: {s['evictions']}")
+    lines.append(f"releases lost: {s['releases_lost']}, returned by the finished() sweep; "
+                 f"leaked permits after the sweep: {s['leaked_permits']}; evictions: {s['evictions']}")
     return "\n".join(lines)
 
 

@@ -147,8 +147,15 @@ class AccountLimit(DurableObject):
         self.scheduler = DurabilityScheduler(ctx)
         # ACCOUNT_LEASES: the semaphore's leases= options as JSON, or empty for none.
         leases = json.loads(getattr(env, "ACCOUNT_LEASES", "") or "null")
+        # Rounds closer than the library's defaults (1 s wait, 2 s period):
+        # a permit freed waits for the next round, so on the demo's workload
+        # (scripts/bench_vs_naive.py, seed 1) the limit is busy 98% of the
+        # time jobs wait instead of 92%, and 2% of admissions leave
+        # oldest-first order instead of 17%, for 4% more rows written (more
+        # rounds make smaller grants). A round costs no row unless it grants.
         self.semaphore = DurabilitySemaphore(
-            self.scheduler, limit=self._account_limit, group_limit=self._workflow_limit, leases=leases
+            self.scheduler, limit=self._account_limit, group_limit=self._workflow_limit, leases=leases,
+            round_wait_ms=50, round_period_ms=250,
         )
 
     def _account_limit(self):

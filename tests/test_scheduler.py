@@ -270,3 +270,79 @@ def test_timers_outlive_an_alarm_whose_retries_run_out(runtime):
 
     left, runs = runtime.run(scenario())
     assert left == 0 and runs >= 2  # cut short again and again, then finished
+
+
+# -- timers in memory (participants registered with durable=False) ----------
+def test_a_memory_timer_writes_no_row_and_runs_at_its_time(runtime):
+    stub = runtime.env.TIMERS.getByName("t")
+
+    async def scenario():
+        await stub.schedule("warm", 60_000)  # schema and first alarm
+        host = runtime.host_of(stub)
+        start, before = runtime.now_ms(), host.db.rows_written
+        await stub.plan("p", 1_000)
+        written = host.db.rows_written - before  # the "planned" row only
+        alarm = await stub.alarm_time() - start
+        await asyncio.sleep(2)
+        return written, alarm, await stub.timer_count(), [(r["key"], round(r["at"] - start)) for r in await stub.runs()]
+
+    written, alarm, rows, runs = runtime.run(scenario())
+    assert written == 1 and alarm == 1_000 and rows == 1  # the durable "warm" timer's row
+    assert runs == [("p", 1_000)]
+
+
+def test_a_memory_timer_is_derived_again_by_a_new_instance(runtime):
+    stub = runtime.env.TIMERS.getByName("t")
+
+    async def scenario():
+        start = runtime.now_ms()
+        await stub.plan("p", 5_000)
+        runtime.evict(stub)
+        await asyncio.sleep(6)
+        return [(r["key"], round(r["at"] - start)) for r in await runtime.env.TIMERS.getByName("t").runs()]
+
+    assert runtime.run(scenario()) == [("p", 5_000)]
+
+
+def test_a_memory_timer_outlives_an_alarm_whose_retries_run_out(runtime):
+    # The platform gave up on the alarm; the next call that syncs (any
+    # change) arms it again for the timers the new instance derived.
+    stub = runtime.env.TIMERS.getByName("t")
+
+    async def scenario():
+        await stub.plan("p", 1_000)
+        await stub.forget_alarm()
+        runtime.evict(stub)
+        await asyncio.sleep(5)
+        before = await runtime.env.TIMERS.getByName("t").runs()
+        await runtime.env.TIMERS.getByName("t").schedule("kick", 60_000)
+        await asyncio.sleep(1)
+        return before, [r["key"] for r in await runtime.env.TIMERS.getByName("t").runs()]
+
+    before, after = runtime.run(scenario())
+    assert before == [] and after == ["p"]
+
+
+def test_a_failing_memory_timer_is_retried_with_backoff(runtime):
+    stub = runtime.env.TIMERS.getByName("t")
+
+    async def scenario():
+        start = runtime.now_ms()
+        await stub.plan("p", 0, 2)
+        await asyncio.sleep(10)
+        return [(r["attempt"], round(r["at"] - start)) for r in await stub.runs()]
+
+    assert runtime.run(scenario()) == [(0, 0), (1, 1_000), (2, 3_000)]
+
+
+def test_a_row_written_for_a_participant_now_in_memory_runs_once_and_goes(runtime):
+    stub = runtime.env.TIMERS.getByName("t")
+
+    async def scenario():
+        await stub.write_old_timer_row("derived", "old")
+        await stub.schedule("kick", 0)  # any sync arms the alarm for it
+        await asyncio.sleep(2)
+        return [r["key"] for r in await stub.runs()], await stub.timer_count()
+
+    runs, rows = runtime.run(scenario())
+    assert sorted(runs) == ["kick", "old"] and rows == 0

@@ -19,6 +19,41 @@ class Timers(DurableObject):
         sql.exec("CREATE TABLE IF NOT EXISTS runs (seq INTEGER PRIMARY KEY AUTOINCREMENT, key TEXT, at REAL, attempt INTEGER)")
         sql.exec("CREATE TABLE IF NOT EXISTS failing (key TEXT PRIMARY KEY, times INTEGER)")
         sql.exec("CREATE TABLE IF NOT EXISTS state (k TEXT PRIMARY KEY, v INTEGER) WITHOUT ROWID")
+        # A participant whose timers live in memory: the "planned" rows say
+        # when each is due, and the constructor derives them from those rows.
+        self.scheduler.register("derived", self._derived, backoff=Backoff(initial_ms=1_000, jitter=0), durable=False)
+        sql.exec("CREATE TABLE IF NOT EXISTS planned (key TEXT PRIMARY KEY, due_at REAL, fails INTEGER) WITHOUT ROWID")
+        for row in sql.exec("SELECT key, due_at FROM planned").toArray():
+            self.scheduler.schedule("derived", row["key"], row["due_at"])
+
+    # -- timers in memory, derived from rows -----------------------------
+    async def plan(self, key, in_ms, fails=0):
+        def change():
+            due = time.time() * 1000 + in_ms
+            self.ctx.storage.sql.exec("INSERT INTO planned VALUES (?, ?, ?)", key, due, fails)
+            self.scheduler.schedule("derived", key, due)
+
+        self.scheduler.transaction(change)
+        await self.scheduler.sync()
+
+    async def _derived(self, timer):
+        sql = self.ctx.storage.sql
+        sql.exec("INSERT INTO runs (key, at, attempt) VALUES (?, ?, ?)", timer.key, time.time() * 1000, timer.attempt)
+        row = sql.exec("SELECT fails FROM planned WHERE key = ?", timer.key).toArray()
+        if row and row[0]["fails"] > 0:
+            sql.exec("UPDATE planned SET fails = fails - 1 WHERE key = ?", timer.key)
+            raise RuntimeError(f"{timer.key} fails")
+        sql.exec("DELETE FROM planned WHERE key = ?", timer.key)
+
+    async def forget_alarm(self):
+        """As if the platform had given up on this object's alarm."""
+        await self.ctx.storage.deleteAlarm()
+
+    async def write_old_timer_row(self, participant, key):
+        """A timer row as an older deployment wrote it, for a participant now kept in memory."""
+        self.ctx.storage.sql.exec(
+            "INSERT INTO durability_timers (participant, key, due_at, version) VALUES (?, ?, ?, 0)",
+            participant, key, time.time() * 1000)
 
     # -- timers -------------------------------------------------------
     async def schedule(self, key, in_ms, fail_times=0):
