@@ -62,7 +62,7 @@ PARTICIPANT = "durability.semaphore-queue"
 # in memory, cost no row, and the constructor derives them again.
 CHANNEL = "durability.semaphore-queue"
 LEASE_CHANNEL = "durability.semaphore-queue.leases"
-ADMIT, FINISHED, PUMP, RENEW = "admit", "finished", "pump:", "renew"
+ADMIT, FINISHED, PUMP, RENEW, REPORT = "admit", "finished", "pump:", "renew", "report:"
 MIN_RENEW_MS = 1_000  # a lease listed with no ttl (leases turned off) is not renewed in a tight loop
 FINISHED_BATCH = 100
 
@@ -173,6 +173,9 @@ class DurabilitySemaphoreQueue:
         # (admit() is idempotent on item id), which saves a row written per
         # item; finished() is asked about an item only once admit() returned.
         self._returned: dict[str, float] = {}
+        self._acked: dict[str, int] = {}  #: grant id -> the released count the holder confirmed hearing
+        self._report_now: set[str] = set()  #: keys with releases to report at once (contended)
+        self.report_delay_ms = report_delay_ms
         self._derive_timers()
 
     def _derive_timers(self) -> None:
@@ -185,6 +188,8 @@ class DurabilitySemaphoreQueue:
             self._wake(key, now)
         if self.store.admitted():
             self.scheduler.schedule_by(PARTICIPANT, ADMIT, now)
+        for key in {grant.key for grant in self.store.grants() if self._report_due(grant)}:
+            self.scheduler.schedule_by(PARTICIPANT, REPORT + key, now)  # what the holder may not have heard
         self._schedule_renewal()
 
     @staticmethod
@@ -250,8 +255,10 @@ class DurabilitySemaphoreQueue:
     async def _report_at_once_if_contended(self, keys: set[str]) -> None:
         """Releases of a key whose holder said it is short of permits go out
         now, not after the channels' delay: waiting work gets them sooner."""
+        for key in sorted(self._report_now):
+            self._report_now.discard(key)
+            await self._report_safely(key)
         if keys & self._contended:
-            await self.reports.flush()
             await self.lease_reports.flush()
 
     async def cancel(self, item_id: str) -> bool:
@@ -299,6 +306,8 @@ class DurabilitySemaphoreQueue:
             await self._renew_leases()
         elif timer.key.startswith(PUMP):
             await self._pump(timer.key[len(PUMP):])
+        elif timer.key.startswith(REPORT):
+            await self._report(timer.key[len(REPORT):])
 
     # -- claims and requests ------------------------------------------------------
     def _claim_local(self, key: str, now: float, learned: tuple[LocalGrant, ...] = ()) -> None:
@@ -331,29 +340,23 @@ class DurabilitySemaphoreQueue:
         fresh = {g.grant_id for g in learned}
         for grant in sorted(grants.values(), key=lambda g: g.grant_id):
             if grant.claim_deadline <= now:
-                if grant.claimed == grant.confirmed == grant.released:
+                if grant.claimed == grant.confirmed == grant.released and not self._report_due(grant):
                     if grant.grant_id not in fresh:
                         self.store.delete_grant(grant.grant_id)  # the holder takes it back
                     continue
+                if grant.claimed == grant.confirmed == grant.released:
+                    continue  # its last releases are still to be reported
             else:
                 items = self.store.oldest_queued(key, grant.group, grant.unclaimed) if grant.unclaimed > 0 else []
                 if items:
                     for item in items:
                         self.store.set_state(item.id, CLAIMING, grant.grant_id, "grant")
-                    self._put_and_report(replace(grant, claimed=grant.claimed + len(items)))
+                    # The row's claimed count is the claim's durable report:
+                    # _report sends it at once (and a new instance again).
+                    self.store.put_grant(replace(grant, claimed=grant.claimed + len(items)))
                     continue
             if grant.grant_id in fresh:
                 self.store.put_grant(grant)
-
-    def _put_and_report(self, grant: LocalGrant) -> None:
-        self.store.put_grant(grant)
-        self._report(grant)
-
-    def _report(self, grant: LocalGrant) -> None:
-        self.reports.enqueue(
-            {"key": grant.key, "grantId": grant.grant_id, "claimed": grant.claimed, "released": grant.released},
-            key=grant.grant_id,
-        )
 
     def _release(self, item: Item) -> None:
         self.store.set_state(item.id, RELEASED, item.grant_id, item.via)
@@ -366,30 +369,30 @@ class DurabilitySemaphoreQueue:
         grant = self.store.grant(item.grant_id) if item.grant_id else None
         if grant is None:
             return
-        grant = replace(grant, released=grant.released + 1)
-        spent = grant.unclaimed <= 0 or grant.claim_deadline <= now_ms()
-        if spent and grant.released == grant.confirmed == grant.claimed:
-            # Nothing left to claim, confirm or release here: the report says
-            # the rest, and the row goes now instead of after the holder's
-            # answer (one row written less per grant).
-            self.store.delete_grant(grant.grant_id)
-            self._report(grant)
+        # The row's released count is the release's durable report (see _report).
+        self.store.put_grant(replace(grant, released=grant.released + 1))
+        if grant.key in self._contended:
+            self._report_now.add(grant.key)  # the caller reports it at once (_report_at_once_if_contended)
         else:
-            self._put_and_report(grant)
+            self.scheduler.schedule_by(PARTICIPANT, REPORT + grant.key, now_ms() + self.report_delay_ms)
 
     async def _pump(self, key: str) -> None:
         self.scheduler.transaction(lambda: self._claim_local(key, now_ms()))
         demand = self.store.demand(key)[:MAX_DEMAND_ENTRIES]
         if not demand:
-            await self.reports.flush()  # claims get confirmed by a sync at once
+            await self._report_safely(key)  # claims get confirmed by a sync at once
+            await self.reports.flush()
             return
         now = now_ms()
         next_at = self.server.next_request_at(key)
         if next_at is not None and next_at > now:
             self.scheduler.schedule(PARTICIPANT, PUMP + key, next_at)
+            await self._report_safely(key)
             await self.reports.flush()
             return
-        piggybacked = [m for m in self.reports.pending() if m.body["key"] == key][:MAX_REPORTS]
+        claims = self._due_reports(key)
+        piggybacked = [m for m in self.reports.pending()
+                       if m.body["key"] == key and m.body["grantId"] not in claims][:MAX_REPORTS - len(claims)]
         # Every lease of the key rides along: current drawn counts, releases
         # and stops, and a heartbeat for each.
         leases = self.store.leases(key)[:MAX_REPORTS]
@@ -397,7 +400,7 @@ class DurabilitySemaphoreQueue:
         message = {
             "type": "request", "v": VERSION, "clientId": self.client_id,
             "demand": [{"group": g, "count": n, "oldestAt": oldest} for g, n, oldest in demand],
-            "grants": [_report_of(m) for m in piggybacked],
+            "grants": list(claims.values()) + [_report_of(m) for m in piggybacked],
             "wait": self.request_wait_ms,
             "leases": True,
             "leaseReports": [_lease_report_of(lease) for lease in leases],
@@ -406,14 +409,15 @@ class DurabilitySemaphoreQueue:
         lease_piggybacked = [m for m in lease_piggybacked if m.body["leaseId"] in reported]
         limit_s = (self.attempt_timeout_ms + self.request_wait_ms) / 1000
         reply = parse_reply(await asyncio.wait_for(self.server.request(key, message), limit_s), "grants")
-        self.scheduler.transaction(lambda: self._apply_grants_reply(key, reply, piggybacked, lease_piggybacked))
+        self.scheduler.transaction(
+            lambda: self._apply_grants_reply(key, reply, piggybacked, lease_piggybacked, claims))
         await self.scheduler.sync()
         await self._after_reply(key, reply)
 
     def _apply_grants_reply(self, key: str, reply: Reply, piggybacked: list[OutboxMessage],
-                            lease_piggybacked: list[OutboxMessage]) -> None:
+                            lease_piggybacked: list[OutboxMessage], sent: dict[str, dict]) -> None:
         now = now_ms()
-        self._apply_outcomes(reply.reports)
+        self._apply_outcomes(reply.reports, sent)
         self._apply_lease_outcomes(reply.lease_reports, now)
         self._learn_leases(key, reply.leases, now)
         if reply.contended:
@@ -454,17 +458,21 @@ class DurabilitySemaphoreQueue:
         if blocked:
             await self._emit(QueueEvent("blocked", key, blocked={
                 g: {"reason": r, "waiting": w} for g, (r, w) in blocked.items()}))
-        await self.reports.flush()  # claims made from new grants get confirmed now
+        await self._report_safely(key)  # claims made from new grants get confirmed now
+        await self.reports.flush()
         stopping = any(o.status != OK for o in reply.lease_reports) or any(e.retired for e in reply.leases)
         if reply.contended or stopping:
             await self.lease_reports.flush()  # the holder is short, or must hear a stop: now
         await self._admit_pending_safely()
 
-    def _apply_outcomes(self, outcomes: tuple[ReportOutcome, ...]) -> None:
-        """Confirmed claims admit their items; claims the holder refused go back in line."""
+    def _apply_outcomes(self, outcomes: tuple[ReportOutcome, ...], sent: dict[str, dict] | None = None) -> None:
+        """Confirmed claims admit their items; claims the holder refused go back in line.
+
+        ``sent``: the reports the answer is to, by grant id: whatever the
+        holder answered, it has heard those released counts."""
         admitted = False
         for outcome in outcomes:
-            grant = self.store.grant(outcome.grant_id)
+            grant = known = self.store.grant(outcome.grant_id)
             if grant is None:
                 continue
             status = outcome.status
@@ -488,15 +496,64 @@ class DurabilitySemaphoreQueue:
             settled = status == NOT_FOUND or outcome.released == outcome.permits == grant.released
             if settled and grant.released >= grant.confirmed and grant.claimed == grant.confirmed:
                 self.store.delete_grant(grant.grant_id)
+                self._acked.pop(grant.grant_id, None)
             else:
-                self.store.put_grant(grant)
+                heard = sent[grant.grant_id]["released"] if sent and grant.grant_id in sent else outcome.released
+                self._acked[grant.grant_id] = max(self._acked.get(grant.grant_id, 0), heard)
+                if grant != known:
+                    self.store.put_grant(grant)
             if refused:
                 self._wake(grant.key, now_ms())
         if admitted:
             self.scheduler.schedule_by(PARTICIPANT, ADMIT, now_ms())
 
+    # -- reports of grants: derived from the grant rows ---------------------------
+    # A grant row holds the cumulative claimed and released counts, written in
+    # the transaction of the claim or release: that row is the report's
+    # durable copy, so no outbox row is written for it. What the holder has
+    # acknowledged is kept in memory (``_acked``); a new instance, knowing
+    # nothing, reports every grant with releases once more (cumulative counts
+    # make a repeat harmless).
+    def _report_due(self, grant: LocalGrant) -> bool:
+        return grant.claimed > grant.confirmed or grant.released > self._acked.get(grant.grant_id, 0)
+
+    def _due_reports(self, key: str) -> dict[str, dict]:
+        """The key's grant reports the holder may not have heard, by grant id."""
+        grants = [g for g in self.store.grants(key) if self._report_due(g)][:MAX_REPORTS]
+        return {g.grant_id: {"grantId": g.grant_id, "claimed": g.claimed, "released": g.released} for g in grants}
+
+    async def _report(self, key: str) -> None:
+        """Send the key's due grant reports in one ``sync`` and apply the answer."""
+        reports = self._due_reports(key)
+        if not reports:
+            return
+        sync = {"type": "sync", "v": VERSION, "clientId": self.client_id, "grants": list(reports.values())}
+        reply = parse_reply(
+            await asyncio.wait_for(self.server.sync(key, sync), self.attempt_timeout_ms / 1000), "synced")
+
+        def apply() -> None:
+            self._apply_outcomes(reply.reports, reports)
+            if reply.leases:  # leases retired since: stop drawing now
+                self._learn_leases(key, reply.leases, now_ms())
+            self._after_contended(key, reply)
+            if any(self._report_due(g) for g in self.store.grants(key)):
+                self.scheduler.schedule_by(PARTICIPANT, REPORT + key, now_ms())  # more than one sync holds
+
+        self.scheduler.transaction(apply)
+        await self.scheduler.sync()
+        await self._admit_pending_safely()
+
+    async def _report_safely(self, key: str) -> None:
+        try:
+            await self._report(key)
+        except Exception as error:  # the report timer retries, with backoff
+            log.warning("reporting grants of %s failed: %r; it will be retried", key, error)
+            self.scheduler.transaction(lambda: self.scheduler.schedule_by(PARTICIPANT, REPORT + key, now_ms()))
+            await self.scheduler.sync()
+
     async def _send_reports(self, messages: list[OutboxMessage]) -> None:
-        """The grant channel's sender: a ``sync`` per key with its cumulative counts."""
+        """The grant channel's sender, for reports an older version queued
+        there: a ``sync`` per key with their cumulative counts."""
         def on_reply(key: str, reply: Reply, batch: list[OutboxMessage]) -> None:
             self._apply_outcomes(reply.reports)
             self.reports.acknowledge(batch)
