@@ -335,6 +335,7 @@ class ObjectHost:
         self._alarm_running = True
         self.stats.alarm_invocations += 1
         self.stats.requests += 1
+        self.runtime.log_event(self, "alarm", f"retry {retry}" if retry else "")
         succeeded = False
         evict_after = self.runtime.faults.alarm_eviction(self)
         if evict_after is not None:
