@@ -147,3 +147,15 @@ def test_a_lease_the_client_never_heard_of_reaches_it_at_the_next_round():
     assert [lease["leaseId"] for lease in again["leases"]] == [first["leases"][0]["leaseId"]]
     assert waited < 5_000  # one round, not the 50 s long poll
     assert waited_after > 40_000 and other["leases"] == []  # the long poll, as before
+
+
+def test_a_shard_is_stranded_only_while_no_alarm_ran_since_the_runtime_gave_up():
+    from types import SimpleNamespace
+
+    from campaign.run import _BudgetDriver
+
+    trace = [(1.0, "Shard:s0", "alarm", ""), (2.0, "Shard:s0", "alarm abandoned", "after 6 retries"),
+             (3.0, "Shard:s1", "alarm abandoned", "after 6 retries"), (4.0, "Shard:s1", "alarm", ""),
+             (5.0, "Shard:s12", "alarm abandoned", "after 6 retries"), (6.0, "Holder:k0", "alarm abandoned", "")]
+    driver = SimpleNamespace(runtime=SimpleNamespace(trace=trace))
+    assert _BudgetDriver.stranded_shards(driver) == {0, 12}

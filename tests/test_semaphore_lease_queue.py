@@ -1,6 +1,7 @@
 """Leases end to end on the embedded runtime: a holder that leases and queues that draw from them."""
 
 import asyncio
+import json
 
 import pytest
 
@@ -238,6 +239,31 @@ def test_a_version_1_queue_migrates_in_place_and_keeps_its_items(runtime):
     version, states = runtime.run(scenario())
     assert version == 3  # the lease table (2), then the pacing table (3)
     assert states["a0"] == states["a1"] == "admitted" and states["b0"] in ("admitted", "released")
+
+
+def test_reports_an_older_version_left_in_the_outbox_are_still_sent(runtime):
+    # Older versions queued grant reports on durability.semaphore-queue and
+    # lease reports on durability.semaphore-queue.leases; a new instance sends
+    # both (here for a grant and a lease the holder no longer knows) and
+    # forgets them once answered.
+    async def scenario():
+        await shard(runtime).submit(jobs("a", 1, ms=1_000))
+        await asyncio.sleep(5)
+        sql = runtime.host_of(shard(runtime)).instance.ctx.storage.sql
+        for channel, body in (
+                ("durability.semaphore-queue", {"key": "holder", "grantId": "g-old", "claimed": 1, "released": 1}),
+                ("durability.semaphore-queue.leases", {"key": "holder", "leaseId": "l-old"})):
+            sql.exec("INSERT INTO durability_outbox (channel, id, seq, body, created_at, version) "
+                     "VALUES (?, ?, 1000000, ?, 0, 1000000)", channel, body.get("grantId") or body["leaseId"],
+                     json.dumps(body))
+        await asyncio.sleep(0.1)  # the rows commit
+        runtime.evict(shard(runtime))
+        await shard(runtime).submit(jobs("b", 1, ms=1_000))
+        await asyncio.sleep(30)
+        host = runtime.host_of(shard(runtime))
+        return host.db.inspect("SELECT channel, id FROM durability_outbox")
+
+    assert runtime.run(scenario()) == []
 
 
 def test_settled_leases_are_forgotten_once_no_late_reply_can_name_them(runtime):

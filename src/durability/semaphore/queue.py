@@ -4,9 +4,9 @@ Lives here: the queue's runtime side: enqueue, draws from this object's
 leases and claims against its grants, requests to the holder paced by
 ``nextRequestAt``, confirmations, ``admit()`` retried until it returns,
 ``release``, ``cancel``, ``status``, the ``finished()`` sweep, lease
-renewals and returns, and reports published as cumulative counts through
-the outbox channels ``durability.semaphore-queue`` (grants) and
-``durability.semaphore-queue.leases``.
+renewals and returns, and reports as cumulative counts: a grant's are its
+row's counts, sent by a ``sync`` (``_report``); a lease's go through the
+outbox channel ``durability.semaphore-queue``.
 Must not know: the holder's rules (it only reads its replies) or SQL (the
 store owns that).
 
@@ -60,8 +60,10 @@ PARTICIPANT = "durability.semaphore-queue"
 # Every queue timer is due when the queue's own rows say (a key with queued
 # items, at its pacing; items admitted; lease renewal times), so they live
 # in memory, cost no row, and the constructor derives them again.
-CHANNEL = "durability.semaphore-queue"
-LEASE_CHANNEL = "durability.semaphore-queue.leases"
+CHANNEL = "durability.semaphore-queue"  #: the one outbox channel: lease reports
+# Opened only to send what older versions queued there (grant reports on
+# CHANNEL, lease reports on this one).
+OLD_LEASE_CHANNEL = "durability.semaphore-queue.leases"
 ADMIT, FINISHED, PUMP, RENEW, REPORT = "admit", "finished", "pump:", "renew", "report:"
 MIN_RENEW_MS = 1_000  # a lease listed with no ttl (leases turned off) is not renewed in a tight loop
 FINISHED_BATCH = 100
@@ -161,9 +163,11 @@ class DurabilitySemaphoreQueue:
         self.request_wait_ms = request_wait_ms
         self.store = QueueStore(scheduler.sql)
         outbox = DurabilityOutbox.of(scheduler)
-        self.reports = outbox.channel(CHANNEL, self._send_reports, delay_ms=report_delay_ms, batch_size=MAX_REPORTS)
-        self.lease_reports = outbox.channel(LEASE_CHANNEL, self._send_lease_reports,
-                                            delay_ms=lease_report_delay_ms, batch_size=MAX_REPORTS)
+        self.lease_reports = outbox.channel(CHANNEL, self._send_outbox, delay_ms=lease_report_delay_ms,
+                                            batch_size=MAX_REPORTS)
+        self._old_reports = outbox.channel(OLD_LEASE_CHANNEL, self._send_outbox, delay_ms=lease_report_delay_ms,
+                                           batch_size=MAX_REPORTS)
+        self._channels = {channel.name: channel for channel in (self.lease_reports, self._old_reports)}
         scheduler.register(PARTICIPANT, self._on_timer, backoff=retries, durable=False)
         self._blocked: dict[tuple[str, str], tuple[str, int]] = {}
         self._contended: set[str] = set()  #: keys whose holder last said it is short of permits
@@ -381,26 +385,22 @@ class DurabilitySemaphoreQueue:
         demand = self.store.demand(key)[:MAX_DEMAND_ENTRIES]
         if not demand:
             await self._report_safely(key)  # claims get confirmed by a sync at once
-            await self.reports.flush()
             return
         now = now_ms()
         next_at = self.server.next_request_at(key)
         if next_at is not None and next_at > now:
             self.scheduler.schedule(PARTICIPANT, PUMP + key, next_at)
             await self._report_safely(key)
-            await self.reports.flush()
             return
         claims = self._due_reports(key)
-        piggybacked = [m for m in self.reports.pending()
-                       if m.body["key"] == key and m.body["grantId"] not in claims][:MAX_REPORTS - len(claims)]
         # Every lease of the key rides along: current drawn counts, releases
         # and stops, and a heartbeat for each.
         leases = self.store.leases(key)[:MAX_REPORTS]
-        lease_piggybacked = [m for m in self.lease_reports.pending() if m.body["key"] == key]
+        lease_piggybacked = [m for m in self.lease_reports.pending() if m.body["key"] == key and "leaseId" in m.body]
         message = {
             "type": "request", "v": VERSION, "clientId": self.client_id,
             "demand": [{"group": g, "count": n, "oldestAt": oldest} for g, n, oldest in demand],
-            "grants": list(claims.values()) + [_report_of(m) for m in piggybacked],
+            "grants": list(claims.values()),
             "wait": self.request_wait_ms,
             "leases": True,
             "leaseReports": [_lease_report_of(lease) for lease in leases],
@@ -410,12 +410,12 @@ class DurabilitySemaphoreQueue:
         limit_s = (self.attempt_timeout_ms + self.request_wait_ms) / 1000
         reply = parse_reply(await asyncio.wait_for(self.server.request(key, message), limit_s), "grants")
         self.scheduler.transaction(
-            lambda: self._apply_grants_reply(key, reply, piggybacked, lease_piggybacked, claims))
+            lambda: self._apply_grants_reply(key, reply, lease_piggybacked, claims))
         await self.scheduler.sync()
         await self._after_reply(key, reply)
 
-    def _apply_grants_reply(self, key: str, reply: Reply, piggybacked: list[OutboxMessage],
-                            lease_piggybacked: list[OutboxMessage], sent: dict[str, dict]) -> None:
+    def _apply_grants_reply(self, key: str, reply: Reply, lease_piggybacked: list[OutboxMessage],
+                            sent: dict[str, dict]) -> None:
         now = now_ms()
         self._apply_outcomes(reply.reports, sent)
         self._apply_lease_outcomes(reply.lease_reports, now)
@@ -433,7 +433,6 @@ class DurabilitySemaphoreQueue:
                                           entry.claim_deadline))
             elif (known.permits, known.claim_deadline) != (entry.permits, entry.claim_deadline):
                 learned.append(replace(known, permits=entry.permits, claim_deadline=entry.claim_deadline))
-        self.reports.acknowledge(piggybacked)
         interval = _pacing_interval((reply.next_request_at or now) - now)
         if interval > 0:  # "ask at once" (a reply with permits) is not pacing to keep
             self.store.set_pacing(key, interval)
@@ -459,7 +458,6 @@ class DurabilitySemaphoreQueue:
             await self._emit(QueueEvent("blocked", key, blocked={
                 g: {"reason": r, "waiting": w} for g, (r, w) in blocked.items()}))
         await self._report_safely(key)  # claims made from new grants get confirmed now
-        await self.reports.flush()
         stopping = any(o.status != OK for o in reply.lease_reports) or any(e.retired for e in reply.leases)
         if reply.contended or stopping:
             await self.lease_reports.flush()  # the holder is short, or must hear a stop: now
@@ -551,12 +549,24 @@ class DurabilitySemaphoreQueue:
             self.scheduler.transaction(lambda: self.scheduler.schedule_by(PARTICIPANT, REPORT + key, now_ms()))
             await self.scheduler.sync()
 
+    async def _send_outbox(self, messages: list[OutboxMessage]) -> None:
+        """The outbox channels' sender: lease reports, and grant reports an
+        older version queued."""
+        await self._send_reports([m for m in messages if "grantId" in m.body])
+        await self._send_lease_reports([m for m in messages if "leaseId" in m.body])
+
+    def _acknowledge(self, messages: list[OutboxMessage]) -> None:
+        for name in {m.channel for m in messages}:
+            self._channels[name].acknowledge([m for m in messages if m.channel == name])
+
     async def _send_reports(self, messages: list[OutboxMessage]) -> None:
-        """The grant channel's sender, for reports an older version queued
-        there: a ``sync`` per key with their cumulative counts."""
+        """Grant reports an older version queued in the outbox: a ``sync`` per
+        key with their cumulative counts."""
+        if not messages:
+            return
         def on_reply(key: str, reply: Reply, batch: list[OutboxMessage]) -> None:
             self._apply_outcomes(reply.reports)
-            self.reports.acknowledge(batch)
+            self._acknowledge(batch)
             if reply.leases:  # leases retired since: stop drawing now
                 self._learn_leases(key, reply.leases, now_ms())
             self._after_contended(key, reply)
@@ -596,7 +606,7 @@ class DurabilitySemaphoreQueue:
             # Publish what that queued now, not after the lease channel's delay.
             # Only then: moving the channel's timer costs a row written, and
             # a shard that holds no idle lease has nothing to send.
-            self.scheduler.schedule_by(OUTBOX, LEASE_CHANNEL, now_ms())
+            self.scheduler.schedule_by(OUTBOX, CHANNEL, now_ms())
 
     # -- leases -----------------------------------------------------------------------
     def _put_lease_and_report(self, lease: LocalLease) -> None:
@@ -705,22 +715,22 @@ class DurabilitySemaphoreQueue:
         for message in messages:
             lease = self.store.lease(message.body["leaseId"])
             if lease is not None and lease.settled_at is None:
-                current[message.id] = lease
-        gone = [m for m in messages if m.id not in current]
+                current[(message.channel, message.id)] = lease
+        gone = [m for m in messages if (m.channel, m.id) not in current]
         if gone:  # settled since: nothing left to say
-            self.lease_reports.acknowledge(gone)
+            self._acknowledge(gone)
 
         def fields(batch: list[OutboxMessage]) -> dict:
-            return {"leaseReports": [_lease_report_of(current[m.id]) for m in batch]}
+            return {"leaseReports": [_lease_report_of(current[(m.channel, m.id)]) for m in batch]}
 
         def on_reply(key: str, reply: Reply, batch: list[OutboxMessage]) -> None:
-            self.lease_reports.acknowledge(batch)  # first: an outcome may queue a newer report
+            self._acknowledge(batch)  # first: an outcome may queue a newer report
             self._apply_lease_outcomes(reply.lease_reports, now_ms())
             if reply.leases:
                 self._learn_leases(key, reply.leases, now_ms())
             self._after_contended(key, reply)
 
-        await self._sync_per_key([m for m in messages if m.id in current], fields, on_reply)
+        await self._sync_per_key([m for m in messages if (m.channel, m.id) in current], fields, on_reply)
 
     # -- admission, release and the finished() sweep ----------------------------------
     async def _admit_pending_safely(self) -> None:
