@@ -306,3 +306,66 @@ def test_end_to_end_under_faults(seed):
     assert usage["outstanding"] == len(world["running"]) == 0  # no leaked permit
     assert runtime.totals()["evictions"] > 0
     runtime.close()
+
+
+def test_an_evicted_shard_keeps_the_pacing_the_holder_asked_for():
+    runtime = holders_runtime(seed=1)
+
+    async def scenario():
+        await shard(runtime, "busy").submit(jobs("b", 3, ms=150_000))
+        await asyncio.sleep(2)
+        await shard(runtime, "waiting").submit(jobs("w", 1, ms=1_000))
+        await asyncio.sleep(60)  # its request was held, answered empty, and asked again
+        runtime.evict(shard(runtime, "waiting"))
+        evicted_at = runtime.now_ms()
+        next_at, kept = await shard(runtime, "waiting").pacing("holder")
+        return evicted_at, next_at, kept
+
+    evicted_at, next_at, kept = runtime.run(scenario())
+    period = runtime.module.CONFIG["round_period_ms"]
+    assert kept == period  # written once, in whole seconds
+    assert next_at >= evicted_at + period  # the new instance does not ask early
+    runtime.close()
+
+
+def test_finished_is_asked_about_each_item_its_interval_after_admit_returned():
+    runtime = holders_runtime(seed=1)
+    config, world = runtime.module.CONFIG, runtime.module.WORLD
+    config.update(finished_check_ms=10_000, lose_releases=1.0)
+
+    async def scenario():
+        await shard(runtime).submit(jobs("a", 1, ms=1_000))
+        await asyncio.sleep(4)
+        await shard(runtime).submit(jobs("b", 1, ms=1_000))
+        await asyncio.sleep(40)
+        return await shard(runtime).states()
+
+    states = runtime.run(scenario())
+    assert states == {"a0": "released", "b0": "released"}  # every release lost: finished() returned both
+    first_ask = {}
+    for at, ids in world["finished_asks"]:
+        for item in ids:
+            first_ask.setdefault(item, at)
+    for item in ("a0", "b0"):  # admit() returns at once here
+        assert first_ask[item] - world["started"][item] == pytest.approx(10_000, abs=50)
+    runtime.close()
+
+
+def test_a_release_not_yet_reported_when_its_shard_is_evicted_still_reaches_the_holder(runtime):
+    # A grant's report is its row: no outbox row holds it. The new instance
+    # reports every grant with releases again.
+    world = runtime.module.WORLD
+
+    async def scenario():
+        await shard(runtime).submit(jobs("a", 1, ms=5_000))
+        while "a0" not in world["completed"]:
+            await asyncio.sleep(0.1)
+        await asyncio.sleep(0.3)  # released; its report waits report_delay_ms (1 s)
+        holder = runtime.env.HOLDER.getByName("holder")
+        before = (await holder.usage())["outstanding"]
+        runtime.evict(shard(runtime))
+        await asyncio.sleep(10)
+        return before, (await holder.usage())["outstanding"], await shard(runtime).states()
+
+    before, after, states = runtime.run(scenario())
+    assert before == 1 and after == 0 and states == {"a0": "released"}

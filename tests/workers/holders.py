@@ -35,7 +35,7 @@ CONFIG = {
     "lease_report_delay_ms": 10_000,
 }
 WORLD = {"running": {}, "violations": [], "max_running": 0, "completed": set(), "admit_calls": 0,
-         "started": {}, "starts": {}, "events": [], "requests": []}
+         "started": {}, "starts": {}, "events": [], "requests": [], "finished_asks": []}
 
 
 def _start(item):
@@ -278,7 +278,13 @@ class Shard(DurableObject):
             await self.queue.release(timer.key)
 
     async def _finished(self, ids):
+        WORLD["finished_asks"].append((time.time() * 1000, list(ids)))
         return [i for i in ids if i in WORLD["completed"]]
+
+    async def pacing(self, key):
+        """When this instance will next ask the holder of ``key``, and the interval kept in SQL."""
+        row = self.ctx.storage.sql.exec("SELECT interval_ms FROM durability_queue_pacing WHERE key = ?", key).toArray()
+        return [self.queue.server.next_request_at(key), row[0]["interval_ms"] if row else None]
 
     async def alarm(self, alarm_info=None):
         await self.scheduler.alarm(alarm_info)

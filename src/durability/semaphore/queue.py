@@ -564,6 +564,7 @@ class DurabilitySemaphoreQueue:
         key with their cumulative counts."""
         if not messages:
             return
+
         def on_reply(key: str, reply: Reply, batch: list[OutboxMessage]) -> None:
             self._apply_outcomes(reply.reports)
             self._acknowledge(batch)
@@ -603,9 +604,9 @@ class DurabilitySemaphoreQueue:
         """A holder short of permits gets back, at once, what idle leases hold undrawn."""
         self._heard(key, reply)
         if reply.contended and self._return_idle_leases(key):
-            # Publish what that queued now, not after the lease channel's delay.
-            # Only then: moving the channel's timer costs a row written, and
-            # a shard that holds no idle lease has nothing to send.
+            # Publish what that queued now, not after the channel's delay.
+            # Only then: a shard that holds no idle lease has nothing to send,
+            # and an alarm woken for nothing is still billed as a request.
             self.scheduler.schedule_by(OUTBOX, CHANNEL, now_ms())
 
     # -- leases -----------------------------------------------------------------------
