@@ -27,7 +27,6 @@ import asyncio
 import inspect
 import json
 import logging
-import math
 from dataclasses import dataclass, replace
 from typing import Any, Callable
 
@@ -42,7 +41,6 @@ from .messages import (
     MAX_ID_LENGTH,
     MAX_REPORTS,
     MAX_WAIT_MS,
-    NOT_FOUND,
     OK,
     RETIRED,
     SETTLED,
@@ -53,6 +51,7 @@ from .messages import (
     ReportOutcome,
     parse_reply,
 )
+from .queue_core import move, pacing_interval, report_due, settle
 from .queue_store import ADMITTED, CANCELLED, CLAIMING, QUEUED, RELEASED, Item, LocalGrant, LocalLease, QueueStore
 
 log = logging.getLogger("durability.semaphore.queue")
@@ -272,7 +271,7 @@ class DurabilitySemaphoreQueue:
             return True
         if item.state != QUEUED:
             raise ValueError(f"item {item_id!r} is {item.state}: only a queued item can be cancelled")
-        self.store.set_state(item.id, CANCELLED)
+        self._move(item, CANCELLED)
         return True
 
     def _known(self, item_id: str) -> Item:
@@ -330,7 +329,7 @@ class DurabilitySemaphoreQueue:
                 continue
             items = self.store.oldest_queued(key, lease.group, lease.undrawn)
             for item in items:
-                self.store.set_state(item.id, ADMITTED, lease.lease_id, "lease")
+                self._move(item, ADMITTED, lease.lease_id, "lease")
             if items:
                 self.store.put_lease(replace(lease, drawn=lease.drawn + len(items)))
                 drawn = True
@@ -354,7 +353,7 @@ class DurabilitySemaphoreQueue:
                 items = self.store.oldest_queued(key, grant.group, grant.unclaimed) if grant.unclaimed > 0 else []
                 if items:
                     for item in items:
-                        self.store.set_state(item.id, CLAIMING, grant.grant_id, "grant")
+                        self._move(item, CLAIMING, grant.grant_id, "grant")
                     # The row's claimed count is the claim's durable report:
                     # _report sends it at once (and a new instance again).
                     self.store.put_grant(replace(grant, claimed=grant.claimed + len(items)))
@@ -362,8 +361,12 @@ class DurabilitySemaphoreQueue:
             if grant.grant_id in fresh:
                 self.store.put_grant(grant)
 
+    def _move(self, item: Item, state: str, grant_id: str | None = None, via: str | None = None) -> None:
+        """Write an item's next state, as the life cycle (queue_core.TRANSITIONS) allows."""
+        self.store.set_state(item.id, move(item.state, state), grant_id, via)
+
     def _release(self, item: Item) -> None:
-        self.store.set_state(item.id, RELEASED, item.grant_id, item.via)
+        self._move(item, RELEASED, item.grant_id, item.via)
         self._returned.pop(item.id, None)
         if item.via == "lease":
             lease = self.store.lease(item.grant_id)
@@ -433,7 +436,7 @@ class DurabilitySemaphoreQueue:
                                           entry.claim_deadline))
             elif (known.permits, known.claim_deadline) != (entry.permits, entry.claim_deadline):
                 learned.append(replace(known, permits=entry.permits, claim_deadline=entry.claim_deadline))
-        interval = _pacing_interval((reply.next_request_at or now) - now)
+        interval = pacing_interval((reply.next_request_at or now) - now)
         if interval > 0:  # "ask at once" (a reply with permits) is not pacing to keep
             self.store.set_pacing(key, interval)
         self._claim_local(key, now, tuple(learned))
@@ -470,37 +473,26 @@ class DurabilitySemaphoreQueue:
         holder answered, it has heard those released counts."""
         admitted = False
         for outcome in outcomes:
-            grant = known = self.store.grant(outcome.grant_id)
+            grant = self.store.grant(outcome.grant_id)
             if grant is None:
                 continue
-            status = outcome.status
-            if status == NOT_FOUND:
-                confirmed = grant.confirmed
-            else:
-                confirmed = max(grant.confirmed, min(outcome.claimed, grant.claimed))
+            settlement = settle(grant, outcome)
             claiming = self.store.claiming(grant.grant_id)
-            newly = confirmed - grant.confirmed
-            for item in claiming[:newly]:
-                self.store.set_state(item.id, ADMITTED, grant.grant_id, "grant")
+            for item in claiming[:settlement.admit]:
+                self._move(item, ADMITTED, grant.grant_id, "grant")
                 admitted = True
-            if status != OK:
-                refused = grant.claimed - confirmed
-            else:  # the holder's permits never grow: claims beyond them can never be confirmed
-                refused = max(0, grant.claimed - max(confirmed, outcome.permits))
-            for item in claiming[newly:newly + refused]:
-                self.store.set_state(item.id, QUEUED)
-            grant = replace(grant, claimed=grant.claimed - refused, confirmed=confirmed,
-                            permits=grant.permits if status == NOT_FOUND else outcome.permits)
-            settled = status == NOT_FOUND or outcome.released == outcome.permits == grant.released
-            if settled and grant.released >= grant.confirmed and grant.claimed == grant.confirmed:
+            for item in claiming[settlement.admit:settlement.admit + settlement.requeue]:
+                self._move(item, QUEUED)
+            if settlement.forget:
                 self.store.delete_grant(grant.grant_id)
                 self._acked.pop(grant.grant_id, None)
             else:
-                heard = sent[grant.grant_id]["released"] if sent and grant.grant_id in sent else outcome.released
+                sent_report = (sent or {}).get(grant.grant_id)
+                heard = outcome.released if sent_report is None else sent_report["released"]
                 self._acked[grant.grant_id] = max(self._acked.get(grant.grant_id, 0), heard)
-                if grant != known:
-                    self.store.put_grant(grant)
-            if refused:
+                if settlement.grant != grant:
+                    self.store.put_grant(settlement.grant)
+            if settlement.requeue:
                 self._wake(grant.key, now_ms())
         if admitted:
             self.scheduler.schedule_by(PARTICIPANT, ADMIT, now_ms())
@@ -513,7 +505,7 @@ class DurabilitySemaphoreQueue:
     # nothing, reports every grant with releases once more (cumulative counts
     # make a repeat harmless).
     def _report_due(self, grant: LocalGrant) -> bool:
-        return grant.claimed > grant.confirmed or grant.released > self._acked.get(grant.grant_id, 0)
+        return report_due(grant, self._acked.get(grant.grant_id, 0))
 
     def _due_reports(self, key: str) -> dict[str, dict]:
         """The key's grant reports the holder may not have heard, by grant id."""
@@ -836,13 +828,6 @@ def _report_of(message: OutboxMessage) -> dict:
 def _lease_report_of(lease: LocalLease) -> dict:
     return {"leaseId": lease.lease_id, "group": lease.group, "permits": lease.permits, "drawn": lease.drawn,
             "released": lease.released, "stopped": lease.stopped}
-
-
-def _pacing_interval(ms: float) -> float:
-    """The holder's pacing as kept in SQL: whole seconds, rounded up, so that
-    it is written once per key rather than on every reply (replies arrive a
-    few ms apart from the holder's clock) and a new instance never asks early."""
-    return max(0.0, math.ceil(ms / 1000) * 1000)
 
 
 def _renew_at(now: float, ttl_ms: float) -> float:

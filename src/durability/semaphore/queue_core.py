@@ -1,0 +1,78 @@
+"""The queue's decisions, pure: what an item's state may become, and what a holder's answer means for a grant.
+
+Lives here: the item life cycle as a transition table (``move``), the
+settlement of a grant's claims and releases by one report outcome
+(``settle``), which grant reports the holder may not have heard
+(``report_due``), and the pacing interval kept in SQL
+(``pacing_interval``). Must not know: storage, timers, RPC or the clock;
+``queue.py`` reads the rows, calls these, and writes what they return.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+from .messages import NOT_FOUND, OK, ReportOutcome
+from .queue_store import ADMITTED, CANCELLED, CLAIMING, QUEUED, RELEASED, LocalGrant
+
+#: state -> the states an item may move to from it.
+TRANSITIONS: dict[str, frozenset[str]] = {
+    QUEUED: frozenset({CLAIMING, ADMITTED, CANCELLED}),  # admitted at once: drawn from a lease
+    CLAIMING: frozenset({ADMITTED, QUEUED}),  # the holder confirmed the claim, or refused it
+    ADMITTED: frozenset({RELEASED}),
+    RELEASED: frozenset(),
+    CANCELLED: frozenset(),
+}
+
+
+def move(state: str, to: str) -> str:
+    """The new state, if the life cycle allows it; else ValueError (nothing is written)."""
+    if to not in TRANSITIONS.get(state, frozenset()):
+        raise ValueError(f"an item cannot go from {state} to {to}")
+    return to
+
+
+@dataclass(frozen=True)
+class Settlement:
+    """What one report outcome does to a grant held here."""
+
+    grant: LocalGrant  #: the grant as it must be kept (ignored when ``forget``)
+    admit: int  #: this many of its claiming items, oldest first, are admitted now
+    requeue: int  #: the next this many go back in line: their claims can never be confirmed
+    forget: bool  #: settled here and at the holder: its row goes
+
+
+def settle(grant: LocalGrant, outcome: ReportOutcome) -> Settlement:
+    """Apply the holder's answer about ``grant``.
+
+    Confirmed claims only grow, and never past what was claimed here. A
+    grant the holder no longer knows (``not_found``) confirms nothing more;
+    any other refusal, or claims beyond the permits the holder says the grant
+    has (its permits never grow), sends the unconfirmed claims back in line.
+    """
+    if outcome.status == NOT_FOUND:
+        confirmed, permits = grant.confirmed, grant.permits
+    else:
+        confirmed, permits = max(grant.confirmed, min(outcome.claimed, grant.claimed)), outcome.permits
+    if outcome.status != OK:
+        refused = grant.claimed - confirmed
+    else:
+        refused = max(0, grant.claimed - max(confirmed, outcome.permits))
+    settled_grant = replace(grant, claimed=grant.claimed - refused, confirmed=confirmed, permits=permits)
+    at_holder = outcome.status == NOT_FOUND or outcome.released == outcome.permits == settled_grant.released
+    here = settled_grant.released >= settled_grant.confirmed and settled_grant.claimed == settled_grant.confirmed
+    return Settlement(settled_grant, confirmed - grant.confirmed, refused, at_holder and here)
+
+
+def report_due(grant: LocalGrant, heard_released: int) -> bool:
+    """Does the holder still need to hear about ``grant``: claims it has not
+    confirmed, or releases beyond the count it confirmed hearing?"""
+    return grant.claimed > grant.confirmed or grant.released > heard_released
+
+
+def pacing_interval(ms: float) -> float:
+    """The holder's pacing as kept in SQL: whole seconds, rounded up, so that
+    it is written once per key rather than on every reply (replies arrive a
+    few ms apart from the holder's clock) and a new instance never asks early."""
+    return max(0.0, math.ceil(ms / 1000) * 1000)

@@ -1,0 +1,78 @@
+"""The queue's pure decisions (semaphore/queue_core.py), without any runtime."""
+
+import pytest
+from hypothesis import given, strategies as st
+
+from durability.semaphore.messages import NOT_FOUND, OK, ReportOutcome
+from durability.semaphore.queue_core import TRANSITIONS, move, pacing_interval, report_due, settle
+from durability.semaphore.queue_store import ADMITTED, CANCELLED, CLAIMING, QUEUED, RELEASED, LocalGrant
+
+STATES = [QUEUED, CLAIMING, ADMITTED, RELEASED, CANCELLED]
+
+
+def grant(permits=2, claimed=0, confirmed=0, released=0):
+    return LocalGrant("g1", "k", "default", permits, claimed, confirmed, released, 10_000.0)
+
+
+def outcome(status=OK, claimed=0, released=0, permits=2):
+    return ReportOutcome("g1", status, claimed, released, permits)
+
+
+def test_the_life_cycle_allows_only_its_transitions():
+    allowed = {(a, b) for a in STATES for b in STATES if b in TRANSITIONS[a]}
+    assert allowed == {(QUEUED, CLAIMING), (QUEUED, ADMITTED), (QUEUED, CANCELLED),
+                       (CLAIMING, ADMITTED), (CLAIMING, QUEUED), (ADMITTED, RELEASED)}
+    for a in STATES:
+        for b in STATES:
+            if (a, b) in allowed:
+                assert move(a, b) == b
+            else:
+                with pytest.raises(ValueError):
+                    move(a, b)
+
+
+def test_a_confirmed_claim_admits_and_a_settled_grant_is_forgotten():
+    claimed = settle(grant(permits=1, claimed=1), outcome(claimed=1, permits=1))
+    assert (claimed.admit, claimed.requeue, claimed.forget) == (1, 0, False)
+    assert claimed.grant.confirmed == 1
+    released = settle(grant(permits=1, claimed=1, confirmed=1, released=1), outcome(claimed=1, released=1, permits=1))
+    assert released.forget
+
+
+def test_claims_beyond_the_permits_the_holder_says_go_back_in_line():
+    result = settle(grant(permits=3, claimed=3), outcome(claimed=1, permits=1))  # reclaimed down to 1
+    assert (result.admit, result.requeue) == (1, 2)
+    assert (result.grant.claimed, result.grant.confirmed, result.grant.permits) == (1, 1, 1)
+
+
+def test_a_grant_the_holder_forgot_confirms_nothing_more():
+    result = settle(grant(claimed=2, confirmed=1), outcome(status=NOT_FOUND, claimed=0, permits=0))
+    assert (result.admit, result.requeue) == (0, 1)
+    assert result.grant.permits == 2 and not result.forget  # one confirmed item still runs here
+
+
+@given(permits=st.integers(0, 5), claimed=st.integers(0, 5), confirmed=st.integers(0, 5),
+       released=st.integers(0, 5), status=st.sampled_from([OK, NOT_FOUND, "expired", "forbidden"]),
+       heard_claimed=st.integers(0, 8), heard_permits=st.integers(0, 5))
+def test_settling_never_moves_counts_back_or_past_what_was_claimed(permits, claimed, confirmed, released, status,
+                                                                    heard_claimed, heard_permits):
+    confirmed = min(confirmed, claimed)
+    released = min(released, confirmed)
+    before = grant(permits, claimed, confirmed, released)
+    result = settle(before, outcome(status, heard_claimed, released, heard_permits))
+    after = result.grant
+    assert before.confirmed <= after.confirmed <= after.claimed <= before.claimed
+    assert result.admit == after.confirmed - before.confirmed >= 0
+    assert result.admit + result.requeue == before.claimed - before.confirmed - (after.claimed - after.confirmed)
+    assert after.released == before.released
+
+
+def test_a_report_is_due_for_unconfirmed_claims_or_unheard_releases():
+    assert report_due(grant(claimed=1), heard_released=0)
+    assert not report_due(grant(claimed=1, confirmed=1), heard_released=0)
+    assert report_due(grant(claimed=1, confirmed=1, released=1), heard_released=0)
+    assert not report_due(grant(claimed=1, confirmed=1, released=1), heard_released=1)
+
+
+def test_pacing_is_kept_in_whole_seconds_rounded_up():
+    assert [pacing_interval(ms) for ms in (-5, 0, 1, 1_999.5, 2_000, 2_000.2)] == [0, 0, 1_000, 2_000, 2_000, 3_000]
