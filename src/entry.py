@@ -226,12 +226,19 @@ class JobShard(DurableObject):
             on_lifecycle_event=self._on_job_event,
             retries=Backoff(initial_ms=1_000, max_attempts=3),
         )
+        # finished() asks the shard's own job runner (rows read, no request),
+        # so the example asks 10 s after admit() returned instead of the
+        # library's 60 s: a lost release then idles its permit seconds, not a
+        # minute. With the demo's faults (600 jobs, 29 releases lost) the limit
+        # is busy 96% of the time jobs wait instead of 85%, for the same rows
+        # written per job.
         self.permits = DurabilitySemaphoreQueue(
             self.scheduler,
             client_id=ctx.id.toString(),
             server=limits.bind(env),
             admit=self._admit,
             finished=self._finished,
+            finished_check_ms=10_000,
         )
 
     async def submit(self, job):
