@@ -147,15 +147,17 @@ class AccountLimit(DurableObject):
         self.scheduler = DurabilityScheduler(ctx)
         # ACCOUNT_LEASES: the semaphore's leases= options as JSON, or empty for none.
         leases = json.loads(getattr(env, "ACCOUNT_LEASES", "") or "null")
-        # Rounds closer than the library's defaults (1 s wait, 2 s period):
-        # a permit freed waits for the next round, so on the demo's workload
-        # (scripts/bench_vs_naive.py, seed 1) the limit is busy 98% of the
-        # time jobs wait instead of 92%, and 2% of admissions leave
-        # oldest-first order instead of 17%, for 4% more rows written (more
-        # rounds make smaller grants). A round costs no row unless it grants.
+        # Rounds closer than the library's defaults (1 s wait, 2 s period): a
+        # freed permit waits for the next round. On the demo's workload
+        # (scripts/bench_vs_naive.py, seed 1) the limit is then busy 98% of
+        # the time jobs wait instead of 92%, and 2% of admissions leave
+        # oldest-first order instead of 17%; with jobs of 100 ms to 2 s
+        # (--short) 95% (90% with rounds 50 ms / 250 ms apart). It costs
+        # about 5% more rows written (more rounds make smaller grants); a
+        # round that grants nothing writes nothing.
         self.semaphore = DurabilitySemaphore(
             self.scheduler, limit=self._account_limit, group_limit=self._workflow_limit, leases=leases,
-            round_wait_ms=50, round_period_ms=250,
+            round_wait_ms=20, round_period_ms=100,
         )
 
     def _account_limit(self):
