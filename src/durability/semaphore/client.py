@@ -29,8 +29,8 @@ class SemaphoreClient:
         return self._next_request_at.get(key)
 
     def paced(self, key: str, at_ms: float) -> None:
-        """Remember pacing kept elsewhere (the queue's pump timer, after an
-        eviction); a later time the holder gave is kept."""
+        """Remember pacing kept elsewhere (the queue's pacing table, read by a
+        new instance); a later time the holder gave is kept."""
         self._next_request_at[key] = max(at_ms, self._next_request_at.get(key, at_ms))
 
     async def request(self, key: str, message: dict) -> dict:
