@@ -44,7 +44,7 @@ class Outcome:
     steps: int
     virtual_ms: float
     violations: Violations = field(default_factory=Violations)
-    excused: collections.Counter = field(default_factory=collections.Counter)  #: what the spec allows, counted
+    excused: collections.Counter = field(default_factory=collections.Counter)  #: what the spec or platform allows, counted
 
     @property
     def failed(self) -> bool:
