@@ -351,15 +351,12 @@ class DurabilitySemaphoreQueue:
                     continue  # its last releases are still to be reported
             else:
                 items = self.store.oldest_queued(key, grant.group, grant.unclaimed) if grant.unclaimed > 0 else []
-                if items:
-                    for item in items:
-                        self._move(item, CLAIMING, grant.grant_id, "grant")
-                    # The row's claimed count is the claim's durable report:
-                    # _report sends it at once (and a new instance again).
-                    self.store.put_grant(replace(grant, claimed=grant.claimed + len(items)))
-                    continue
+                # The items moved to claiming are the claim's durable report:
+                # _report sends it at once (and a new instance again).
+                for item in items:
+                    self._move(item, CLAIMING, grant.grant_id, "grant")
             if grant.grant_id in fresh:
-                self.store.put_grant(grant)
+                self.store.add_grant(grant)
 
     def _move(self, item: Item, state: str, grant_id: str | None = None, via: str | None = None) -> None:
         """Write an item's next state, as the life cycle (queue_core.TRANSITIONS) allows."""
@@ -373,15 +370,11 @@ class DurabilitySemaphoreQueue:
             if lease is not None:
                 self._put_lease_and_report(replace(lease, released=lease.released + 1))
             return
-        grant = self.store.grant(item.grant_id) if item.grant_id else None
-        if grant is None:
-            return
-        # The row's released count is the release's durable report (see _report).
-        self.store.put_grant(replace(grant, released=grant.released + 1))
-        if grant.key in self._contended:
-            self._report_now.add(grant.key)  # the caller reports it at once (_report_at_once_if_contended)
+        # The item's released state is the release's durable report (see _report).
+        if item.key in self._contended:
+            self._report_now.add(item.key)  # the caller reports it at once (_report_at_once_if_contended)
         else:
-            self.scheduler.schedule_by(PARTICIPANT, REPORT + grant.key, now_ms() + self.report_delay_ms)
+            self.scheduler.schedule_by(PARTICIPANT, REPORT + item.key, now_ms() + self.report_delay_ms)
 
     async def _pump(self, key: str) -> None:
         self.scheduler.transaction(lambda: self._claim_local(key, now_ms()))
@@ -435,7 +428,7 @@ class DurabilitySemaphoreQueue:
                 learned.append(LocalGrant(entry.grant_id, key, entry.group, entry.permits, 0, 0, 0,
                                           entry.claim_deadline))
             elif (known.permits, known.claim_deadline) != (entry.permits, entry.claim_deadline):
-                learned.append(replace(known, permits=entry.permits, claim_deadline=entry.claim_deadline))
+                self.store.set_grant_terms(replace(known, permits=entry.permits, claim_deadline=entry.claim_deadline))
         interval = pacing_interval((reply.next_request_at or now) - now)
         if interval > 0:  # "ask at once" (a reply with permits) is not pacing to keep
             self.store.set_pacing(key, interval)
@@ -490,8 +483,8 @@ class DurabilitySemaphoreQueue:
                 sent_report = (sent or {}).get(grant.grant_id)
                 heard = outcome.released if sent_report is None else sent_report["released"]
                 self._acked[grant.grant_id] = max(self._acked.get(grant.grant_id, 0), heard)
-                if settlement.grant != grant:
-                    self.store.put_grant(settlement.grant)
+                if settlement.grant.permits != grant.permits:
+                    self.store.set_grant_terms(settlement.grant)  # its counts moved with its items
             if settlement.requeue:
                 self._wake(grant.key, now_ms())
         if admitted:

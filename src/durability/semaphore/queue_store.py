@@ -6,7 +6,16 @@ know: the protocol with the holder, timers, or when anything happens.
 Items, grants and leases are WITHOUT ROWID tables keyed by id with no
 secondary index: each state change of an item writes one row, and a batch
 of draws from a lease one more. Finding the oldest queued items scans the
-table; reads cost a thousandth of writes. Version 2 added the lease table;
+table; reads cost a thousandth of writes.
+
+A grant's row keeps only what the holder said (its permits and claim
+deadline): it is written once when the grant is learned, with its first
+claims, and deleted once the grant is settled. Its claimed, confirmed and
+released counts are the counts of its items in each state (``claiming``
+counts as claimed; ``admitted`` and ``released`` as confirmed), read with
+the row: a claim, a confirmation or a release writes only the item's row,
+never the grant's. (The row's own count columns are the ones version 1
+kept; they are written as zeros and never read.) Version 2 added the lease table;
 version 3 the pacing table: per key, the interval the holder asks between
 requests, written only when that interval changes (about once per key), so
 that a new instance paces its first request as the holder asked.
@@ -104,9 +113,9 @@ class LocalGrant:
     key: str
     group: str
     permits: int  #: as the holder last said
-    claimed: int  #: claims made here (cumulative)
-    confirmed: int  #: claims the holder confirmed
-    released: int  #: releases made here (cumulative)
+    claimed: int  #: claims made here (cumulative): its items claiming, admitted or released
+    confirmed: int  #: claims the holder confirmed: its items admitted or released
+    released: int  #: releases made here (cumulative): its items released
     claim_deadline: float
 
     @property
@@ -146,9 +155,12 @@ def _item(row: dict) -> Item:
                 row["enqueued_at"], row["state"], row["grant_id"], row["via"], row["admitted_at"])
 
 
-def _grant(row: dict) -> LocalGrant:
-    return LocalGrant(row["grant_id"], row["key"], row["grp"], row["permits"], row["claimed"],
-                      row["confirmed"], row["released"], row["claim_deadline"])
+def _grant(row: dict, counts: dict[str, dict[str, int]]) -> LocalGrant:
+    by_state = counts.get(row["grant_id"], {})
+    released = by_state.get(RELEASED, 0)
+    confirmed = by_state.get(ADMITTED, 0) + released
+    return LocalGrant(row["grant_id"], row["key"], row["grp"], row["permits"], confirmed + by_state.get(CLAIMING, 0),
+                      confirmed, released, row["claim_deadline"])
 
 
 def _lease(row: dict) -> LocalLease:
@@ -229,23 +241,43 @@ class QueueStore:
 
     # -- grants ---------------------------------------------------------------
     def grant(self, grant_id: str) -> LocalGrant | None:
-        row = self.sql.one(f"SELECT {_GRANT_COLUMNS} FROM {GRANTS} WHERE grant_id = ?", grant_id)
-        return None if row is None else _grant(row)
+        rows = self.sql.exec(f"SELECT {_GRANT_COLUMNS} FROM {GRANTS} WHERE grant_id = ?", grant_id)
+        counts = self._grant_counts("grant_id = ?", grant_id) if rows else {}
+        return _grant(rows[0], counts) if rows else None
 
     def grants(self, key: str | None = None) -> list[LocalGrant]:
         if key is None:
             rows = self.sql.exec(f"SELECT {_GRANT_COLUMNS} FROM {GRANTS} ORDER BY grant_id")
+            counts = self._grant_counts("1") if rows else {}
         else:
             rows = self.sql.exec(f"SELECT {_GRANT_COLUMNS} FROM {GRANTS} WHERE key = ? ORDER BY grant_id", key)
-        return [_grant(r) for r in rows]
+            counts = self._grant_counts("key = ?", key) if rows else {}
+        return [_grant(r, counts) for r in rows]
 
-    def put_grant(self, grant: LocalGrant) -> None:
+    def _grant_counts(self, where: str, *bindings: Any) -> dict[str, dict[str, int]]:
+        """grant id -> item state -> count, for the items claimed on grants (one scan of the items)."""
+        rows = self.sql.exec(
+            f"SELECT grant_id, state, count(*) AS n FROM {ITEMS} WHERE {where} AND via = ? "
+            "AND state IN (?, ?, ?) GROUP BY grant_id, state",
+            *bindings, "grant", CLAIMING, ADMITTED, RELEASED,
+        )
+        counts: dict[str, dict[str, int]] = {}
+        for row in rows:
+            counts.setdefault(row["grant_id"], {})[row["state"]] = row["n"]
+        return counts
+
+    def add_grant(self, grant: LocalGrant) -> None:
+        """Keep a grant the holder just gave (its counts are its items')."""
         self.sql.exec(
-            f"INSERT INTO {GRANTS} ({_GRANT_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?) "
-            "ON CONFLICT (grant_id) DO UPDATE SET permits = excluded.permits, claimed = excluded.claimed, "
-            "confirmed = excluded.confirmed, released = excluded.released, claim_deadline = excluded.claim_deadline",
-            grant.grant_id, grant.key, grant.group, grant.permits, grant.claimed, grant.confirmed,
-            grant.released, grant.claim_deadline,
+            f"INSERT INTO {GRANTS} ({_GRANT_COLUMNS}) VALUES (?, ?, ?, ?, 0, 0, 0, ?)",
+            grant.grant_id, grant.key, grant.group, grant.permits, grant.claim_deadline,
+        )
+
+    def set_grant_terms(self, grant: LocalGrant) -> None:
+        """Keep what the holder now says of a grant: its permits and claim deadline."""
+        self.sql.exec(
+            f"UPDATE {GRANTS} SET permits = ?, claim_deadline = ? WHERE grant_id = ?",
+            grant.permits, grant.claim_deadline, grant.grant_id,
         )
 
     def delete_grant(self, grant_id: str) -> None:
