@@ -144,7 +144,7 @@ def test_schedule_replaces_schedule_by_keeps_the_earlier_and_cancel_removes(runt
         start = runtime.now_ms()
         await stub.schedule("a", 5_000)
         await stub.schedule("a", 8_000)
-        replaced = await stub.alarm_time() - start
+        replaced = await stub.alarm_time() - start  # moved later: the alarm is left where it was
         await stub.schedule_by("a", 9_000)
         kept = await stub.alarm_time() - start
         await stub.schedule_by("a", 2_000)
@@ -154,7 +154,22 @@ def test_schedule_replaces_schedule_by_keeps_the_earlier_and_cancel_removes(runt
         await asyncio.sleep(3)
         return replaced, kept, earlier, stale, await stub.alarm_time(), await stub.runs()
 
-    assert runtime.run(scenario()) == (8_000, 8_000, 2_000, 2_000, None, [])
+    assert runtime.run(scenario()) == (5_000, 5_000, 2_000, 2_000, None, [])
+
+
+def test_an_alarm_left_early_fires_for_nothing_and_re_arms_for_the_timer(runtime):
+    stub = runtime.env.TIMERS.getByName("t")
+
+    async def scenario():
+        start = runtime.now_ms()
+        await stub.schedule("a", 5_000)
+        await stub.schedule("a", 8_000)
+        await asyncio.sleep(6)
+        early = (await stub.runs(), await stub.alarm_time() - start)
+        await asyncio.sleep(3)
+        return early, [r["at"] - start for r in await stub.runs()]
+
+    assert runtime.run(scenario()) == (([], 8_000), [8_000])
 
 
 def test_a_timer_of_an_unknown_participant_is_kept_and_retried(runtime):

@@ -152,6 +152,28 @@ def test_eviction_mid_round_fails_the_waiting_calls_and_grants_nothing(runtime):
     assert [g["permits"] for g in again["grants"]] == [2]
 
 
+def test_a_grant_is_written_at_its_first_claim_and_lost_unclaimed_with_the_instance(runtime):
+    def grant_rows():
+        return runtime.host_of(holder(runtime)).db.inspect("SELECT grant_id, claimed FROM durability_semaphore_grants")
+
+    async def scenario():
+        unclaimed = (await holder(runtime).permits(request("a", [("g", 2, 0)])))["grants"][0]["grantId"]
+        claimed = (await holder(runtime).permits(request("b", [("g", 1, 0)])))["grants"][0]["grantId"]
+        await holder(runtime).permits(sync("b", [(claimed, 1, 0)]))
+        rows = grant_rows()
+        runtime.evict(holder(runtime))
+        usage = await holder(runtime).usage()
+        late = await holder(runtime).permits(sync("a", [(unclaimed, 2, 0)]))
+        return rows, usage, late["reports"][0]
+
+    rows, usage, late = runtime.run(scenario())
+    assert [row["claimed"] for row in rows] == [1]  # the unclaimed grant has no row
+    # The new instance knows only the claimed grant: the other's permits are
+    # back in the pool, and a claim on it is refused, so nothing runs on it.
+    assert usage["outstanding"] == 1
+    assert (late["status"], late["claimed"]) == ("not_found", 0)
+
+
 def test_a_request_that_may_wait_is_held_until_a_permit_frees(runtime):
     async def scenario():
         first = await holder(runtime).permits(request("a", [("g", 3, 0)]))

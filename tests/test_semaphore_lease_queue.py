@@ -185,6 +185,9 @@ def test_a_version_1_holder_migrates_in_place_and_keeps_its_grants(runtime):
     async def scenario():
         reply = await holder(runtime).permits({"type": "request", "v": 1, "clientId": "c",
                                                "demand": [{"group": "g", "count": 2, "oldestAt": 0}]})
+        # Claimed, so that the grant has a row (an unclaimed one lives in memory only).
+        await holder(runtime).permits({"type": "sync", "v": 1, "clientId": "c", "grants": [
+            {"grantId": reply["grants"][0]["grantId"], "claimed": 2, "released": 0}]})
         sql = runtime.host_of(holder(runtime)).instance.ctx.storage.sql
         sql.exec("DROP TABLE durability_semaphore_leases")
         sql.exec("DROP TABLE durability_semaphore_lease_ids")

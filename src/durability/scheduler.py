@@ -235,19 +235,23 @@ class DurabilityScheduler:
         Call it right after any transaction that scheduled or cancelled
         timers, with no other await in between: ``setAlarm`` is a synchronous
         write on SQLite-backed objects, so the alarm then commits in the same
-        batch as the timers. It writes only when the alarm must move, since
-        each ``setAlarm`` is billed as a row written; the first call in a new
-        instance arms without asking first, as an await there would split the
-        batch. When no timer is left the alarm is left to fire once for
-        nothing: that wake-up is billed as a request, a seventh of the price
-        of the write that ``deleteAlarm`` would cost.
+        batch as the timers. Each ``setAlarm`` is billed as a row written,
+        so it writes only when the alarm must move *earlier*: an alarm set
+        before the earliest timer, or when no timer is left, is left to fire
+        early, run nothing, and re-arm. That wake-up is billed as a request,
+        a seventh of the price of a write, and it replaces every move later
+        made until then: a holder whose grants are claimed one after another
+        pushed its reclaim alarm later once per grant, about one row per
+        admitted job, where it now re-arms about once per claim deadline.
+        The first call in a new instance arms without asking first, as an
+        await there would split the batch.
         """
         if self._dispatching:
             return  # alarm() is running: it starts due timers itself and re-arms at its end
         async with self._sync_lock:
             while True:
                 earliest = self._earliest()
-                if earliest is None or earliest == self._armed:
+                if earliest is None or (self._armed not in (None, _UNKNOWN) and self._armed <= earliest):
                     return
                 # Recorded before the await: an alarm that fires meanwhile
                 # resets it to None, which the next pass then sees.

@@ -113,6 +113,9 @@ class DurabilitySemaphore:
         self._round: asyncio.Task | None = None
         self._last_round_at: float | None = None
         self._contended = False  #: the last round left demand waiting for capacity
+        # Grants in the books that have no row yet: nothing was claimed on
+        # them (see _commit).
+        self._unwritten: set[str] = set()
         self._schedule_reclaim(next_reclaim_at(self._grants().values(), self._leases().values()))
 
     @staticmethod
@@ -148,15 +151,45 @@ class DurabilitySemaphore:
     def _commit(self, changes: Changes) -> None:
         """Persist changes and the reclaim timer together, then update memory."""
         due = next_reclaim_at(merged(self._grants(), changes), merged_leases(self._leases(), changes))
+        to_write, unwritten = self._rows_to_write(changes)
 
         def write() -> None:
-            self.store.write(changes)
+            self.store.write(to_write)
             self._schedule_reclaim(due)
 
         self.scheduler.transaction(write)
+        self._unwritten = unwritten
         changes.apply_to(self._grants(), self._leases())
         if changes.issued is not None:
             self._ids = replace(self._lease_ids(), issued=changes.issued)
+
+    def _rows_to_write(self, changes: Changes) -> tuple[Changes, set[str]]:
+        """The changes as rows: a grant is written at its first claim, not when
+        it is made.
+
+        A grant nothing was claimed on lives only in the books in memory.
+        Losing it with the instance is safe: its client admits nothing
+        before the holder confirms a claim, and a claim on a grant the
+        holder does not know is answered ``not_found``, so its items wait
+        for the next grant while its permits go back to the pool at once.
+        It saves a row per grant (the insert, then the update of the first
+        claim, become one write), and a grant reclaimed or settled with
+        nothing claimed is forgotten without a row at all.
+        """
+        unwritten = set(self._unwritten)
+        rows = replace(changes, written=dict(changes.written), deleted=dict(changes.deleted))
+        for grant_id, grant in changes.written.items():
+            new = grant_id not in self._grants() or grant_id in unwritten
+            if new and grant.claimed == 0:
+                unwritten.add(grant_id)
+                del rows.written[grant_id]
+            else:
+                unwritten.discard(grant_id)
+        for grant_id in changes.deleted:
+            if grant_id in unwritten:
+                unwritten.discard(grant_id)
+                del rows.deleted[grant_id]
+        return rows, unwritten
 
     def _schedule_reclaim(self, due: float | None) -> None:
         if due is None:
