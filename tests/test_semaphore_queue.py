@@ -78,6 +78,72 @@ def test_cancel_only_while_queued_and_status_carries_the_blocked_reason(runtime)
     assert cancelled is True and after["state"] == "cancelled"
 
 
+def test_a_claim_holds_the_oldest_items_without_writing_them_until_the_holder_answers(runtime):
+    gate = runtime.module.CONFIG["hold_syncs"] = asyncio.Event()
+
+    async def scenario():
+        await shard(runtime).submit(jobs("j", 5, ms=60_000))
+        await asyncio.sleep(3)  # granted 3; the claims' sync waits at the gate
+        claiming = [(await shard(runtime).status(f"j{i}"))["state"] for i in range(5)]
+        with pytest.raises(JsException, match="is claiming: only a queued item can be cancelled"):
+            await shard(runtime).cancel("j0")
+        await shard(runtime).cancel("j4")
+        rows = await shard(runtime).states()
+        gate.set()
+        await asyncio.sleep(1)
+        return claiming, rows, await shard(runtime).states()
+
+    claiming, rows, answered = runtime.run(scenario())
+    assert claiming == ["claiming"] * 3 + ["queued"] * 2
+    assert rows == {"j0": "queued", "j1": "queued", "j2": "queued", "j3": "queued", "j4": "cancelled"}
+    assert answered == {"j0": "admitted", "j1": "admitted", "j2": "admitted", "j3": "queued", "j4": "cancelled"}
+    assert runtime.module.WORLD["violations"] == []
+
+
+def test_items_an_older_version_wrote_as_claiming_are_admitted_when_the_holder_confirms(runtime):
+    gate = runtime.module.CONFIG["hold_syncs"] = asyncio.Event()
+
+    async def scenario():
+        await shard(runtime).submit(jobs("j", 5, ms=60_000))
+        await asyncio.sleep(3)
+        sql = runtime.host_of(shard(runtime)).instance.ctx.storage.sql
+        [grant] = sql.exec("SELECT grant_id, claimed FROM durability_queue_grants").toArray()
+        # As versions before 4 kept a claim: the claimed items written as claiming.
+        sql.exec("UPDATE durability_queue_items SET state = 'claiming', grant_id = ?, via = 'grant' "
+                 "WHERE id IN ('j1', 'j2', 'j3')", grant["grant_id"])
+        await asyncio.sleep(0.01)  # the write commits
+        runtime.evict(shard(runtime))
+        claiming = [(await shard(runtime).status(f"j{i}"))["state"] for i in range(5)]
+        gate.set()
+        await asyncio.sleep(5)
+        return grant["claimed"], claiming, await shard(runtime).states()
+
+    claimed, claiming, answered = runtime.run(scenario())
+    assert claimed == 3 and claiming == ["queued"] + ["claiming"] * 3 + ["queued"]
+    assert answered == {"j0": "queued", "j1": "admitted", "j2": "admitted", "j3": "admitted", "j4": "queued"}
+    assert runtime.module.WORLD["violations"] == []
+
+
+def test_a_refused_claim_lets_its_items_go_back_in_line_and_they_are_admitted_later(runtime):
+    gate = runtime.module.CONFIG["hold_syncs"] = asyncio.Event()
+    holder = runtime.env.HOLDER.getByName("holder")
+
+    async def scenario():
+        await shard(runtime).submit(jobs("j", 2, ms=1_000))
+        await asyncio.sleep(3)
+        runtime.evict(holder)  # the grant was never claimed there: the new instance does not know it
+        gate.set()
+        await asyncio.sleep(0.5)
+        refused = [(await shard(runtime).status(f"j{i}"))["state"] for i in range(2)]
+        await asyncio.sleep(30)
+        return refused, await shard(runtime).states(), await holder.usage()
+
+    refused, states, usage = runtime.run(scenario())
+    assert refused == ["queued", "queued"]
+    assert set(states.values()) == {"released"} and usage["outstanding"] == 0
+    assert runtime.module.WORLD["starts"] == {"j0": 1, "j1": 1}
+
+
 def test_admit_is_retried_until_it_returns_and_registers_each_job_once(runtime):
     runtime.module.CONFIG["admit_failures"] = 2
     world = runtime.module.WORLD

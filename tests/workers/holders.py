@@ -33,6 +33,7 @@ CONFIG = {
     "leases": None,  # the holder's leases= option
     "ceiling": None,  # what work may really reach (limit + extra for leases "over"); None: the limit
     "lease_report_delay_ms": 10_000,
+    "hold_syncs": None,  # an asyncio.Event: the shard's syncs wait for it before they reach the holder
 }
 WORLD = {"running": {}, "violations": [], "max_running": 0, "completed": set(), "admit_calls": 0,
          "started": {}, "starts": {}, "events": [], "requests": [], "finished_asks": []}
@@ -226,6 +227,13 @@ class Shard(DurableObject):
 
     @staticmethod
     def _server(env):
+        if CONFIG["hold_syncs"] is not None:
+            async def held(key, message):
+                if message.get("type") == "sync":
+                    await CONFIG["hold_syncs"].wait()
+                return await env.HOLDER.getByName(key).permits(message)
+
+            return SemaphoreClient(held)
         if CONFIG["fake_reply"] is None:
             return limits.bind(env)
 

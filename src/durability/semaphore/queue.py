@@ -234,7 +234,7 @@ class DurabilitySemaphoreQueue:
                 # Draw from leases here, in the enqueue's own transaction: a
                 # request in flight for the key must not hold these items up.
                 self._draw(key, now)
-                if self.store.demand(key):
+                if self._demand(key):
                     self._wake(key, now)
             return [self.store.item(item_id) for item_id in checked]
 
@@ -248,7 +248,7 @@ class DurabilitySemaphoreQueue:
         if item.state == RELEASED:
             return True
         if item.state != ADMITTED:
-            raise ValueError(f"item {item_id!r} is {item.state}, not admitted")
+            raise ValueError(f"item {item_id!r} is {self._state(item)}, not admitted")
         self.scheduler.transaction(lambda: self._release(item))
         await self.scheduler.sync()
         await self._report_at_once_if_contended({item.key})
@@ -269,10 +269,17 @@ class DurabilitySemaphoreQueue:
         item = self._known(item_id)
         if item.state == CANCELLED:
             return True
-        if item.state != QUEUED:
-            raise ValueError(f"item {item_id!r} is {item.state}: only a queued item can be cancelled")
+        state = self._state(item)
+        if state != QUEUED:
+            raise ValueError(f"item {item_id!r} is {state}: only a queued item can be cancelled")
         self._move(item, CANCELLED)
         return True
+
+    def _state(self, item: Item) -> str:
+        """The item's state: a queued item that a claim holds is ``claiming``."""
+        if item.state == QUEUED and self.store.place_in_line(item) < self._reserved(item.key).get(item.group, 0):
+            return CLAIMING
+        return item.state
 
     def _known(self, item_id: str) -> Item:
         item = self.store.item(_identifier(item_id, "id"))
@@ -284,9 +291,11 @@ class DurabilitySemaphoreQueue:
         item = self.store.item(item_id)
         if item is None:
             return None
-        blocked = self._blocked.get((item.key, item.group)) if item.state == QUEUED else None
+        state = self._state(item)
+        blocked = self._blocked.get((item.key, item.group)) if state == QUEUED else None
         return {
-            "id": item.id, "key": item.key, "group": item.group, "state": item.state, "via": item.via,
+            "id": item.id, "key": item.key, "group": item.group, "state": state,
+            "via": "grant" if state == CLAIMING else item.via,
             "blocked": None if blocked is None else {"reason": blocked[0], "waiting": blocked[1]},
         }
 
@@ -324,10 +333,11 @@ class DurabilitySemaphoreQueue:
         """Admit queued items at once on permits drawn from this object's leases
         (inside a transaction: the draw and the admission commit together)."""
         drawn = False
+        reserved = self._reserved(key)
         for lease in self.store.leases(key):
             if lease.undrawn <= 0:
                 continue
-            items = self.store.oldest_queued(key, lease.group, lease.undrawn)
+            items = self.store.oldest_queued(key, lease.group, lease.undrawn, reserved.get(lease.group, 0))
             for item in items:
                 self._move(item, ADMITTED, lease.lease_id, "lease")
             if items:
@@ -341,6 +351,7 @@ class DurabilitySemaphoreQueue:
         grants = {g.grant_id: g for g in self.store.grants(key)}
         grants.update((g.grant_id, g) for g in learned)
         fresh = {g.grant_id for g in learned}
+        reserved = self._reserved(key)
         for grant in sorted(grants.values(), key=lambda g: g.grant_id):
             if grant.claim_deadline <= now:
                 if grant.claimed == grant.confirmed == grant.released and not self._report_due(grant):
@@ -350,13 +361,30 @@ class DurabilitySemaphoreQueue:
                 if grant.claimed == grant.confirmed == grant.released:
                     continue  # its last releases are still to be reported
             else:
-                items = self.store.oldest_queued(key, grant.group, grant.unclaimed) if grant.unclaimed > 0 else []
-                # The items moved to claiming are the claim's durable report:
-                # _report sends it at once (and a new instance again).
-                for item in items:
-                    self._move(item, CLAIMING, grant.grant_id, "grant")
+                skip = reserved.get(grant.group, 0)
+                items = self.store.oldest_queued(key, grant.group, grant.unclaimed, skip) if grant.unclaimed > 0 else []
+                if items:
+                    # The row's claimed count is the claim's durable report
+                    # (_report sends it at once, and a new instance again);
+                    # the claims hold the oldest queued items without a write.
+                    reserved[grant.group] = skip + len(items)
+                    grant = replace(grant, claimed=grant.claimed + len(items))
+                    if grant.grant_id not in fresh:
+                        self.store.set_grant(grant)
             if grant.grant_id in fresh:
                 self.store.add_grant(grant)
+
+    def _reserved(self, key: str) -> dict[str, int]:
+        """Per group, how many of the oldest queued items claims hold (they are ``claiming``)."""
+        reserved: dict[str, int] = {}
+        for grant in self.store.grants(key):
+            if grant.pending > 0:
+                reserved[grant.group] = reserved.get(grant.group, 0) + grant.pending
+        return reserved
+
+    def _demand(self, key: str) -> list[tuple[str, int, float]]:
+        """(group, count, oldest) of the key's items waiting for a permit, oldest group first."""
+        return self.store.demand(key, self._reserved(key))
 
     def _move(self, item: Item, state: str, grant_id: str | None = None, via: str | None = None) -> None:
         """Write an item's next state, as the life cycle (queue_core.TRANSITIONS) allows."""
@@ -378,7 +406,7 @@ class DurabilitySemaphoreQueue:
 
     async def _pump(self, key: str) -> None:
         self.scheduler.transaction(lambda: self._claim_local(key, now_ms()))
-        demand = self.store.demand(key)[:MAX_DEMAND_ENTRIES]
+        demand = self._demand(key)[:MAX_DEMAND_ENTRIES]
         if not demand:
             await self._report_safely(key)  # claims get confirmed by a sync at once
             return
@@ -433,7 +461,7 @@ class DurabilitySemaphoreQueue:
         if interval > 0:  # "ask at once" (a reply with permits) is not pacing to keep
             self.store.set_pacing(key, interval)
         self._claim_local(key, now, tuple(learned))
-        if self.store.demand(key):
+        if self._demand(key):
             self.scheduler.schedule(PARTICIPANT, PUMP + key, max(now, reply.next_request_at or now))
 
     def _heard(self, key: str, reply: Reply) -> None:
@@ -470,12 +498,7 @@ class DurabilitySemaphoreQueue:
             if grant is None:
                 continue
             settlement = settle(grant, outcome)
-            claiming = self.store.claiming(grant.grant_id)
-            for item in claiming[:settlement.admit]:
-                self._move(item, ADMITTED, grant.grant_id, "grant")
-                admitted = True
-            for item in claiming[settlement.admit:settlement.admit + settlement.requeue]:
-                self._move(item, QUEUED)
+            admitted = self._answer_claims(grant, settlement.admit, settlement.requeue) or admitted
             if settlement.forget:
                 self.store.delete_grant(grant.grant_id)
                 self._acked.pop(grant.grant_id, None)
@@ -483,12 +506,32 @@ class DurabilitySemaphoreQueue:
                 sent_report = (sent or {}).get(grant.grant_id)
                 heard = outcome.released if sent_report is None else sent_report["released"]
                 self._acked[grant.grant_id] = max(self._acked.get(grant.grant_id, 0), heard)
-                if settlement.grant.permits != grant.permits:
-                    self.store.set_grant_terms(settlement.grant)  # its counts moved with its items
+                kept = (settlement.grant.permits, settlement.grant.claimed)
+                if kept != (grant.permits, grant.claimed):
+                    self.store.set_grant(settlement.grant)  # its other counts moved with its items
             if settlement.requeue:
                 self._wake(grant.key, now_ms())
         if admitted:
             self.scheduler.schedule_by(PARTICIPANT, ADMIT, now_ms())
+
+    def _answer_claims(self, grant: LocalGrant, admit: int, requeue: int) -> bool:
+        """Admit ``admit`` of the items the grant's claims hold, oldest first,
+        and let ``requeue`` more go back in line. True if any was admitted.
+
+        Items written as claiming by an older version come first; then the
+        oldest queued items of the group, which claims hold in line order.
+        (Claims on other grants of the group hold the next ones: any item
+        the group's claims hold may be admitted by any of them.)
+        """
+        rows = self.store.claiming(grant.grant_id) if grant.claiming_rows else []
+        to_admit = rows[:admit]
+        if len(to_admit) < admit:
+            to_admit += self.store.oldest_queued(grant.key, grant.group, admit - len(to_admit))
+        for item in to_admit:
+            self._move(item, ADMITTED, grant.grant_id, "grant")
+        for item in rows[admit:admit + requeue]:
+            self._move(item, QUEUED)
+        return bool(to_admit)
 
     # -- reports of grants: derived from the grant rows ---------------------------
     # A grant row holds the cumulative claimed and released counts, written in
@@ -653,7 +696,7 @@ class DurabilitySemaphoreQueue:
         leases = [lease for lease in self.store.leases(key) if lease.undrawn > 0]
         if not leases:
             return False
-        queued = {group for group, _, _ in self.store.demand(key)}
+        queued = {group for group, _, _ in self._demand(key)}
         idle = [lease for lease in leases if lease.group not in queued]
         for lease in idle:
             self._put_lease_and_report(replace(lease, stopped=True))
@@ -684,7 +727,7 @@ class DurabilitySemaphoreQueue:
                 if lease.renew_at > now:
                     continue
                 if lease.key not in queued:
-                    queued[lease.key] = {group for group, _, _ in self.store.demand(lease.key)}
+                    queued[lease.key] = {group for group, _, _ in self._demand(lease.key)}
                 idle = lease.in_use == 0 and lease.group not in queued[lease.key]
                 stopped = lease.stopped or idle
                 self._put_lease_and_report(replace(lease, stopped=stopped, renew_at=_renew_at(now, lease.ttl_ms)))

@@ -8,17 +8,18 @@ secondary index: each state change of an item writes one row, and a batch
 of draws from a lease one more. Finding the oldest queued items scans the
 table; reads cost a thousandth of writes.
 
-A grant's row keeps only what the holder said (its permits and claim
-deadline): it is written once when the grant is learned, with its first
-claims, and deleted once the grant is settled. Its claimed, confirmed and
-released counts are the counts of its items in each state (``claiming``
-counts as claimed; ``admitted`` and ``released`` as confirmed), read with
-the row: a claim, a confirmation or a release writes only the item's row,
-never the grant's. (The row's own count columns are the ones version 1
-kept; they are written as zeros and never read.) Version 2 added the lease table;
-version 3 the pacing table: per key, the interval the holder asks between
-requests, written only when that interval changes (about once per key), so
-that a new instance paces its first request as the holder asked.
+A claim writes no item: the grant's row keeps how many permits were
+claimed on it (``claimed``), and those claims hold the oldest queued items
+of its group, in line order, until the holder answers. An item among the
+first *n* queued of its key and group, *n* being the claims not answered
+yet, is ``claiming``; the rest are ``queued`` (see ``reserved``). The
+holder's answer admits the oldest of them (one write per item, as any
+admission) or lets them go back in line (no write at all). A grant's row
+is written when the grant is learned, with its first claims, again only
+when a later claim or the holder's answer changes it, and deleted once the
+grant is settled. Its confirmed and released counts are the counts of its
+items admitted or released. Items a version before 4 moved to
+``claiming`` keep that state until answered and count as claimed too.
 """
 
 from __future__ import annotations
@@ -117,6 +118,12 @@ class LocalGrant:
     confirmed: int  #: claims the holder confirmed: its items admitted or released
     released: int  #: releases made here (cumulative): its items released
     claim_deadline: float
+    claiming_rows: int = 0  #: items written as claiming (versions before 4)
+
+    @property
+    def pending(self) -> int:
+        """Claims the holder has not answered that hold queued items (not claiming rows)."""
+        return self.claimed - self.confirmed - self.claiming_rows
 
     @property
     def unclaimed(self) -> int:
@@ -159,8 +166,10 @@ def _grant(row: dict, counts: dict[str, dict[str, int]]) -> LocalGrant:
     by_state = counts.get(row["grant_id"], {})
     released = by_state.get(RELEASED, 0)
     confirmed = by_state.get(ADMITTED, 0) + released
-    return LocalGrant(row["grant_id"], row["key"], row["grp"], row["permits"], confirmed + by_state.get(CLAIMING, 0),
-                      confirmed, released, row["claim_deadline"])
+    claiming_rows = by_state.get(CLAIMING, 0)
+    claimed = max(row["claimed"], confirmed + claiming_rows)
+    return LocalGrant(row["grant_id"], row["key"], row["grp"], row["permits"], claimed, confirmed, released,
+                      row["claim_deadline"], claiming_rows)
 
 
 def _lease(row: dict) -> LocalLease:
@@ -202,21 +211,35 @@ class QueueStore:
             item_id, key, group, body_json, self._seq.next(), now, QUEUED,
         )
 
-    def oldest_queued(self, key: str, group: str, limit: int) -> list[Item]:
+    def oldest_queued(self, key: str, group: str, limit: int, skip: int = 0) -> list[Item]:
+        """The oldest ``limit`` queued items of a key and group after the first ``skip``."""
         rows = self.sql.exec(
-            f"SELECT {_ITEM_COLUMNS} FROM {ITEMS} WHERE key = ? AND grp = ? AND state = ? ORDER BY seq LIMIT ?",
-            key, group, QUEUED, limit,
+            f"SELECT {_ITEM_COLUMNS} FROM {ITEMS} WHERE key = ? AND grp = ? AND state = ? "
+            "ORDER BY seq LIMIT ? OFFSET ?",
+            key, group, QUEUED, limit, skip,
         )
         return [_item(r) for r in rows]
 
-    def demand(self, key: str) -> list[tuple[str, int, float]]:
-        """(group, queued count, oldest enqueue time) for one key, oldest group first."""
+    def place_in_line(self, item: Item) -> int:
+        """How many queued items of its key and group are ahead of ``item``."""
+        row = self.sql.one(f"SELECT count(*) AS n FROM {ITEMS} WHERE key = ? AND grp = ? AND state = ? AND seq < ?",
+                           item.key, item.group, QUEUED, item.seq)
+        return row["n"] if row else 0
+
+    def demand(self, key: str, reserved: dict[str, int]) -> list[tuple[str, int, float]]:
+        """(group, waiting count, oldest enqueue time) for one key, oldest group
+        first: queued items past the first ``reserved[group]`` of each group."""
         rows = self.sql.exec(
-            f"SELECT grp, count(*) AS n, min(enqueued_at) AS oldest FROM {ITEMS} "
-            "WHERE key = ? AND state = ? GROUP BY grp ORDER BY oldest",
-            key, QUEUED,
-        )
-        return [(r["grp"], r["n"], r["oldest"]) for r in rows]
+            f"SELECT grp, enqueued_at FROM {ITEMS} WHERE key = ? AND state = ? ORDER BY seq", key, QUEUED)
+        waiting: dict[str, list] = {}
+        for row in rows:
+            entry = waiting.setdefault(row["grp"], [0, None])
+            if entry[0] >= reserved.get(row["grp"], 0) and entry[1] is None:
+                entry[1] = row["enqueued_at"]
+            entry[0] += 1
+        demand = [(group, n - reserved.get(group, 0), oldest) for group, (n, oldest) in waiting.items()
+                  if oldest is not None]
+        return sorted(demand, key=lambda d: d[2])
 
     def queued_keys(self) -> list[str]:
         rows = self.sql.exec(f"SELECT DISTINCT key FROM {ITEMS} WHERE state = ? ORDER BY key", QUEUED)
@@ -267,17 +290,17 @@ class QueueStore:
         return counts
 
     def add_grant(self, grant: LocalGrant) -> None:
-        """Keep a grant the holder just gave (its counts are its items')."""
+        """Keep a grant the holder just gave, with the claims made on it."""
         self.sql.exec(
-            f"INSERT INTO {GRANTS} ({_GRANT_COLUMNS}) VALUES (?, ?, ?, ?, 0, 0, 0, ?)",
-            grant.grant_id, grant.key, grant.group, grant.permits, grant.claim_deadline,
+            f"INSERT INTO {GRANTS} ({_GRANT_COLUMNS}) VALUES (?, ?, ?, ?, ?, 0, 0, ?)",
+            grant.grant_id, grant.key, grant.group, grant.permits, grant.claimed, grant.claim_deadline,
         )
 
-    def set_grant_terms(self, grant: LocalGrant) -> None:
-        """Keep what the holder now says of a grant: its permits and claim deadline."""
+    def set_grant(self, grant: LocalGrant) -> None:
+        """Keep a grant's permits, claims and claim deadline (its other counts are its items')."""
         self.sql.exec(
-            f"UPDATE {GRANTS} SET permits = ?, claim_deadline = ? WHERE grant_id = ?",
-            grant.permits, grant.claim_deadline, grant.grant_id,
+            f"UPDATE {GRANTS} SET permits = ?, claimed = ?, claim_deadline = ? WHERE grant_id = ?",
+            grant.permits, grant.claimed, grant.claim_deadline, grant.grant_id,
         )
 
     def delete_grant(self, grant_id: str) -> None:
