@@ -22,6 +22,7 @@ LEASE_TTL_MS = 20_000
 GRANT_TIMEOUT_MS = 5_000
 FINISHED_CHECK_MS = 10_000
 RETRY_MAX_MS = 10_000  #: the shards' backoff ceiling (see ``campaign.checks.liveness_bound_ms``)
+KEEP_DONE_MS = 24 * 3_600_000  #: longer than any run: the end check reads every item back (the purge has its own tests)
 FAULTS_END_MS = 150_000  #: faults stop here; every live change is undone here too
 JOB_MS = (200, 1_000, 3_000, 8_000, 20_000)
 GROUPS = ("wf0", "wf1", "capped")

@@ -22,7 +22,7 @@ from durability.semaphore.allocation import usage
 from durability.semaphore.leases import lease_usage
 from durability.testing import JsException
 
-from campaign.scenario import FINISHED_CHECK_MS, GRANT_TIMEOUT_MS, RETRY_MAX_MS
+from campaign.scenario import FINISHED_CHECK_MS, GRANT_TIMEOUT_MS, KEEP_DONE_MS, RETRY_MAX_MS
 
 CONFIG = {
     "limits": [],  # per key
@@ -136,6 +136,9 @@ class Shard(DurableObject):
             finished=None if lost_all else self._finished,  # a lost release with no sweep
             finished_check_ms=FINISHED_CHECK_MS, lease_report_delay_ms=2_000,
             retries=Backoff(initial_ms=500, max_ms=RETRY_MAX_MS),
+            # Done items are kept past the end of any run: the end-of-run
+            # check reads every accepted item's final state from the shards.
+            keep_done_ms=KEEP_DONE_MS,
         )
 
     async def submit(self, items):

@@ -61,6 +61,7 @@ class Ledger:
         self.succeeded: dict[str, int] = {}  # runs that returned, per job
         self.overlaps = 0  # a job started while a run of it was still going
         self.outcome: dict[str, str] = {}  # job id -> completed | failed
+        self.via: dict[str, str] = {}  # job id -> the path that admitted it ("grant" or "lease")
         self.truth = measure.Ledger()  # submissions, starts and ends, for the busy share
 
     def instrument(self, runtime: Runtime) -> None:
@@ -84,6 +85,14 @@ class Ledger:
             return result
 
         module.run_job = run_job
+        real_admit = module.JobShard._admit
+
+        async def admit(shard, items):
+            for item in items:  # admit() may be called again for an item: count each once
+                self.via[item.id] = item.via
+            return await real_admit(shard, items)
+
+        module.JobShard._admit = admit
 
 
 async def workload(runtime: Runtime, args: argparse.Namespace, ledger: Ledger, accounts: list[str]) -> dict:
@@ -185,7 +194,7 @@ def main() -> int:
     with runtime, lost:
         usages = runtime.run(workload(runtime, args, ledger, accounts))
         totals = runtime.totals()
-        vias = admitted_via(runtime)
+        vias = admitted_via(ledger)
     ceilings = {a: ceiling(limits[a], args.leases) for a in accounts}
     waits = [(ledger.first_start[j] - ledger.submitted_at[j]) / 1000 for j in ledger.first_start]
     admitted = len(ledger.first_start)
@@ -235,15 +244,12 @@ def lease_options(mode: str | None) -> dict | None:
     return {"provisioning": PROVISIONING[mode], "permits_per_lease": PERMITS_PER_LEASE, "ttl_ms": LEASE_TTL_MS}
 
 
-def admitted_via(runtime: Runtime) -> dict[str, int]:
-    """How many jobs each path admitted, read from the shards' storage (not billed)."""
+def admitted_via(ledger: Ledger) -> dict[str, int]:
+    """How many jobs each path admitted, as admit() was told (the shards
+    delete done items after a while, so their tables no longer say)."""
     counts = {"grant": 0, "lease": 0}
-    for host in runtime.hosts():
-        if host.class_name == "JobShard":
-            for row in host.db.inspect(
-                "SELECT via, count(*) AS n FROM durability_queue_items WHERE via IS NOT NULL GROUP BY via"
-            ):
-                counts[row["via"]] = counts.get(row["via"], 0) + row["n"]
+    for via in ledger.via.values():
+        counts[via] = counts.get(via, 0) + 1
     return counts
 
 

@@ -231,6 +231,7 @@ def test_a_version_1_queue_migrates_in_place_and_keeps_its_items(runtime):
         await asyncio.sleep(3)
         sql = runtime.host_of(shard(runtime)).instance.ctx.storage.sql
         sql.exec("DROP TABLE durability_queue_leases")
+        sql.exec("ALTER TABLE durability_queue_items DROP COLUMN done_at")
         sql.exec("UPDATE durability_schema SET version = 1 WHERE component = 'semaphore-queue'")
         runtime.evict(shard(runtime))
         await shard(runtime).submit(jobs("b", 1, ms=1_000))
@@ -240,7 +241,7 @@ def test_a_version_1_queue_migrates_in_place_and_keeps_its_items(runtime):
         return version[0]["version"], await shard(runtime).states()
 
     version, states = runtime.run(scenario())
-    assert version == 3  # the lease table (2), then the pacing table (3)
+    assert version == 4  # the lease table (2), the pacing table (3), then the items' done_at (4)
     assert states["a0"] == states["a1"] == "admitted" and states["b0"] in ("admitted", "released")
 
 

@@ -144,6 +144,28 @@ def test_a_refused_claim_lets_its_items_go_back_in_line_and_they_are_admitted_la
     assert runtime.module.WORLD["starts"] == {"j0": 1, "j1": 1}
 
 
+def test_done_items_are_kept_keep_done_ms_then_deleted(runtime):
+    runtime.module.CONFIG["keep_done_ms"] = 60_000
+    world = runtime.module.WORLD
+
+    async def scenario():
+        await shard(runtime).submit(jobs("j", 2, ms=1_000))
+        await shard(runtime).submit(jobs("c", 1))
+        await shard(runtime).cancel("c0")
+        await asyncio.sleep(30)
+        kept = await shard(runtime).states()
+        await shard(runtime).submit(jobs("j", 2, ms=1_000))  # known ids: a no-op
+        await asyncio.sleep(30)
+        after_resubmit = await shard(runtime).states()
+        await asyncio.sleep(60)
+        return kept, after_resubmit, await shard(runtime).states(), await shard(runtime).status("j0")
+
+    kept, after_resubmit, purged, status = runtime.run(scenario())
+    assert kept == after_resubmit == {"j0": "released", "j1": "released", "c0": "cancelled"}
+    assert world["starts"] == {"j0": 1, "j1": 1}
+    assert purged == {} and status is None
+
+
 def test_admit_is_retried_until_it_returns_and_registers_each_job_once(runtime):
     runtime.module.CONFIG["admit_failures"] = 2
     world = runtime.module.WORLD

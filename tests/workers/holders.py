@@ -33,6 +33,7 @@ CONFIG = {
     "leases": None,  # the holder's leases= option
     "ceiling": None,  # what work may really reach (limit + extra for leases "over"); None: the limit
     "lease_report_delay_ms": 10_000,
+    "keep_done_ms": 600_000,
     "hold_syncs": None,  # an asyncio.Event: the shard's syncs wait for it before they reach the holder
 }
 WORLD = {"running": {}, "violations": [], "max_running": 0, "completed": set(), "admit_calls": 0,
@@ -222,6 +223,7 @@ class Shard(DurableObject):
             finished=self._finished if CONFIG["use_finished"] else None,
             finished_check_ms=CONFIG["finished_check_ms"],
             lease_report_delay_ms=CONFIG["lease_report_delay_ms"],
+            keep_done_ms=CONFIG["keep_done_ms"],
             on_lifecycle_event=lambda event: WORLD["events"].append((ctx.id.name, event)),
         )
 

@@ -63,7 +63,7 @@ CHANNEL = "durability.semaphore-queue"  #: the one outbox channel: lease reports
 # Opened only to send what older versions queued there (grant reports on
 # CHANNEL, lease reports on this one).
 OLD_LEASE_CHANNEL = "durability.semaphore-queue.leases"
-ADMIT, FINISHED, PUMP, RENEW, REPORT = "admit", "finished", "pump:", "renew", "report:"
+ADMIT, FINISHED, PUMP, PURGE, RENEW, REPORT = "admit", "finished", "pump:", "purge", "renew", "report:"
 MIN_RENEW_MS = 1_000  # a lease listed with no ttl (leases turned off) is not renewed in a tight loop
 FINISHED_BATCH = 100
 
@@ -139,6 +139,9 @@ class DurabilitySemaphoreQueue:
             are never reported on their own (the holder counts the whole
             lease already); when the holder says it is contended, pending
             lease reports go at once.
+        keep_done_ms: how long a released or cancelled item is kept (its id
+            stays known: enqueueing it again is a no-op, ``status`` and
+            ``release`` still answer for it) before its row is deleted.
     """
 
     def __init__(self, scheduler: DurabilityScheduler, *, client_id: str, server: SemaphoreClient,
@@ -148,7 +151,7 @@ class DurabilitySemaphoreQueue:
                  retries: Backoff = Backoff(initial_ms=1_000, max_ms=60_000),
                  attempt_timeout_ms: float = 10_000, finished_check_ms: float = 60_000,
                  report_delay_ms: float = 1_000, request_wait_ms: float = 50_000,
-                 lease_report_delay_ms: float = 10_000) -> None:
+                 lease_report_delay_ms: float = 10_000, keep_done_ms: float = 600_000) -> None:
         self.scheduler = scheduler
         self.client_id = _identifier(client_id, "client_id")
         self.server = server
@@ -160,6 +163,9 @@ class DurabilitySemaphoreQueue:
         if not 0 <= request_wait_ms <= MAX_WAIT_MS:
             raise ValueError(f"request_wait_ms must be from 0 to {MAX_WAIT_MS}")
         self.request_wait_ms = request_wait_ms
+        if not keep_done_ms >= 0:
+            raise ValueError("keep_done_ms must be 0 or more")
+        self.keep_done_ms = keep_done_ms
         self.store = QueueStore(scheduler.sql)
         outbox = DurabilityOutbox.of(scheduler)
         self.lease_reports = outbox.channel(CHANNEL, self._send_outbox, delay_ms=lease_report_delay_ms,
@@ -194,6 +200,9 @@ class DurabilitySemaphoreQueue:
         for key in {grant.key for grant in self.store.grants() if self._report_due(grant)}:
             self.scheduler.schedule_by(PARTICIPANT, REPORT + key, now)  # what the holder may not have heard
         self._schedule_renewal()
+        oldest_done = self.store.oldest_done()
+        if oldest_done is not None:
+            self.scheduler.schedule_by(PARTICIPANT, PURGE, max(now, oldest_done + self.keep_done_ms))
 
     @staticmethod
     def migrate(ctx: Any, version: int | None) -> None:
@@ -272,7 +281,8 @@ class DurabilitySemaphoreQueue:
         state = self._state(item)
         if state != QUEUED:
             raise ValueError(f"item {item_id!r} is {state}: only a queued item can be cancelled")
-        self._move(item, CANCELLED)
+        self.scheduler.transaction(lambda: self._move(item, CANCELLED))
+        await self.scheduler.sync()
         return True
 
     def _state(self, item: Item) -> str:
@@ -320,6 +330,8 @@ class DurabilitySemaphoreQueue:
             await self._pump(timer.key[len(PUMP):])
         elif timer.key.startswith(REPORT):
             await self._report(timer.key[len(REPORT):])
+        elif timer.key == PURGE:
+            await self._purge()
 
     # -- claims and requests ------------------------------------------------------
     def _claim_local(self, key: str, now: float, learned: tuple[LocalGrant, ...] = ()) -> None:
@@ -354,7 +366,7 @@ class DurabilitySemaphoreQueue:
         reserved = self._reserved(key)
         for grant in sorted(grants.values(), key=lambda g: g.grant_id):
             if grant.claim_deadline <= now:
-                if grant.claimed == grant.confirmed == grant.released and not self._report_due(grant):
+                if self._finished_here(grant, now):
                     if grant.grant_id not in fresh:
                         self.store.delete_grant(grant.grant_id)  # the holder takes it back
                     continue
@@ -374,6 +386,12 @@ class DurabilitySemaphoreQueue:
             if grant.grant_id in fresh:
                 self.store.add_grant(grant)
 
+    def _finished_here(self, grant: LocalGrant, now: float) -> bool:
+        """Past its claim deadline, every claim answered and released, and the
+        holder told: nothing about the grant is left to do here."""
+        return (grant.claim_deadline <= now and grant.claimed == grant.confirmed == grant.released
+                and not self._report_due(grant))
+
     def _reserved(self, key: str) -> dict[str, int]:
         """Per group, how many of the oldest queued items claims hold (they are ``claiming``)."""
         reserved: dict[str, int] = {}
@@ -388,7 +406,29 @@ class DurabilitySemaphoreQueue:
 
     def _move(self, item: Item, state: str, grant_id: str | None = None, via: str | None = None) -> None:
         """Write an item's next state, as the life cycle (queue_core.TRANSITIONS) allows."""
-        self.store.set_state(item.id, move(item.state, state), grant_id, via)
+        done_at = None
+        if state in (RELEASED, CANCELLED):
+            done_at = now_ms()
+            self.scheduler.schedule_by(PARTICIPANT, PURGE, done_at + self.keep_done_ms)
+        self.store.set_state(item.id, move(item.state, state), grant_id, via, done_at)
+
+    async def _purge(self) -> None:
+        """Delete items done ``keep_done_ms`` ago or more (see QueueStore.purge_done)."""
+        def purge() -> None:
+            now = now_ms()
+            for grant in self.store.grants():
+                if self._finished_here(grant, now):  # a grant no pump came by to forget
+                    self.store.delete_grant(grant.grant_id)
+            self.store.purge_done(now - self.keep_done_ms)
+            oldest = self.store.oldest_done()
+            if oldest is not None:
+                # Items a grant still holds wait for it: look again a tenth of
+                # the interval on, not in a loop.
+                gap = max(self.keep_done_ms / 10, MIN_RENEW_MS)
+                self.scheduler.schedule(PARTICIPANT, PURGE, max(oldest + self.keep_done_ms, now + gap))
+
+        self.scheduler.transaction(purge)
+        await self.scheduler.sync()
 
     def _release(self, item: Item) -> None:
         self._move(item, RELEASED, item.grant_id, item.via)

@@ -6,7 +6,19 @@ know: the protocol with the holder, timers, or when anything happens.
 Items, grants and leases are WITHOUT ROWID tables keyed by id with no
 secondary index: each state change of an item writes one row, and a batch
 of draws from a lease one more. Finding the oldest queued items scans the
-table; reads cost a thousandth of writes.
+table; reads cost a thousandth of writes. Version 2 added the lease table;
+version 3 the pacing table: per key, the interval the holder asks between
+requests, written only when that interval changes (about once per key), so
+that a new instance paces its first request as the holder asked; version 4
+the items' ``done_at``.
+
+A released or cancelled item is kept ``keep_done_ms`` (so that enqueueing
+its id again is a no-op and ``status`` still answers), then deleted. That
+delete is one row written per item, and it keeps every scan of the table
+the size of the recent work: kept for good, done items made each scan
+longer with the object's whole history (a scan of n rows is billed n rows
+read, and the queue scans its items dozens of times per item, so keeping
+more than a few dozen done items costs more than deleting them).
 
 A claim writes no item: the grant's row keeps how many permits were
 claimed on it (``claimed``), and those claims hold the oldest queued items
@@ -89,7 +101,9 @@ _SCHEMA = {
         ) WITHOUT ROWID
         """,
     ],
+    4: [f"ALTER TABLE {ITEMS} ADD COLUMN done_at REAL"],  # when released or cancelled (see purge_done)
 }
+DONE = ("released", "cancelled")
 
 QUEUED, CLAIMING, ADMITTED, RELEASED, CANCELLED = "queued", "claiming", "admitted", "released", "cancelled"
 
@@ -252,10 +266,30 @@ class QueueStore:
         )
         return [_item(r) for r in rows]
 
-    def set_state(self, item_id: str, state: str, grant_id: str | None = None, via: str | None = None) -> None:
+    def set_state(self, item_id: str, state: str, grant_id: str | None = None, via: str | None = None,
+                  done_at: float | None = None) -> None:
         self.sql.exec(
-            f"UPDATE {ITEMS} SET state = ?, grant_id = ?, via = ? WHERE id = ?", state, grant_id, via, item_id
+            f"UPDATE {ITEMS} SET state = ?, grant_id = ?, via = ?, done_at = ? WHERE id = ?",
+            state, grant_id, via, done_at, item_id,
         )
+
+    # -- done items: kept a while, then deleted ----------------------------------
+    def oldest_done(self) -> float | None:
+        """When the longest-done item was released or cancelled (0 for one done before version 4)."""
+        row = self.sql.one(f"SELECT min(coalesce(done_at, 0)) AS t FROM {ITEMS} WHERE state IN (?, ?)", *DONE)
+        return None if row is None else row["t"]
+
+    def purge_done(self, before: float) -> None:
+        """Delete items done before ``before``, except those whose counts a grant
+        still held here is made of (they go once the grant is settled)."""
+        live = {row["grant_id"] for row in self.sql.exec(f"SELECT grant_id FROM {GRANTS}")}
+        rows = self.sql.exec(
+            f"SELECT id, via, grant_id FROM {ITEMS} WHERE state IN (?, ?) AND coalesce(done_at, 0) < ?",
+            *DONE, before,
+        )
+        for row in rows:
+            if not (row["via"] == "grant" and row["grant_id"] in live):
+                self.sql.exec(f"DELETE FROM {ITEMS} WHERE id = ?", row["id"])
 
     def admitted(self) -> list[Item]:
         """Admitted items not yet released, oldest first."""
