@@ -280,3 +280,26 @@ def test_settled_leases_are_forgotten_once_no_late_reply_can_name_them(runtime):
 
     settled, later = runtime.run(scenario())
     assert settled and later == []
+
+
+def test_lease_ids_are_reserved_in_blocks_and_a_new_holder_numbers_past_its_block(runtime):
+    runtime.module.CONFIG["leases"] = {"provisioning": {"mode": "strict"}, "permits_per_lease": 1, "ttl_ms": TTL}
+
+    def ids_row():
+        return runtime.host_of(holder(runtime)).db.inspect("SELECT issued FROM durability_semaphore_lease_ids")
+
+    async def scenario():
+        for n in range(3):  # three shards, three rounds, three leases
+            await shard(runtime, f"s{n}").submit(jobs(f"j{n}-", 1, ms=1_000))
+            await asyncio.sleep(3)
+        first = [lease["lease_id"] for n in range(3) for lease in await shard(runtime, f"s{n}").leases()]
+        reserved = ids_row()
+        runtime.evict(holder(runtime))
+        await shard(runtime, "s9").submit(jobs("k", 1, ms=1_000))
+        await asyncio.sleep(3)
+        return first, reserved, [lease["lease_id"] for lease in await shard(runtime, "s9").leases()], ids_row()
+
+    first, reserved, after, reserved_after = runtime.run(scenario())
+    numbers = [int(lease_id.rsplit("-", 1)[1]) for lease_id in first]
+    assert numbers == [1, 2, 3] and reserved == [{"issued": 1 + 64}]  # written once, for the block
+    assert int(after[0].rsplit("-", 1)[1]) == 66 and reserved_after == [{"issued": 66 + 64}]

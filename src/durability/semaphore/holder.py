@@ -44,6 +44,7 @@ from .store import HolderStore
 log = logging.getLogger("durability.semaphore")
 PARTICIPANT = "durability.semaphore"
 RECLAIM = "reclaim"
+LEASE_ID_BLOCK = 64  #: lease ids reserved per write of the issued count
 
 
 def _non_negative_int(value: Any, what: str) -> int:
@@ -116,6 +117,7 @@ class DurabilitySemaphore:
         # Grants in the books that have no row yet: nothing was claimed on
         # them (see _commit).
         self._unwritten: set[str] = set()
+        self._ids_reserved = 0  #: lease ids reserved in the row (set when the ids are loaded)
         self._schedule_reclaim(next_reclaim_at(self._grants().values(), self._leases().values()))
 
     @staticmethod
@@ -145,13 +147,18 @@ class DurabilitySemaphore:
 
     def _lease_ids(self) -> LeaseIds:
         if self._ids is None:
+            # The row keeps how far ids are reserved (see _reserve_lease_ids):
+            # a new instance takes every id up to there as issued, and
+            # numbers its own after them.
             self._ids = self.scheduler.transaction(self.store.lease_ids)
+            self._ids_reserved = self._ids.issued
         return self._ids
 
     def _commit(self, changes: Changes) -> None:
         """Persist changes and the reclaim timer together, then update memory."""
         due = next_reclaim_at(merged(self._grants(), changes), merged_leases(self._leases(), changes))
         to_write, unwritten = self._rows_to_write(changes)
+        to_write.issued = self._reserve_lease_ids(changes.issued)
 
         def write() -> None:
             self.store.write(to_write)
@@ -159,6 +166,8 @@ class DurabilitySemaphore:
 
         self.scheduler.transaction(write)
         self._unwritten = unwritten
+        if to_write.issued is not None:
+            self._ids_reserved = to_write.issued
         changes.apply_to(self._grants(), self._leases())
         if changes.issued is not None:
             self._ids = replace(self._lease_ids(), issued=changes.issued)
@@ -190,6 +199,22 @@ class DurabilitySemaphore:
                 unwritten.discard(grant_id)
                 del rows.deleted[grant_id]
         return rows, unwritten
+
+    def _reserve_lease_ids(self, issued: int | None) -> int | None:
+        """The lease-id count to write for a round that issued up to ``issued``:
+        none while the ids stay within the block already reserved, else the
+        end of a new block of ``LEASE_ID_BLOCK``.
+
+        Reserving ids in blocks writes the row once per block instead of in
+        every round that issues a lease (about a row per job with leases).
+        The ids of a block left unused when the instance goes are never
+        issued: the next instance starts after the block, and takes the
+        whole block as issued, so a report naming one of them is answered
+        as for a lease it settled, never mistaken for one it issues later.
+        """
+        if issued is None or issued <= self._ids_reserved:
+            return None
+        return issued + LEASE_ID_BLOCK
 
     def _schedule_reclaim(self, due: float | None) -> None:
         if due is None:

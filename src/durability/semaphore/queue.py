@@ -10,15 +10,18 @@ outbox channel ``durability.semaphore-queue``.
 Must not know: the holder's rules (it only reads its replies) or SQL (the
 store owns that).
 
-An item is ``queued`` until a permit is claimed for it (``claiming``), and
-``admitted`` once the holder confirmed the claim; ``admit()`` is then called,
-after the admission committed, until it returns. An item drawn from a lease
-skips ``claiming``: the holder already counts the lease, so the draw and the
-admission commit together and nothing waits for the holder. Releasing an
-item writes the grant's or lease's new cumulative count in the same
-transaction as the item's new state; the holder learns it from the next
-request or a ``sync``. A drawn permit is one-shot: releasing it returns
-footprint to the holder, never a permit to draw.
+An item is ``queued`` until a permit is claimed for it (``claiming``: a
+claim holds the oldest queued items of its key and group and writes only
+the grant's claimed count), and ``admitted`` once the holder confirmed the
+claim; ``admit()`` is then called, after the admission committed, until it
+returns. An item drawn from a lease skips ``claiming``: the holder already
+counts the lease, so the draw and the admission commit together and nothing
+waits for the holder. Releasing an item writes its new state, which is also
+its grant's released count (a grant's counts are its items'), or the
+lease's new count in the same transaction; the holder learns it from the
+next request or a ``sync``. A drawn permit is one-shot: releasing it
+returns footprint to the holder, never a permit to draw. Done items are
+deleted ``keep_done_ms`` after they were released or cancelled.
 """
 
 from __future__ import annotations
@@ -350,11 +353,9 @@ class DurabilitySemaphoreQueue:
             if lease.undrawn <= 0:
                 continue
             items = self.store.oldest_queued(key, lease.group, lease.undrawn, reserved.get(lease.group, 0))
-            for item in items:
+            for item in items:  # the lease's drawn count is its items admitted or released
                 self._move(item, ADMITTED, lease.lease_id, "lease")
-            if items:
-                self.store.put_lease(replace(lease, drawn=lease.drawn + len(items)))
-                drawn = True
+            drawn = drawn or bool(items)
         if drawn:
             self.scheduler.schedule_by(PARTICIPANT, ADMIT, now)
 
@@ -433,10 +434,8 @@ class DurabilitySemaphoreQueue:
     def _release(self, item: Item) -> None:
         self._move(item, RELEASED, item.grant_id, item.via)
         self._returned.pop(item.id, None)
-        if item.via == "lease":
-            lease = self.store.lease(item.grant_id)
-            if lease is not None:
-                self._put_lease_and_report(replace(lease, released=lease.released + 1))
+        if item.via == "lease":  # its released count is its items released: report it
+            self.lease_reports.enqueue({"key": item.key, "leaseId": item.grant_id}, key=item.grant_id)
             return
         # The item's released state is the release's durable report (see _report).
         if item.key in self._contended:

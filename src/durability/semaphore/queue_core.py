@@ -18,8 +18,11 @@ from .queue_store import ADMITTED, CANCELLED, CLAIMING, QUEUED, RELEASED, LocalG
 
 #: state -> the states an item may move to from it.
 TRANSITIONS: dict[str, frozenset[str]] = {
-    QUEUED: frozenset({CLAIMING, ADMITTED, CANCELLED}),  # admitted at once: drawn from a lease
-    CLAIMING: frozenset({ADMITTED, QUEUED}),  # the holder confirmed the claim, or refused it
+    # A claim writes no item (it holds the oldest queued ones, see
+    # queue_store): the holder's confirmation admits them, as a lease draw does.
+    QUEUED: frozenset({ADMITTED, CANCELLED}),
+    # Items versions before 4 wrote as claiming: the holder confirmed, or refused.
+    CLAIMING: frozenset({ADMITTED, QUEUED}),
     ADMITTED: frozenset({RELEASED}),
     RELEASED: frozenset(),
     CANCELLED: frozenset(),

@@ -186,8 +186,13 @@ def _grant(row: dict, counts: dict[str, dict[str, int]]) -> LocalGrant:
                       row["claim_deadline"], claiming_rows)
 
 
-def _lease(row: dict) -> LocalLease:
-    return LocalLease(row["lease_id"], row["key"], row["grp"], row["permits"], row["drawn"], row["released"],
+def _lease(row: dict, counts: dict[str, dict[str, int]]) -> LocalLease:
+    # Drawn and released are the lease's items admitted or released (see the
+    # module's docstring); the row's own counts hold for versions before 4.
+    by_state = counts.get(row["lease_id"], {})
+    released = max(row["released"], by_state.get(RELEASED, 0))
+    drawn = max(row["drawn"], by_state.get(ADMITTED, 0) + by_state.get(RELEASED, 0))
+    return LocalLease(row["lease_id"], row["key"], row["grp"], row["permits"], drawn, released,
                       bool(row["stopped"]), row["ttl_ms"], row["renew_at"], row["settled_at"])
 
 
@@ -283,12 +288,13 @@ class QueueStore:
         """Delete items done before ``before``, except those whose counts a grant
         still held here is made of (they go once the grant is settled)."""
         live = {row["grant_id"] for row in self.sql.exec(f"SELECT grant_id FROM {GRANTS}")}
+        live |= {row["lease_id"] for row in self.sql.exec(f"SELECT lease_id FROM {LEASES}")}
         rows = self.sql.exec(
-            f"SELECT id, via, grant_id FROM {ITEMS} WHERE state IN (?, ?) AND coalesce(done_at, 0) < ?",
+            f"SELECT id, grant_id FROM {ITEMS} WHERE state IN (?, ?) AND coalesce(done_at, 0) < ?",
             *DONE, before,
         )
         for row in rows:
-            if not (row["via"] == "grant" and row["grant_id"] in live):
+            if row["grant_id"] not in live:
                 self.sql.exec(f"DELETE FROM {ITEMS} WHERE id = ?", row["id"])
 
     def admitted(self) -> list[Item]:
@@ -313,10 +319,15 @@ class QueueStore:
 
     def _grant_counts(self, where: str, *bindings: Any) -> dict[str, dict[str, int]]:
         """grant id -> item state -> count, for the items claimed on grants (one scan of the items)."""
+        return self._counts("grant", where, *bindings)
+
+    def _counts(self, via: str, where: str, *bindings: Any) -> dict[str, dict[str, int]]:
+        """grant or lease id -> item state -> count, for the items admitted ``via``
+        a grant or a lease (one scan of the items)."""
         rows = self.sql.exec(
             f"SELECT grant_id, state, count(*) AS n FROM {ITEMS} WHERE {where} AND via = ? "
             "AND state IN (?, ?, ?) GROUP BY grant_id, state",
-            *bindings, "grant", CLAIMING, ADMITTED, RELEASED,
+            *bindings, via, CLAIMING, ADMITTED, RELEASED,
         )
         counts: dict[str, dict[str, int]] = {}
         for row in rows:
@@ -343,7 +354,7 @@ class QueueStore:
     # -- leases ---------------------------------------------------------------
     def lease(self, lease_id: str) -> LocalLease | None:
         row = self.sql.one(f"SELECT {_LEASE_COLUMNS} FROM {LEASES} WHERE lease_id = ?", lease_id)
-        return None if row is None else _lease(row)
+        return None if row is None else _lease(row, self._counts("lease", "grant_id = ?", lease_id))
 
     def leases(self, key: str | None = None) -> list[LocalLease]:
         """Leases not settled yet (of one key, or all)."""
@@ -352,7 +363,9 @@ class QueueStore:
         else:
             rows = self.sql.exec(
                 f"SELECT {_LEASE_COLUMNS} FROM {LEASES} WHERE key = ? AND settled_at IS NULL ORDER BY lease_id", key)
-        return [_lease(r) for r in rows]
+        where, bindings = ("1", ()) if key is None else ("key = ?", (key,))
+        counts = self._counts("lease", where, *bindings) if rows else {}
+        return [_lease(r, counts) for r in rows]
 
     def put_lease(self, lease: LocalLease) -> None:
         self.sql.exec(
