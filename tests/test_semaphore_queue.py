@@ -144,6 +144,24 @@ def test_a_refused_claim_lets_its_items_go_back_in_line_and_they_are_admitted_la
     assert runtime.module.WORLD["starts"] == {"j0": 1, "j1": 1}
 
 
+def test_a_grant_the_holder_shrank_is_kept_with_its_new_permits(runtime):
+    async def scenario():
+        await shard(runtime).submit(jobs("j", 3, ms=60_000))
+        await asyncio.sleep(0.5)  # asked for 3; the reply comes with the round
+        await shard(runtime).cancel("j1")
+        await shard(runtime).cancel("j2")
+        await asyncio.sleep(12)  # 1 claimed, 2 left unclaimed past the deadline: reclaimed
+        await shard(runtime).submit(jobs("k", 1, ms=60_000))
+        await asyncio.sleep(5)
+        sql = runtime.host_of(shard(runtime)).instance.ctx.storage.sql
+        grants = sql.exec("SELECT grant_id, permits FROM durability_queue_grants").toArray()
+        return [g["permits"] for g in grants], await shard(runtime).states()
+
+    permits, states = runtime.run(scenario())
+    assert 1 in permits  # the first grant, as the holder lists it after the reclaim
+    assert states == {"j0": "admitted", "j1": "cancelled", "j2": "cancelled", "k0": "admitted"}
+
+
 def test_done_items_are_kept_keep_done_ms_then_deleted(runtime):
     runtime.module.CONFIG["keep_done_ms"] = 60_000
     world = runtime.module.WORLD

@@ -28,12 +28,13 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import itertools
 import json
 import logging
 from dataclasses import dataclass, replace
 from typing import Any, Callable
 
-from ..outbox import PARTICIPANT as OUTBOX, DurabilityOutbox, OutboxMessage
+from ..outbox import DurabilityOutbox, OutboxMessage
 from ..retry import Backoff
 from .._checks import storable_text
 from .._clock import now_ms
@@ -67,6 +68,7 @@ CHANNEL = "durability.semaphore-queue"  #: the one outbox channel: lease reports
 # CHANNEL, lease reports on this one).
 OLD_LEASE_CHANNEL = "durability.semaphore-queue.leases"
 ADMIT, FINISHED, PUMP, PURGE, RENEW, REPORT = "admit", "finished", "pump:", "purge", "renew", "report:"
+LEASE_REPORT = "lease-report:"
 MIN_RENEW_MS = 1_000  # a lease listed with no ttl (leases turned off) is not renewed in a tight loop
 FINISHED_BATCH = 100
 
@@ -170,12 +172,17 @@ class DurabilitySemaphoreQueue:
             raise ValueError("keep_done_ms must be 0 or more")
         self.keep_done_ms = keep_done_ms
         self.store = QueueStore(scheduler.sql)
+        # The outbox channels only send what older versions queued there:
+        # reports are read from the grant and lease rows now (see _report
+        # and _report_leases).
         outbox = DurabilityOutbox.of(scheduler)
-        self.lease_reports = outbox.channel(CHANNEL, self._send_outbox, delay_ms=lease_report_delay_ms,
-                                            batch_size=MAX_REPORTS)
-        self._old_reports = outbox.channel(OLD_LEASE_CHANNEL, self._send_outbox, delay_ms=lease_report_delay_ms,
-                                           batch_size=MAX_REPORTS)
-        self._channels = {channel.name: channel for channel in (self.lease_reports, self._old_reports)}
+        self._channels = {name: outbox.channel(name, self._send_outbox, delay_ms=lease_report_delay_ms,
+                                               batch_size=MAX_REPORTS) for name in (CHANNEL, OLD_LEASE_CHANNEL)}
+        self.lease_report_delay_ms = lease_report_delay_ms
+        # Leases whose report the holder may not have heard: id -> (key,
+        # version). Memory, like _acked: a new instance reports every lease.
+        self._lease_due: dict[str, tuple[str, int]] = {}
+        self._lease_versions = itertools.count(1)
         scheduler.register(PARTICIPANT, self._on_timer, backoff=retries, durable=False)
         self._blocked: dict[tuple[str, str], tuple[str, int]] = {}
         self._contended: set[str] = set()  #: keys whose holder last said it is short of permits
@@ -202,6 +209,8 @@ class DurabilitySemaphoreQueue:
             self.scheduler.schedule_by(PARTICIPANT, ADMIT, now)
         for key in {grant.key for grant in self.store.grants() if self._report_due(grant)}:
             self.scheduler.schedule_by(PARTICIPANT, REPORT + key, now)  # what the holder may not have heard
+        for lease in self.store.leases():
+            self._lease_report_due(lease.key, lease.lease_id, now)
         self._schedule_renewal()
         oldest_done = self.store.oldest_done()
         if oldest_done is not None:
@@ -273,8 +282,8 @@ class DurabilitySemaphoreQueue:
         for key in sorted(self._report_now):
             self._report_now.discard(key)
             await self._report_safely(key)
-        if keys & self._contended:
-            await self.lease_reports.flush()
+        for key in sorted(keys & self._contended):
+            await self._report_leases_safely(key)
 
     async def cancel(self, item_id: str) -> bool:
         """Remove an item that is still queued."""
@@ -335,6 +344,8 @@ class DurabilitySemaphoreQueue:
             await self._report(timer.key[len(REPORT):])
         elif timer.key == PURGE:
             await self._purge()
+        elif timer.key.startswith(LEASE_REPORT):
+            await self._report_leases(timer.key[len(LEASE_REPORT):])
 
     # -- claims and requests ------------------------------------------------------
     def _claim_local(self, key: str, now: float, learned: tuple[LocalGrant, ...] = ()) -> None:
@@ -435,7 +446,7 @@ class DurabilitySemaphoreQueue:
         self._move(item, RELEASED, item.grant_id, item.via)
         self._returned.pop(item.id, None)
         if item.via == "lease":  # its released count is its items released: report it
-            self.lease_reports.enqueue({"key": item.key, "leaseId": item.grant_id}, key=item.grant_id)
+            self._lease_report_due(item.key, item.grant_id, now_ms() + self.lease_report_delay_ms)
             return
         # The item's released state is the release's durable report (see _report).
         if item.key in self._contended:
@@ -459,7 +470,10 @@ class DurabilitySemaphoreQueue:
         # Every lease of the key rides along: current drawn counts, releases
         # and stops, and a heartbeat for each.
         leases = self.store.leases(key)[:MAX_REPORTS]
-        lease_piggybacked = [m for m in self.lease_reports.pending() if m.body["key"] == key and "leaseId" in m.body]
+        reported = {lease.lease_id for lease in leases}
+        lease_piggybacked = [m for channel in self._channels.values() for m in channel.pending()
+                             if m.body.get("leaseId") in reported]
+        lease_versions = {i: self._lease_due[i][1] for i in reported if i in self._lease_due}
         message = {
             "type": "request", "v": VERSION, "clientId": self.client_id,
             "demand": [{"group": g, "count": n, "oldestAt": oldest} for g, n, oldest in demand],
@@ -468,24 +482,24 @@ class DurabilitySemaphoreQueue:
             "leases": True,
             "leaseReports": [_lease_report_of(lease) for lease in leases],
         }
-        reported = {lease.lease_id for lease in leases}
-        lease_piggybacked = [m for m in lease_piggybacked if m.body["leaseId"] in reported]
         limit_s = (self.attempt_timeout_ms + self.request_wait_ms) / 1000
         reply = parse_reply(await asyncio.wait_for(self.server.request(key, message), limit_s), "grants")
-        self.scheduler.transaction(
-            lambda: self._apply_grants_reply(key, reply, lease_piggybacked, claims))
+        def apply() -> None:
+            self._lease_reports_heard(lease_versions)
+            self._acknowledge(lease_piggybacked)
+            self._apply_grants_reply(key, reply, claims)
+
+        self.scheduler.transaction(apply)
         await self.scheduler.sync()
         await self._after_reply(key, reply)
 
-    def _apply_grants_reply(self, key: str, reply: Reply, lease_piggybacked: list[OutboxMessage],
-                            sent: dict[str, dict]) -> None:
+    def _apply_grants_reply(self, key: str, reply: Reply, sent: dict[str, dict]) -> None:
         now = now_ms()
         self._apply_outcomes(reply.reports, sent)
         self._apply_lease_outcomes(reply.lease_reports, now)
         self._learn_leases(key, reply.leases, now)
         if reply.contended:
-            self._return_idle_leases(key)  # _after_reply publishes them
-        self.lease_reports.acknowledge(lease_piggybacked)
+            self._return_idle_leases(key)  # _after_reply reports them
         learned = []
         for entry in reply.grants:
             known = self.store.grant(entry.grant_id)
@@ -495,7 +509,7 @@ class DurabilitySemaphoreQueue:
                 learned.append(LocalGrant(entry.grant_id, key, entry.group, entry.permits, 0, 0, 0,
                                           entry.claim_deadline))
             elif (known.permits, known.claim_deadline) != (entry.permits, entry.claim_deadline):
-                self.store.set_grant_terms(replace(known, permits=entry.permits, claim_deadline=entry.claim_deadline))
+                self.store.set_grant(replace(known, permits=entry.permits, claim_deadline=entry.claim_deadline))
         interval = pacing_interval((reply.next_request_at or now) - now)
         if interval > 0:  # "ask at once" (a reply with permits) is not pacing to keep
             self.store.set_pacing(key, interval)
@@ -523,7 +537,7 @@ class DurabilitySemaphoreQueue:
         await self._report_safely(key)  # claims made from new grants get confirmed now
         stopping = any(o.status != OK for o in reply.lease_reports) or any(e.retired for e in reply.leases)
         if reply.contended or stopping:
-            await self.lease_reports.flush()  # the holder is short, or must hear a stop: now
+            await self._report_leases_safely(key)  # the holder is short, or must hear a stop: now
         await self._admit_pending_safely()
 
     def _apply_outcomes(self, outcomes: tuple[ReportOutcome, ...], sent: dict[str, dict] | None = None) -> None:
@@ -671,16 +685,62 @@ class DurabilitySemaphoreQueue:
         """A holder short of permits gets back, at once, what idle leases hold undrawn."""
         self._heard(key, reply)
         if reply.contended and self._return_idle_leases(key):
-            # Publish what that queued now, not after the channel's delay.
-            # Only then: a shard that holds no idle lease has nothing to send,
-            # and an alarm woken for nothing is still billed as a request.
-            self.scheduler.schedule_by(OUTBOX, CHANNEL, now_ms())
+            # Report what that stopped now, not after the delay. Only then: a
+            # shard that holds no idle lease has nothing to send, and an alarm
+            # woken for nothing is still billed as a request.
+            self.scheduler.schedule_by(PARTICIPANT, LEASE_REPORT + key, now_ms())
 
     # -- leases -----------------------------------------------------------------------
     def _put_lease_and_report(self, lease: LocalLease) -> None:
-        """Store a lease and queue a report of it (its counts are read when it is sent)."""
+        """Store a lease and have it reported (its counts are read when the report is sent)."""
         self.store.put_lease(lease)
-        self.lease_reports.enqueue({"key": lease.key, "leaseId": lease.lease_id}, key=lease.lease_id)
+        self._lease_report_due(lease.key, lease.lease_id, now_ms() + self.lease_report_delay_ms)
+
+    def _lease_report_due(self, key: str, lease_id: str, at: float) -> None:
+        """The holder must hear about the lease again: by ``at``, or with the key's next request."""
+        self._lease_due[lease_id] = (key, next(self._lease_versions))
+        self.scheduler.schedule_by(PARTICIPANT, LEASE_REPORT + key, at)
+
+    def _lease_reports_heard(self, versions: dict[str, int]) -> None:
+        """The holder answered reports of these leases, as they stood at these versions."""
+        for lease_id, version in versions.items():
+            if self._lease_due.get(lease_id, (None, None))[1] == version:
+                del self._lease_due[lease_id]
+
+    async def _report_leases(self, key: str) -> None:
+        """Send the key's due lease reports (current counts) in one ``sync`` and apply the answer."""
+        due = {i: v for i, (k, v) in self._lease_due.items() if k == key}
+        leases = {i: self.store.lease(i) for i in sorted(due)}
+        current = [lease for lease in leases.values() if lease is not None and lease.settled_at is None]
+        # Settled or forgotten since: nothing left to say about those.
+        self._lease_reports_heard({i: due[i] for i, lease in leases.items() if lease not in current})
+        current = current[:MAX_REPORTS]
+        if not current:
+            return
+        sync = {"type": "sync", "v": VERSION, "clientId": self.client_id,
+                "leaseReports": [_lease_report_of(lease) for lease in current]}
+        reply = parse_reply(
+            await asyncio.wait_for(self.server.sync(key, sync), self.attempt_timeout_ms / 1000), "synced")
+
+        def apply() -> None:
+            self._lease_reports_heard({lease.lease_id: due[lease.lease_id] for lease in current})
+            self._apply_lease_outcomes(reply.lease_reports, now_ms())
+            if reply.leases:
+                self._learn_leases(key, reply.leases, now_ms())
+            self._after_contended(key, reply)
+            if any(k == key for k, _ in self._lease_due.values()):
+                self.scheduler.schedule_by(PARTICIPANT, LEASE_REPORT + key, now_ms())  # more than one sync holds
+
+        self.scheduler.transaction(apply)
+        await self.scheduler.sync()
+
+    async def _report_leases_safely(self, key: str) -> None:
+        try:
+            await self._report_leases(key)
+        except Exception as error:  # the lease report timer retries, with backoff
+            log.warning("reporting leases of %s failed: %r; it will be retried", key, error)
+            self.scheduler.transaction(lambda: self.scheduler.schedule_by(PARTICIPANT, LEASE_REPORT + key, now_ms()))
+            await self.scheduler.sync()
 
     def _learn_leases(self, key: str, entries: tuple[LeaseEntry, ...], now: float) -> None:
         """Leases the holder lists: new ones, ones whose reply was lost, ones to stop drawing from."""
@@ -775,7 +835,8 @@ class DurabilitySemaphoreQueue:
 
         self.scheduler.transaction(renew)
         await self.scheduler.sync()
-        await self.lease_reports.flush()
+        for key in sorted({k for k, _ in self._lease_due.values()}):
+            await self._report_leases_safely(key)
 
     async def _send_lease_reports(self, messages: list[OutboxMessage]) -> None:
         """The lease channel's sender: a ``sync`` per key with each lease's current counts."""
