@@ -4,9 +4,11 @@ Lives here: the queue's runtime side: enqueue, draws from this object's
 leases and claims against its grants, requests to the holder paced by
 ``nextRequestAt``, confirmations, ``admit()`` retried until it returns,
 ``release``, ``cancel``, ``status``, the ``finished()`` sweep, lease
-renewals and returns, and reports as cumulative counts: a grant's are its
-row's counts, sent by a ``sync`` (``_report``); a lease's go through the
-outbox channel ``durability.semaphore-queue``.
+renewals and returns, the deletion of done items, and reports as
+cumulative counts read from the grant and lease rows and their items, sent
+by a ``sync`` (``_report``, ``_report_leases``) or with the next request;
+the outbox channel ``durability.semaphore-queue`` only sends what older
+versions queued there.
 Must not know: the holder's rules (it only reads its replies) or SQL (the
 store owns that).
 

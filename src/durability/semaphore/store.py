@@ -6,8 +6,11 @@ Must not know: the protocol's rules or the clock.
 
 Grants and leases are rows of WITHOUT ROWID tables keyed by id, with no
 other index: a new grant or lease, a report that moves its counts, a
-reclaim, a retirement and a settlement each write one row. The lease ids
-issued so far are one row, written by the rounds that issue leases. The
+reclaim, a retirement and a settlement each write one row. The holder
+writes a grant at its first claim, not when a round makes it (see
+``DurabilitySemaphore._rows_to_write``). The lease ids issued so far are
+one row, holding how far ids are reserved: it is written once per block of
+ids (``LEASE_ID_BLOCK``), not by every round that issues a lease. The
 holder keeps the books in memory and reads the tables once per instance.
 
 Version 2 added the lease tables; a version 1 holder migrates in place and
