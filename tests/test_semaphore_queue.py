@@ -184,6 +184,26 @@ def test_done_items_are_kept_keep_done_ms_then_deleted(runtime):
     assert purged == {} and status is None
 
 
+def test_items_done_before_version_4_are_kept_keep_done_ms_from_the_upgrade(runtime):
+    runtime.module.CONFIG["keep_done_ms"] = 60_000
+
+    async def scenario():
+        await shard(runtime).submit(jobs("j", 2, ms=1_000))
+        await asyncio.sleep(5)
+        sql = runtime.host_of(shard(runtime)).instance.ctx.storage.sql
+        sql.exec("UPDATE durability_queue_items SET done_at = NULL")  # as version 3 left them
+        await asyncio.sleep(0.01)
+        runtime.evict(shard(runtime))
+        await shard(runtime).status("j0")  # the new instance starts: the upgrade
+        await asyncio.sleep(30)
+        kept = await shard(runtime).states()
+        await asyncio.sleep(60)
+        return kept, await shard(runtime).states()
+
+    kept, later = runtime.run(scenario())
+    assert kept == {"j0": "released", "j1": "released"} and later == {}
+
+
 def test_admit_is_retried_until_it_returns_and_registers_each_job_once(runtime):
     runtime.module.CONFIG["admit_failures"] = 2
     world = runtime.module.WORLD

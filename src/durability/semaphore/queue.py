@@ -65,7 +65,7 @@ PARTICIPANT = "durability.semaphore-queue"
 # Every queue timer is due when the queue's own rows say (a key with queued
 # items, at its pacing; items admitted; lease renewal times), so they live
 # in memory, cost no row, and the constructor derives them again.
-CHANNEL = "durability.semaphore-queue"  #: the one outbox channel: lease reports
+CHANNEL = "durability.semaphore-queue"  #: the outbox channel older versions queued reports on
 # Opened only to send what older versions queued there (grant reports on
 # CHANNEL, lease reports on this one).
 OLD_LEASE_CHANNEL = "durability.semaphore-queue.leases"
@@ -73,6 +73,7 @@ ADMIT, FINISHED, PUMP, PURGE, RENEW, REPORT = "admit", "finished", "pump:", "pur
 LEASE_REPORT = "lease-report:"
 MIN_RENEW_MS = 1_000  # a lease listed with no ttl (leases turned off) is not renewed in a tight loop
 FINISHED_BATCH = 100
+PURGE_BATCH = 500  #: done items deleted per transaction; the purge timer comes back at once for more
 
 
 @dataclass(frozen=True)
@@ -214,6 +215,7 @@ class DurabilitySemaphoreQueue:
         for lease in self.store.leases():
             self._lease_report_due(lease.key, lease.lease_id, now)
         self._schedule_renewal()
+        self.scheduler.transaction(lambda: self.store.stamp_done(now))
         oldest_done = self.store.oldest_done()
         if oldest_done is not None:
             self.scheduler.schedule_by(PARTICIPANT, PURGE, max(now, oldest_done + self.keep_done_ms))
@@ -266,7 +268,8 @@ class DurabilitySemaphoreQueue:
         return stored
 
     async def release(self, item_id: str) -> bool:
-        """Return an admitted item's permit. True if released now or before."""
+        """Return an admitted item's permit. True if released now or before
+        (within ``keep_done_ms``; after that the id is unknown: ``KeyError``)."""
         item = self._known(item_id)
         if item.state == RELEASED:
             return True
@@ -433,13 +436,15 @@ class DurabilitySemaphoreQueue:
             for grant in self.store.grants():
                 if self._finished_here(grant, now):  # a grant no pump came by to forget
                     self.store.delete_grant(grant.grant_id)
-            self.store.purge_done(now - self.keep_done_ms)
+            if self.store.purge_done(now - self.keep_done_ms, PURGE_BATCH):
+                self.scheduler.schedule(PARTICIPANT, PURGE, now)
+                return
             oldest = self.store.oldest_done()
             if oldest is not None:
-                # Items a grant still holds wait for it: look again a tenth of
-                # the interval on, not in a loop.
-                gap = max(self.keep_done_ms / 10, MIN_RENEW_MS)
-                self.scheduler.schedule(PARTICIPANT, PURGE, max(oldest + self.keep_done_ms, now + gap))
+                at = oldest + self.keep_done_ms
+                if at <= now:  # held by a grant or lease still here: look again an interval on, not in a loop
+                    at = now + max(self.keep_done_ms, MIN_RENEW_MS)
+                self.scheduler.schedule(PARTICIPANT, PURGE, at)
 
         self.scheduler.transaction(purge)
         await self.scheduler.sync()

@@ -4,8 +4,8 @@ Lives here: the schema and SQL of ``DurabilitySemaphoreQueue``. Must not
 know: the protocol with the holder, timers, or when anything happens.
 
 Items, grants and leases are WITHOUT ROWID tables keyed by id with no
-secondary index: each state change of an item writes one row, and a batch
-of draws from a lease one more. Finding the oldest queued items scans the
+secondary index: each state change of an item writes one row (a draw from
+a lease writes only its item too). Finding the oldest queued items scans the
 table; reads cost a thousandth of writes. Version 2 added the lease table;
 version 3 the pacing table: per key, the interval the holder asks between
 requests, written only when that interval changes (about once per key), so
@@ -280,22 +280,28 @@ class QueueStore:
 
     # -- done items: kept a while, then deleted ----------------------------------
     def oldest_done(self) -> float | None:
-        """When the longest-done item was released or cancelled (0 for one done before version 4)."""
-        row = self.sql.one(f"SELECT min(coalesce(done_at, 0)) AS t FROM {ITEMS} WHERE state IN (?, ?)", *DONE)
+        """When the longest-done item was released or cancelled."""
+        row = self.sql.one(f"SELECT min(done_at) AS t FROM {ITEMS} WHERE state IN (?, ?)", *DONE)
         return None if row is None else row["t"]
 
-    def purge_done(self, before: float) -> None:
-        """Delete items done before ``before``, except those whose counts a grant
-        still held here is made of (they go once the grant is settled)."""
+    def stamp_done(self, now: float) -> None:
+        """Give items done before version 4 (no ``done_at``) the time ``now``:
+        they are kept ``keep_done_ms`` from the upgrade, like any done item.
+        One write per such item, once per object."""
+        self.sql.exec(f"UPDATE {ITEMS} SET done_at = ? WHERE state IN (?, ?) AND done_at IS NULL", now, *DONE)
+
+    def purge_done(self, before: float, limit: int) -> bool:
+        """Delete up to ``limit`` items done at ``before`` or earlier, except those whose
+        counts a grant or lease still held here is made of (they go once it
+        is settled). True if more are due."""
         live = {row["grant_id"] for row in self.sql.exec(f"SELECT grant_id FROM {GRANTS}")}
         live |= {row["lease_id"] for row in self.sql.exec(f"SELECT lease_id FROM {LEASES}")}
         rows = self.sql.exec(
-            f"SELECT id, grant_id FROM {ITEMS} WHERE state IN (?, ?) AND coalesce(done_at, 0) < ?",
-            *DONE, before,
-        )
-        for row in rows:
-            if row["grant_id"] not in live:
-                self.sql.exec(f"DELETE FROM {ITEMS} WHERE id = ?", row["id"])
+            f"SELECT id, grant_id FROM {ITEMS} WHERE state IN (?, ?) AND done_at <= ?", *DONE, before)
+        due = [row["id"] for row in rows if row["grant_id"] not in live]
+        for item_id in due[:limit]:
+            self.sql.exec(f"DELETE FROM {ITEMS} WHERE id = ?", item_id)
+        return len(due) > limit
 
     def admitted(self) -> list[Item]:
         """Admitted items not yet released, oldest first."""
