@@ -1,5 +1,6 @@
 """Helpers shared by the tests: runtimes over the probe Worker and the example Worker."""
 
+import asyncio
 from pathlib import Path
 
 from durability.testing import Runtime, load_worker_module
@@ -38,3 +39,17 @@ def locks_runtime(**options) -> Runtime:
 def queue_jobs(prefix, n, ms=3_000, group="g", key="holder"):
     """Items for a Shard of the holders Worker: each runs ``ms`` once admitted."""
     return [{"id": f"{prefix}{i}", "key": key, "group": group, "body": {"ms": ms}} for i in range(n)]
+
+
+async def released_then_evicted(runtime: Runtime, shard, measure, settle_s: float):
+    """Run one job (``a0``, 5 s) on a holders ``Shard`` until it is released,
+    its report not sent yet; evict the shard and wait ``settle_s``. Returns
+    ``await measure()`` from before the eviction and from after the wait."""
+    await shard.submit(queue_jobs("a", 1, ms=5_000))
+    while "a0" not in runtime.module.WORLD["completed"]:
+        await asyncio.sleep(0.1)
+    await asyncio.sleep(0.3)  # released; its report waits for its delay
+    before = await measure()
+    runtime.evict(shard)
+    await asyncio.sleep(settle_s)  # the alarm the old instance set wakes the new one
+    return before, await measure()

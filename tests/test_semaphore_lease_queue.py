@@ -7,7 +7,7 @@ import pytest
 
 from durability.testing import Faults
 
-from support import holders_runtime, queue_jobs as jobs
+from support import holders_runtime, queue_jobs as jobs, released_then_evicted
 
 TTL = 60_000
 
@@ -307,19 +307,15 @@ def test_lease_ids_are_reserved_in_blocks_and_a_new_holder_numbers_past_its_bloc
 
 def test_a_lease_release_not_yet_reported_when_its_shard_is_evicted_still_reaches_the_holder(runtime):
     # A lease's report is its row and its items: no outbox row holds it. The
-    # new instance reports every lease it holds once.
-    world = runtime.module.WORLD
+    # new instance reports every lease it holds once (the report waited
+    # lease_report_delay_ms, 10 s).
+    async def footprint():
+        return (await holder(runtime).usage())["leaseFootprint"]
 
     async def scenario():
-        await shard(runtime).submit(jobs("a", 1, ms=5_000))
-        while "a0" not in world["completed"]:
-            await asyncio.sleep(0.1)
-        await asyncio.sleep(0.3)  # released; its report waits lease_report_delay_ms (10 s)
-        before = (await holder(runtime).usage())["leaseFootprint"]
-        runtime.evict(shard(runtime))
-        await asyncio.sleep(12)  # the alarm the old instance set wakes the new one
+        before, after = await released_then_evicted(runtime, shard(runtime), footprint, 12)
         outbox = runtime.host_of(shard(runtime)).db.inspect("SELECT count(*) AS n FROM durability_outbox")
-        return before, (await holder(runtime).usage())["leaseFootprint"], outbox
+        return before, after, outbox
 
     before, after, outbox = runtime.run(scenario())
     assert before == 4 and after == 3 and outbox == [{"n": 0}]  # the one released permit is back

@@ -6,7 +6,7 @@ import pytest
 
 from durability.testing import Faults, JsException
 
-from support import holders_runtime, queue_jobs as jobs
+from support import holders_runtime, queue_jobs as jobs, released_then_evicted
 
 
 @pytest.fixture
@@ -479,19 +479,14 @@ def test_finished_is_asked_about_each_item_its_interval_after_admit_returned():
 
 def test_a_release_not_yet_reported_when_its_shard_is_evicted_still_reaches_the_holder(runtime):
     # A grant's report is its row: no outbox row holds it. The new instance
-    # reports every grant with releases again.
-    world = runtime.module.WORLD
+    # reports every grant with releases again (the report waited
+    # report_delay_ms, 1 s).
+    async def outstanding():
+        return (await runtime.env.HOLDER.getByName("holder").usage())["outstanding"]
 
     async def scenario():
-        await shard(runtime).submit(jobs("a", 1, ms=5_000))
-        while "a0" not in world["completed"]:
-            await asyncio.sleep(0.1)
-        await asyncio.sleep(0.3)  # released; its report waits report_delay_ms (1 s)
-        holder = runtime.env.HOLDER.getByName("holder")
-        before = (await holder.usage())["outstanding"]
-        runtime.evict(shard(runtime))
-        await asyncio.sleep(10)
-        return before, (await holder.usage())["outstanding"], await shard(runtime).states()
+        before, after = await released_then_evicted(runtime, shard(runtime), outstanding, 10)
+        return before, after, await shard(runtime).states()
 
     before, after, states = runtime.run(scenario())
     assert before == 1 and after == 0 and states == {"a0": "released"}
