@@ -106,9 +106,13 @@ def test_items_an_older_version_wrote_as_claiming_are_admitted_when_the_holder_c
     async def scenario():
         await shard(runtime).submit(jobs("j", 5, ms=60_000))
         await asyncio.sleep(3)
-        sql = runtime.host_of(shard(runtime)).instance.ctx.storage.sql
-        [grant] = sql.exec("SELECT grant_id, claimed FROM durability_queue_grants").toArray()
-        # As versions before 4 kept a claim: the claimed items written as claiming.
+        instance = runtime.host_of(shard(runtime)).instance
+        [grant] = instance.queue.grants.grants()
+        grant = {"grant_id": grant.grant_id, "claimed": grant.claimed}
+        # As versions before 4 kept a claim: the grant's row, and the claimed items written as claiming.
+        sql = instance.ctx.storage.sql
+        sql.exec("INSERT INTO durability_queue_grants (grant_id, key, grp, permits, claimed, confirmed, released, "
+                 "claim_deadline) VALUES (?, 'holder', 'g', 3, 3, 0, 0, ?)", grant["grant_id"], 4e12)
         sql.exec("UPDATE durability_queue_items SET state = 'claiming', grant_id = ?, via = 'grant' "
                  "WHERE id IN ('j1', 'j2', 'j3')", grant["grant_id"])
         await asyncio.sleep(0.01)  # the write commits
@@ -121,6 +125,37 @@ def test_items_an_older_version_wrote_as_claiming_are_admitted_when_the_holder_c
     claimed, claiming, answered = runtime.run(scenario())
     assert claimed == 3 and claiming == ["queued"] + ["claiming"] * 3 + ["queued"]
     assert answered == {"j0": "queued", "j1": "admitted", "j2": "admitted", "j3": "admitted", "j4": "queued"}
+    assert runtime.module.WORLD["violations"] == []
+
+
+@pytest.mark.parametrize("cancelled", [0, 2])
+def test_claims_the_holder_confirmed_after_the_shard_lost_them_are_taken_up_by_the_next_instance(runtime, cancelled):
+    # No row records a claim: a shard evicted while the holder's confirmation
+    # is on its way learns the claims from the holder's listing, admits its
+    # queued items on them, and gives back those it has no item for.
+    runtime.module.CONFIG["hold_sync_replies"] = asyncio.Event()  # never set: the answer never arrives
+    holder = runtime.env.HOLDER.getByName("holder")
+
+    async def scenario():
+        await shard(runtime).submit(jobs("j", 3, ms=60_000))
+        await asyncio.sleep(3)  # granted 3, claimed; the holder confirmed, the shard never heard
+        confirmed = (await holder.usage())["groups"]["g"]["inUse"]
+        runtime.evict(shard(runtime))
+        runtime.module.CONFIG["hold_sync_replies"] = None
+        for i in range(cancelled):
+            await shard(runtime).cancel(f"j{2 - i}")
+        await shard(runtime).submit(jobs("k", 1, ms=60_000))
+        await asyncio.sleep(10)
+        return confirmed, await shard(runtime).states(), await holder.usage()
+
+    confirmed, states, usage = runtime.run(scenario())
+    assert confirmed == 3
+    expected = {"j0": "admitted", "j1": "admitted", "j2": "admitted", "k0": "queued"}
+    if cancelled:  # two claims for j0 and k0, and one with no item left: given back
+        expected = {"j0": "admitted", "j1": "cancelled", "j2": "cancelled", "k0": "admitted"}
+    assert states == expected
+    assert usage["outstanding"] == 3 - cancelled // 2
+    assert runtime.module.WORLD["starts"] == {i: 1 for i, state in expected.items() if state == "admitted"}
     assert runtime.module.WORLD["violations"] == []
 
 
@@ -153,9 +188,8 @@ def test_a_grant_the_holder_shrank_is_kept_with_its_new_permits(runtime):
         await asyncio.sleep(12)  # 1 claimed, 2 left unclaimed past the deadline: reclaimed
         await shard(runtime).submit(jobs("k", 1, ms=60_000))
         await asyncio.sleep(5)
-        sql = runtime.host_of(shard(runtime)).instance.ctx.storage.sql
-        grants = sql.exec("SELECT grant_id, permits FROM durability_queue_grants").toArray()
-        return [g["permits"] for g in grants], await shard(runtime).states()
+        grants = runtime.host_of(shard(runtime)).instance.queue.grants.grants()
+        return [g.permits for g in grants], await shard(runtime).states()
 
     permits, states = runtime.run(scenario())
     assert 1 in permits  # the first grant, as the holder lists it after the reclaim

@@ -19,6 +19,7 @@ class Sql:
     def __init__(self, ctx: Any) -> None:
         self._storage = ctx.storage
         self._sql = ctx.storage.sql
+        self.rollbacks = 0  #: transactions rolled back: what was read inside one may be undone
 
     def exec(self, query: str, *bindings: Any) -> list[dict[str, Any]]:
         """Run one statement (or several, without bindings) and return every row.
@@ -37,7 +38,11 @@ class Sql:
 
     def transaction(self, fn: Callable[[], T]) -> T:
         """Run ``fn`` (synchronous, no awaits) so that its writes commit together."""
-        return self._storage.transactionSync(fn)
+        try:
+            return self._storage.transactionSync(fn)
+        except BaseException:
+            self.rollbacks += 1
+            raise
 
     async def sync(self) -> None:
         """Wait until every write made so far is durable (``ctx.storage.sync()``)."""

@@ -18,7 +18,10 @@ row. Each firing of the timer runs one attempt:
    that follows (the listener's or the handler's), so an attempt
    that a crash or an eviction cuts short is still counted: when the timer
    fires again and finds the job ``running``, that attempt is settled as
-   failed (interrupted) and retried like any other failure;
+   failed (interrupted) and retried like any other failure. The first
+   attempt is counted by the row that records the job (written ``running``,
+   attempt 1): recording and starting cost one row, not two, and a crash
+   between the two costs that attempt, as a crash during it would;
 2. the handler runs; its exceptions are caught here, never left to the
    scheduler (whose own backoff applies only when storage itself fails);
 3. the outcome is written: ``completed`` with the JSON result, or a failure,
@@ -146,9 +149,10 @@ class JobRunner:
             existing = d._row(id)
             if existing is not None:
                 return _state(existing)
+            # Written with its first attempt counted (see the module's docstring).
             d.sql.exec(
-                "INSERT INTO durability_jobs (id, handler, payload, status, created_at, due_at) "
-                "VALUES (?, ?, ?, 'pending', ?, ?)",
+                "INSERT INTO durability_jobs (id, handler, payload, status, attempt, created_at, due_at) "
+                "VALUES (?, ?, ?, 'running', 1, ?, ?)",
                 id, name, text, now_ms(), now_ms(),
             )
             d.scheduler.schedule(PARTICIPANT, id, now_ms())
@@ -157,6 +161,7 @@ class JobRunner:
         existing = d.sql.transaction(record)
         if existing is not None:
             return existing
+        d._first_attempt_due.add(id)  # before any await: its timer cannot fire sooner
         await d.scheduler.sync()
         return {"status": "pending"}
 
@@ -209,6 +214,9 @@ class Durability:
         # Jobs whose attempt runs in this instance now: a second firing of
         # the timer meanwhile must not take it for an interrupted attempt.
         self._in_flight: set[str] = set()
+        # Jobs recorded here with attempt 1 counted, that attempt not begun:
+        # ``running`` in their row, but not interrupted.
+        self._first_attempt_due: set[str] = set()
         migrate(self.sql, "jobs", _SCHEMA)
         scheduler.register(PARTICIPANT, self._on_timer, durable=False)
         self._derive_timers()
@@ -253,14 +261,17 @@ class Durability:
         if row is None or row["status"] in _TERMINAL:
             return  # a repeated firing, or a job removed under its timer
         attempt = int(row["attempt"])
-        if row["status"] == "running":
+        if job_id in self._first_attempt_due:
+            self._first_attempt_due.discard(job_id)  # its row counts it already
+        elif row["status"] == "running":
             error = f"attempt {attempt} was interrupted before it settled (the object was evicted or crashed)"
             await self._emit(self._fail(job_id, attempt, error))
             return
-        attempt += 1
-        self.sql.exec(
-            "UPDATE durability_jobs SET status = 'running', attempt = ? WHERE id = ?", attempt, job_id
-        )
+        else:
+            attempt += 1
+            self.sql.exec(
+                "UPDATE durability_jobs SET status = 'running', attempt = ? WHERE id = ?", attempt, job_id
+            )
         self._in_flight.add(job_id)
         try:
             await self._emit([JobEvent("attempt_started", job_id, attempt)])

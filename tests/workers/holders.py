@@ -35,6 +35,7 @@ CONFIG = {
     "lease_report_delay_ms": 10_000,
     "keep_done_ms": 600_000,
     "hold_syncs": None,  # an asyncio.Event: the shard's syncs wait for it before they reach the holder
+    "hold_sync_replies": None,  # an asyncio.Event: the holder's answers to syncs wait for it to reach the shard
 }
 WORLD = {"running": {}, "violations": [], "max_running": 0, "completed": set(), "admit_calls": 0,
          "started": {}, "starts": {}, "events": [], "requests": [], "finished_asks": []}
@@ -229,11 +230,14 @@ class Shard(DurableObject):
 
     @staticmethod
     def _server(env):
-        if CONFIG["hold_syncs"] is not None:
+        if CONFIG["hold_syncs"] is not None or CONFIG["hold_sync_replies"] is not None:
             async def held(key, message):
-                if message.get("type") == "sync":
+                if message.get("type") == "sync" and CONFIG["hold_syncs"] is not None:
                     await CONFIG["hold_syncs"].wait()
-                return await env.HOLDER.getByName(key).permits(message)
+                reply = await env.HOLDER.getByName(key).permits(message)
+                if message.get("type") == "sync" and CONFIG["hold_sync_replies"] is not None:
+                    await CONFIG["hold_sync_replies"].wait()
+                return reply
 
             return SemaphoreClient(held)
         if CONFIG["fake_reply"] is None:

@@ -284,12 +284,25 @@ class ClientOutcome:
     reports: list[ReportOutcome] = field(default_factory=list)
     new_grants: list[Grant] = field(default_factory=list)
     open_grants: list[Grant] = field(default_factory=list)  #: every grant with unclaimed permits
+    #: grants with claims not all released: listed so that a client that lost
+    #: its record of a claim (a crash after the holder confirmed it) learns it
+    held_grants: list[Grant] = field(default_factory=list)
     blocked: dict[str, tuple[str, int]] = field(default_factory=dict)  #: group -> (reason, waiting)
     lease_reports: list[LeaseOutcome] = field(default_factory=list)
     new_leases: list[Lease] = field(default_factory=list)
     #: leases the client may not know of (nothing drawn yet), new or not, so
     #: that a lease in a lost reply reaches it with the next one
     listed_leases: list[Lease] = field(default_factory=list)
+
+
+def held_grants(working: "Working", client_id: str) -> list[Grant]:
+    """The client's grants fully claimed and not all released, newest first (at
+    most ``MAX_REPORTS``). Listing them costs the holder no row; a client that
+    knows them ignores them (they are never news), and one that lost its
+    record of a confirmed claim admits on it or gives it back."""
+    held = [g for g in working.grants() if g.client_id == client_id and g.unclaimed == 0 and not g.settled]
+    held.sort(key=lambda g: (-g.claim_deadline, g.grant_id))
+    return held[:MAX_REPORTS]
 
 
 def news_for(request: Request, outcome: ClientOutcome) -> bool:
@@ -451,6 +464,8 @@ def run_round(book: dict[str, Grant], requests: list[Request], limits: Limits, n
         outcome = outcomes.get(grant.client_id)
         if outcome is not None and grant.unclaimed > 0:
             outcome.open_grants.append(grant)
+    for client_id, outcome in outcomes.items():
+        outcome.held_grants = held_grants(working, client_id)
     for lease in working.leases():
         outcome = outcomes.get(lease.client_id)
         if (outcome is not None and lease.drawn == 0 and not lease.settled

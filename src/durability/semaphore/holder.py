@@ -29,6 +29,7 @@ from .allocation import (
     Working,
     apply_all_reports,
     apply_reports,
+    held_grants,
     merged,
     merged_leases,
     news_for,
@@ -257,9 +258,12 @@ class DurabilitySemaphore:
         ttl_ms = self.lease_policy.ttl_ms if self.lease_policy is not None else 0
         stopping = [lease for lease in working.leases()
                     if lease.client_id == sync.client_id and lease.retired and not lease.settled]
+        listed = [g for g in working.grants() if g.client_id == sync.client_id and g.unclaimed > 0]
+        listed += held_grants(working, sync.client_id)
         return {"type": "synced", "v": VERSION, "reports": [o.to_wire() for o in outcomes],
                 "leaseReports": [o.to_wire() for o in lease_outcomes], "contended": self._contended,
-                "leases": [_lease_json(lease, ttl_ms) for lease in stopping[:MAX_REPORTS]]}
+                "leases": [_lease_json(lease, ttl_ms) for lease in stopping[:MAX_REPORTS]],
+                "grants": [_grant_json(g) for g in listed[:MAX_REPORTS]]}
 
     # -- rounds -----------------------------------------------------------------
     def _ensure_round(self) -> None:
@@ -419,15 +423,16 @@ def _lease_json(lease: Lease, ttl_ms: float) -> dict[str, Any]:
             "ttlMs": ttl_ms, "expiresAt": lease.expires_at, "retired": lease.retired}
 
 
+def _grant_json(grant: Grant) -> dict[str, Any]:
+    return {"grantId": grant.grant_id, "group": grant.group, "permits": grant.permits, "claimed": grant.claimed,
+            "claimDeadline": grant.claim_deadline}
+
+
 def _grants_reply(outcome, next_request_at: float, contended: bool = False, ttl_ms: float = 0) -> dict[str, Any]:
     return {
         "type": "grants",
         "v": VERSION,
-        "grants": [
-            {"grantId": g.grant_id, "group": g.group, "permits": g.permits, "claimed": g.claimed,
-             "claimDeadline": g.claim_deadline}
-            for g in outcome.open_grants
-        ],
+        "grants": [_grant_json(g) for g in [*outcome.open_grants, *outcome.held_grants]],
         "reports": [o.to_wire() for o in outcome.reports],
         "leases": [_lease_json(lease, ttl_ms) for lease in outcome.listed_leases],
         "leaseReports": [o.to_wire() for o in outcome.lease_reports],

@@ -229,7 +229,9 @@ BLOCKED_REASONS = (LIMIT_RESOLUTION_ERROR, NOT_PERMITTED, GROUP_LIMIT, LIMIT)
 
 @dataclass(frozen=True)
 class GrantEntry:
-    """A grant with unclaimed permits, as a reply lists it."""
+    """A grant of the client not settled yet (unclaimed permits, or claims
+    not all released), as a reply lists it. ``claimed`` is what the holder
+    confirmed."""
 
     grant_id: str
     group: str
@@ -389,9 +391,11 @@ def parse_reply(reply: Any, kind: str) -> Reply:
         raise ProtocolError("malformed_reply", f"expected a {kind!r} reply, got {reply.get('type')!r}"[:300])
     if not isinstance(reply.get("reports"), list):
         raise ProtocolError("malformed_reply", "a reply needs a reports list")
+    # A synced reply lists the client's grants too (optional: older holders
+    # do not), so that a client learns of claims it made and then forgot.
     parsed = Reply(kind, _entries(reply, "reports", _report_outcome),
                    _entries(reply, "leaseReports", _lease_outcome), _entries(reply, "leases", _lease_entry),
-                   _flag(reply, "contended", "reply"))
+                   _flag(reply, "contended", "reply"), grants=_entries(reply, "grants", _grant_entry))
     if kind != "grants":
         return parsed
     for name in ("grants", "blocked"):

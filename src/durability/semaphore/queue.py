@@ -51,12 +51,14 @@ from .messages import (
     RETIRED,
     SETTLED,
     VERSION,
+    GrantEntry,
     LeaseEntry,
     LeaseOutcome,
     Reply,
     ReportOutcome,
     parse_reply,
 )
+from .grant_book import GrantBook
 from .queue_core import move, pacing_interval, report_due, settle
 from .queue_store import ADMITTED, CANCELLED, CLAIMING, QUEUED, RELEASED, Item, LocalGrant, LocalLease, QueueStore
 
@@ -175,6 +177,13 @@ class DurabilitySemaphoreQueue:
             raise ValueError("keep_done_ms must be 0 or more")
         self.keep_done_ms = keep_done_ms
         self.store = QueueStore(scheduler.sql)
+        # A reply is never applied later than its request's time limit, so a
+        # grant settled here longer ago than that cannot be revived by one.
+        self.grants = GrantBook(self.store, remember_ms=2 * (attempt_timeout_ms + request_wait_ms))
+        # Keys a new instance has not heard the holder about yet: claims an
+        # older instance made there may have been confirmed unbeknown to this
+        # one (see grant_book). Their done items are kept until it has.
+        self._unheard: set[str] = set(self.store.keys_in(QUEUED, CANCELLED))
         # The outbox channels only send what older versions queued there:
         # reports are read from the grant and lease rows now (see _report
         # and _report_leases).
@@ -203,14 +212,14 @@ class DurabilitySemaphoreQueue:
     def _derive_timers(self) -> None:
         """Set again, in a new instance, the timers its rows imply."""
         now = now_ms()
-        for key in self.store.queued_keys():
+        for key in sorted(self._unheard):  # the keys with queued items, and more
             interval = self.store.pacing(key)
             if interval is not None:  # the holder's pacing holds across an eviction
                 self.server.paced(key, now + interval)
             self._wake(key, now)
         if self.store.admitted():
             self.scheduler.schedule_by(PARTICIPANT, ADMIT, now)
-        for key in {grant.key for grant in self.store.grants() if self._report_due(grant)}:
+        for key in {grant.key for grant in self.grants.grants() if self._report_due(grant)}:
             self.scheduler.schedule_by(PARTICIPANT, REPORT + key, now)  # what the holder may not have heard
         for lease in self.store.leases():
             self._lease_report_due(lease.key, lease.lease_id, now)
@@ -331,7 +340,7 @@ class DurabilitySemaphoreQueue:
         """Make the key's pump run (inside a transaction): at once when the key
         holds unclaimed permits to claim, else as soon as its pacing allows."""
         at = max(now, self.server.next_request_at(key) or now)
-        if any(g.unclaimed > 0 and g.claim_deadline > now for g in self.store.grants(key)) or any(
+        if any(g.unclaimed > 0 and g.claim_deadline > now for g in self.grants.grants(key)) or any(
                 lease.undrawn > 0 for lease in self.store.leases(key)):
             at = now
         self.scheduler.schedule_by(PARTICIPANT, PUMP + key, at)
@@ -353,12 +362,11 @@ class DurabilitySemaphoreQueue:
             await self._report_leases(timer.key[len(LEASE_REPORT):])
 
     # -- claims and requests ------------------------------------------------------
-    def _claim_local(self, key: str, now: float, learned: tuple[LocalGrant, ...] = ()) -> None:
+    def _claim_local(self, key: str, now: float) -> None:
         """Draw, for queued items, from this object's leases, then claim
-        permits it already holds unclaimed (``learned``: grants a reply just
-        brought, not stored yet: each is written once, with its claims)."""
+        permits it already holds unclaimed."""
         self._draw(key, now)
-        self._claim(key, now, learned)
+        self._claim(key, now)
 
     def _draw(self, key: str, now: float) -> None:
         """Admit queued items at once on permits drawn from this object's leases
@@ -375,17 +383,13 @@ class DurabilitySemaphoreQueue:
         if drawn:
             self.scheduler.schedule_by(PARTICIPANT, ADMIT, now)
 
-    def _claim(self, key: str, now: float, learned: tuple[LocalGrant, ...] = ()) -> None:
+    def _claim(self, key: str, now: float) -> None:
         """Claim, for queued items, permits this object already holds unclaimed."""
-        grants = {g.grant_id: g for g in self.store.grants(key)}
-        grants.update((g.grant_id, g) for g in learned)
-        fresh = {g.grant_id for g in learned}
         reserved = self._reserved(key)
-        for grant in sorted(grants.values(), key=lambda g: g.grant_id):
+        for grant in self.grants.grants(key):
             if grant.claim_deadline <= now:
                 if self._finished_here(grant, now):
-                    if grant.grant_id not in fresh:
-                        self.store.delete_grant(grant.grant_id)  # the holder takes it back
+                    self.grants.forget(grant.grant_id, now, grant.claimed)  # the holder takes it back
                     continue
                 if grant.claimed == grant.confirmed == grant.released:
                     continue  # its last releases are still to be reported
@@ -397,11 +401,7 @@ class DurabilitySemaphoreQueue:
                     # (_report sends it at once, and a new instance again);
                     # the claims hold the oldest queued items without a write.
                     reserved[grant.group] = skip + len(items)
-                    grant = replace(grant, claimed=grant.claimed + len(items))
-                    if grant.grant_id not in fresh:
-                        self.store.set_grant(grant)
-            if grant.grant_id in fresh:
-                self.store.add_grant(grant)
+                    self.grants.keep(replace(grant, claimed=grant.claimed + len(items)))
 
     def _finished_here(self, grant: LocalGrant, now: float) -> bool:
         """Past its claim deadline, every claim answered and released, and the
@@ -412,7 +412,7 @@ class DurabilitySemaphoreQueue:
     def _reserved(self, key: str) -> dict[str, int]:
         """Per group, how many of the oldest queued items claims hold (they are ``claiming``)."""
         reserved: dict[str, int] = {}
-        for grant in self.store.grants(key):
+        for grant in self.grants.grants(key):
             if grant.pending > 0:
                 reserved[grant.group] = reserved.get(grant.group, 0) + grant.pending
         return reserved
@@ -433,10 +433,14 @@ class DurabilitySemaphoreQueue:
         """Delete items done ``keep_done_ms`` ago or more (see QueueStore.purge_done)."""
         def purge() -> None:
             now = now_ms()
-            for grant in self.store.grants():
+            held = set()
+            for grant in self.grants.grants():
                 if self._finished_here(grant, now):  # a grant no pump came by to forget
-                    self.store.delete_grant(grant.grant_id)
-            if self.store.purge_done(now - self.keep_done_ms, PURGE_BATCH):
+                    self.grants.forget(grant.grant_id, now, grant.claimed)
+                else:
+                    held.add(grant.grant_id)
+            self.grants.prune(now)
+            if self.store.purge_done(now - self.keep_done_ms, PURGE_BATCH, held, self._unheard):
                 self.scheduler.schedule(PARTICIPANT, PURGE, now)
                 return
             oldest = self.store.oldest_done()
@@ -464,7 +468,7 @@ class DurabilitySemaphoreQueue:
     async def _pump(self, key: str) -> None:
         self.scheduler.transaction(lambda: self._claim_local(key, now_ms()))
         demand = self._demand(key)[:MAX_DEMAND_ENTRIES]
-        if not demand:
+        if not demand and key not in self._unheard:  # (an unheard key asks, to hear its grants)
             await self._report_safely(key)  # claims get confirmed by a sync at once
             return
         now = now_ms()
@@ -485,7 +489,9 @@ class DurabilitySemaphoreQueue:
             "type": "request", "v": VERSION, "clientId": self.client_id,
             "demand": [{"group": g, "count": n, "oldestAt": oldest} for g, n, oldest in demand],
             "grants": list(claims.values()),
-            "wait": self.request_wait_ms,
+            # An unheard key's first request is answered at the round, not held:
+            # the answer's listing is what the key waits for.
+            "wait": 0 if key in self._unheard else self.request_wait_ms,
             "leases": True,
             "leaseReports": [_lease_report_of(lease) for lease in leases],
         }
@@ -507,22 +513,30 @@ class DurabilitySemaphoreQueue:
         self._learn_leases(key, reply.leases, now)
         if reply.contended:
             self._return_idle_leases(key)  # _after_reply reports them
-        learned = []
-        for entry in reply.grants:
-            known = self.store.grant(entry.grant_id)
-            if known is None:
-                if entry.claimed:
-                    continue  # claimed here before and settled since: a late reply, not a new grant
-                learned.append(LocalGrant(entry.grant_id, key, entry.group, entry.permits, 0, 0, 0,
-                                          entry.claim_deadline))
-            elif (known.permits, known.claim_deadline) != (entry.permits, entry.claim_deadline):
-                self.store.set_grant(replace(known, permits=entry.permits, claim_deadline=entry.claim_deadline))
+        self._learn_grants(key, reply.grants)
+        self._unheard.discard(key)  # a round answered: it had heard whatever an older instance sent
         interval = pacing_interval((reply.next_request_at or now) - now)
         if interval > 0:  # "ask at once" (a reply with permits) is not pacing to keep
             self.store.set_pacing(key, interval)
-        self._claim_local(key, now, tuple(learned))
+        self._claim_local(key, now)
         if self._demand(key):
             self.scheduler.schedule(PARTICIPANT, PUMP + key, max(now, reply.next_request_at or now))
+
+    def _learn_grants(self, key: str, entries: tuple[GrantEntry, ...]) -> None:
+        """Keep what the holder lists of the key's grants: new grants, their
+        permits and deadlines, and claims it confirmed that an older instance
+        made here and this one never knew (they hold queued items again, and
+        the next report has them confirmed: see grant_book)."""
+        for entry in entries:
+            if self.grants.stale(entry.grant_id, entry.claimed):
+                continue  # a reply sent before it was settled here
+            known = self.grants.grant(entry.grant_id)
+            if known is None:
+                known = LocalGrant(entry.grant_id, key, entry.group, entry.permits, 0, 0, 0, entry.claim_deadline)
+            learned = replace(known, permits=entry.permits, claim_deadline=entry.claim_deadline,
+                              claimed=max(known.claimed, entry.claimed))
+            if learned != known or not self.grants.knows_terms(entry.grant_id):
+                self.grants.keep(learned)
 
     def _heard(self, key: str, reply: Reply) -> None:
         if reply.contended:
@@ -554,29 +568,32 @@ class DurabilitySemaphoreQueue:
         holder answered, it has heard those released counts."""
         admitted = False
         for outcome in outcomes:
-            grant = self.store.grant(outcome.grant_id)
+            grant = self.grants.grant(outcome.grant_id)
             if grant is None:
                 continue
             settlement = settle(grant, outcome)
-            admitted = self._answer_claims(grant, settlement.admit, settlement.requeue) or admitted
+            count = self._answer_claims(grant, settlement.admit, settlement.requeue)
+            admitted = admitted or count > 0
             if settlement.forget:
-                self.store.delete_grant(grant.grant_id)
+                self.grants.forget(grant.grant_id, now_ms(), grant.claimed)
                 self._acked.pop(grant.grant_id, None)
             else:
                 sent_report = (sent or {}).get(grant.grant_id)
                 heard = outcome.released if sent_report is None else sent_report["released"]
                 self._acked[grant.grant_id] = max(self._acked.get(grant.grant_id, 0), heard)
-                kept = (settlement.grant.permits, settlement.grant.claimed)
-                if kept != (grant.permits, grant.claimed):
-                    self.store.set_grant(settlement.grant)  # its other counts moved with its items
+                # Confirmed claims with no queued item left (claims taken up
+                # from an older instance) are released at once.
+                extra = grant.extra + settlement.admit - count
+                self.grants.keep(replace(settlement.grant, extra=extra))
             if settlement.requeue:
                 self._wake(grant.key, now_ms())
         if admitted:
             self.scheduler.schedule_by(PARTICIPANT, ADMIT, now_ms())
 
-    def _answer_claims(self, grant: LocalGrant, admit: int, requeue: int) -> bool:
+    def _answer_claims(self, grant: LocalGrant, admit: int, requeue: int) -> int:
         """Admit ``admit`` of the items the grant's claims hold, oldest first,
-        and let ``requeue`` more go back in line. True if any was admitted.
+        and let ``requeue`` more go back in line. Returns how many were
+        admitted: fewer only if fewer items are queued.
 
         Items written as claiming by an older version come first; then the
         oldest queued items of the group, which claims hold in line order.
@@ -591,7 +608,7 @@ class DurabilitySemaphoreQueue:
             self._move(item, ADMITTED, grant.grant_id, "grant")
         for item in rows[admit:admit + requeue]:
             self._move(item, QUEUED)
-        return bool(to_admit)
+        return len(to_admit)
 
     # -- reports of grants: derived from the grant rows ---------------------------
     # A grant row holds the cumulative claimed and released counts, written in
@@ -605,7 +622,7 @@ class DurabilitySemaphoreQueue:
 
     def _due_reports(self, key: str) -> dict[str, dict]:
         """The key's grant reports the holder may not have heard, by grant id."""
-        grants = [g for g in self.store.grants(key) if self._report_due(g)][:MAX_REPORTS]
+        grants = [g for g in self.grants.grants(key) if self._report_due(g)][:MAX_REPORTS]
         return {g.grant_id: {"grantId": g.grant_id, "claimed": g.claimed, "released": g.released} for g in grants}
 
     async def _report(self, key: str) -> None:
@@ -619,10 +636,12 @@ class DurabilitySemaphoreQueue:
 
         def apply() -> None:
             self._apply_outcomes(reply.reports, reports)
+            self._learn_grants(key, reply.grants)
+            self._claim(key, now_ms())
             if reply.leases:  # leases retired since: stop drawing now
                 self._learn_leases(key, reply.leases, now_ms())
             self._after_contended(key, reply)
-            if any(self._report_due(g) for g in self.store.grants(key)):
+            if any(self._report_due(g) for g in self.grants.grants(key)):
                 self.scheduler.schedule_by(PARTICIPANT, REPORT + key, now_ms())  # more than one sync holds
 
         self.scheduler.transaction(apply)

@@ -133,6 +133,9 @@ class LocalGrant:
     released: int  #: releases made here (cumulative): its items released
     claim_deadline: float
     claiming_rows: int = 0  #: items written as claiming (versions before 4)
+    #: claims confirmed with no queued item left to admit: released at once
+    #: (counted in ``confirmed`` and ``released``)
+    extra: int = 0
 
     @property
     def pending(self) -> int:
@@ -166,6 +169,7 @@ class LocalLease:
         return self.drawn - self.released
 
 
+Counts = tuple[str, str, dict[str, int]]  #: (key, group, item state -> count) of one grant or lease
 _LEASE_COLUMNS = "lease_id, key, grp, permits, drawn, released, stopped, ttl_ms, renew_at, settled_at"
 _ITEM_COLUMNS = "id, key, grp, body, seq, enqueued_at, state, grant_id, via, admitted_at"
 _GRANT_COLUMNS = "grant_id, key, grp, permits, claimed, confirmed, released, claim_deadline"
@@ -176,20 +180,15 @@ def _item(row: dict) -> Item:
                 row["enqueued_at"], row["state"], row["grant_id"], row["via"], row["admitted_at"])
 
 
-def _grant(row: dict, counts: dict[str, dict[str, int]]) -> LocalGrant:
-    by_state = counts.get(row["grant_id"], {})
-    released = by_state.get(RELEASED, 0)
-    confirmed = by_state.get(ADMITTED, 0) + released
-    claiming_rows = by_state.get(CLAIMING, 0)
-    claimed = max(row["claimed"], confirmed + claiming_rows)
-    return LocalGrant(row["grant_id"], row["key"], row["grp"], row["permits"], claimed, confirmed, released,
-                      row["claim_deadline"], claiming_rows)
+def _legacy_grant(row: dict) -> LocalGrant:
+    return LocalGrant(row["grant_id"], row["key"], row["grp"], row["permits"], row["claimed"], 0, 0,
+                      row["claim_deadline"])
 
 
-def _lease(row: dict, counts: dict[str, dict[str, int]]) -> LocalLease:
+def _lease(row: dict, counts: dict[str, Counts]) -> LocalLease:
     # Drawn and released are the lease's items admitted or released (see the
     # module's docstring); the row's own counts hold for versions before 4.
-    by_state = counts.get(row["lease_id"], {})
+    by_state = counts[row["lease_id"]][2] if row["lease_id"] in counts else {}
     released = max(row["released"], by_state.get(RELEASED, 0))
     drawn = max(row["drawn"], by_state.get(ADMITTED, 0) + by_state.get(RELEASED, 0))
     return LocalLease(row["lease_id"], row["key"], row["grp"], row["permits"], drawn, released,
@@ -201,6 +200,11 @@ class QueueStore:
         self.sql = sql
         migrate(sql, COMPONENT, _SCHEMA)
         self._seq = GrowingCounter(sql, f"SELECT max(seq) AS n FROM {ITEMS}")
+        # Item state changes made through this store: the counts scanned
+        # (_all_counts) hold until the next one, or until a transaction rolls
+        # back (counts read inside it may include what it undid).
+        self._changes = 0
+        self._memo: tuple[tuple[int, int], dict[str, dict[str, Counts]]] | None = None
 
     @staticmethod
     def drop(sql: Sql) -> None:
@@ -264,6 +268,11 @@ class QueueStore:
         rows = self.sql.exec(f"SELECT DISTINCT key FROM {ITEMS} WHERE state = ? ORDER BY key", QUEUED)
         return [r["key"] for r in rows]
 
+    def keys_in(self, *states: str) -> list[str]:
+        marks = ", ".join("?" * len(states))
+        rows = self.sql.exec(f"SELECT DISTINCT key FROM {ITEMS} WHERE state IN ({marks}) ORDER BY key", *states)
+        return [r["key"] for r in rows]
+
     def claiming(self, grant_id: str) -> list[Item]:
         rows = self.sql.exec(
             f"SELECT {_ITEM_COLUMNS} FROM {ITEMS} WHERE grant_id = ? AND state = ? ORDER BY seq",
@@ -273,6 +282,7 @@ class QueueStore:
 
     def set_state(self, item_id: str, state: str, grant_id: str | None = None, via: str | None = None,
                   done_at: float | None = None) -> None:
+        self._changes += 1
         self.sql.exec(
             f"UPDATE {ITEMS} SET state = ?, grant_id = ?, via = ?, done_at = ? WHERE id = ?",
             state, grant_id, via, done_at, item_id,
@@ -290,15 +300,16 @@ class QueueStore:
         One write per such item, once per object."""
         self.sql.exec(f"UPDATE {ITEMS} SET done_at = ? WHERE state IN (?, ?) AND done_at IS NULL", now, *DONE)
 
-    def purge_done(self, before: float, limit: int) -> bool:
+    def purge_done(self, before: float, limit: int, held: set[str] = frozenset(),
+                   held_keys: set[str] = frozenset()) -> bool:
         """Delete up to ``limit`` items done at ``before`` or earlier, except those whose
-        counts a grant or lease still held here is made of (they go once it
-        is settled). True if more are due."""
-        live = {row["grant_id"] for row in self.sql.exec(f"SELECT grant_id FROM {GRANTS}")}
-        live |= {row["lease_id"] for row in self.sql.exec(f"SELECT lease_id FROM {LEASES}")}
+        counts a grant (``held``) or lease still held here is made of (they go
+        once it is settled), and those of ``held_keys``. True if more are due."""
+        live = set(held) | {row["lease_id"] for row in self.sql.exec(f"SELECT lease_id FROM {LEASES}")}
         rows = self.sql.exec(
-            f"SELECT id, grant_id FROM {ITEMS} WHERE state IN (?, ?) AND done_at <= ?", *DONE, before)
-        due = [row["id"] for row in rows if row["grant_id"] not in live]
+            f"SELECT id, key, grant_id FROM {ITEMS} WHERE state IN (?, ?) AND done_at <= ?", *DONE, before)
+        due = [row["id"] for row in rows if row["grant_id"] not in live and row["key"] not in held_keys]
+        self._changes += 1
         for item_id in due[:limit]:
             self.sql.exec(f"DELETE FROM {ITEMS} WHERE id = ?", item_id)
         return len(due) > limit
@@ -308,51 +319,41 @@ class QueueStore:
         rows = self.sql.exec(f"SELECT {_ITEM_COLUMNS} FROM {ITEMS} WHERE state = ? ORDER BY seq", ADMITTED)
         return [_item(r) for r in rows]
 
-    # -- grants ---------------------------------------------------------------
-    def grant(self, grant_id: str) -> LocalGrant | None:
-        rows = self.sql.exec(f"SELECT {_GRANT_COLUMNS} FROM {GRANTS} WHERE grant_id = ?", grant_id)
-        counts = self._grant_counts("grant_id = ?", grant_id) if rows else {}
-        return _grant(rows[0], counts) if rows else None
+    # -- grants: counted from their items (the terms live in memory, grant_book) --
+    def grant_counts(self, key: str | None = None, grant_id: str | None = None) -> dict[str, Counts]:
+        """grant id -> (key, group, item state -> count), for the items claimed
+        on grants (of one key, or one grant, or all)."""
+        return self._counts("grant", key, grant_id)
 
-    def grants(self, key: str | None = None) -> list[LocalGrant]:
-        if key is None:
-            rows = self.sql.exec(f"SELECT {_GRANT_COLUMNS} FROM {GRANTS} ORDER BY grant_id")
-            counts = self._grant_counts("1") if rows else {}
-        else:
-            rows = self.sql.exec(f"SELECT {_GRANT_COLUMNS} FROM {GRANTS} WHERE key = ? ORDER BY grant_id", key)
-            counts = self._grant_counts("key = ?", key) if rows else {}
-        return [_grant(r, counts) for r in rows]
+    def _counts(self, via: str, key: str | None = None, grant_id: str | None = None) -> dict[str, Counts]:
+        """grant or lease id -> (key, group, item state -> count), for the items
+        admitted ``via`` a grant or a lease (of one key, or one id, or all)."""
+        counts = self._all_counts().get(via, {})
+        if grant_id is not None:
+            return {grant_id: counts[grant_id]} if grant_id in counts else {}
+        return dict(counts) if key is None else {i: c for i, c in counts.items() if c[0] == key}
 
-    def _grant_counts(self, where: str, *bindings: Any) -> dict[str, dict[str, int]]:
-        """grant id -> item state -> count, for the items claimed on grants (one scan of the items)."""
-        return self._counts("grant", where, *bindings)
+    def _all_counts(self) -> dict[str, dict[str, Counts]]:
+        """via -> id -> counts, from one scan of the items, kept until an item's
+        state changes. (The queue asks for these counts many times per item;
+        a scan reads every row of the table.)"""
+        version = (self._changes, self.sql.rollbacks)
+        if self._memo is None or self._memo[0] != version:
+            rows = self.sql.exec(
+                f"SELECT grant_id, via, key, grp, state, count(*) AS n FROM {ITEMS} WHERE via IS NOT NULL "
+                "AND state IN (?, ?, ?) GROUP BY grant_id, via, key, grp, state",
+                CLAIMING, ADMITTED, RELEASED,
+            )
+            counts: dict[str, dict[str, Counts]] = {}
+            for row in rows:
+                by_id = counts.setdefault(row["via"], {})
+                by_id.setdefault(row["grant_id"], (row["key"], row["grp"], {}))[2][row["state"]] = row["n"]
+            self._memo = (version, counts)
+        return self._memo[1]
 
-    def _counts(self, via: str, where: str, *bindings: Any) -> dict[str, dict[str, int]]:
-        """grant or lease id -> item state -> count, for the items admitted ``via``
-        a grant or a lease (one scan of the items)."""
-        rows = self.sql.exec(
-            f"SELECT grant_id, state, count(*) AS n FROM {ITEMS} WHERE {where} AND via = ? "
-            "AND state IN (?, ?, ?) GROUP BY grant_id, state",
-            *bindings, via, CLAIMING, ADMITTED, RELEASED,
-        )
-        counts: dict[str, dict[str, int]] = {}
-        for row in rows:
-            counts.setdefault(row["grant_id"], {})[row["state"]] = row["n"]
-        return counts
-
-    def add_grant(self, grant: LocalGrant) -> None:
-        """Keep a grant the holder just gave, with the claims made on it."""
-        self.sql.exec(
-            f"INSERT INTO {GRANTS} ({_GRANT_COLUMNS}) VALUES (?, ?, ?, ?, ?, 0, 0, ?)",
-            grant.grant_id, grant.key, grant.group, grant.permits, grant.claimed, grant.claim_deadline,
-        )
-
-    def set_grant(self, grant: LocalGrant) -> None:
-        """Keep a grant's permits, claims and claim deadline (its other counts are its items')."""
-        self.sql.exec(
-            f"UPDATE {GRANTS} SET permits = ?, claimed = ?, claim_deadline = ? WHERE grant_id = ?",
-            grant.permits, grant.claimed, grant.claim_deadline, grant.grant_id,
-        )
+    def legacy_grants(self) -> list[LocalGrant]:
+        """Grant rows versions before 5 wrote (no grant row is written since)."""
+        return [_legacy_grant(r) for r in self.sql.exec(f"SELECT {_GRANT_COLUMNS} FROM {GRANTS} ORDER BY grant_id")]
 
     def delete_grant(self, grant_id: str) -> None:
         self.sql.exec(f"DELETE FROM {GRANTS} WHERE grant_id = ?", grant_id)
@@ -360,7 +361,7 @@ class QueueStore:
     # -- leases ---------------------------------------------------------------
     def lease(self, lease_id: str) -> LocalLease | None:
         row = self.sql.one(f"SELECT {_LEASE_COLUMNS} FROM {LEASES} WHERE lease_id = ?", lease_id)
-        return None if row is None else _lease(row, self._counts("lease", "grant_id = ?", lease_id))
+        return None if row is None else _lease(row, self._counts("lease", grant_id=lease_id))
 
     def leases(self, key: str | None = None) -> list[LocalLease]:
         """Leases not settled yet (of one key, or all)."""
@@ -369,8 +370,7 @@ class QueueStore:
         else:
             rows = self.sql.exec(
                 f"SELECT {_LEASE_COLUMNS} FROM {LEASES} WHERE key = ? AND settled_at IS NULL ORDER BY lease_id", key)
-        where, bindings = ("1", ()) if key is None else ("key = ?", (key,))
-        counts = self._counts("lease", where, *bindings) if rows else {}
+        counts = self._counts("lease", key) if rows else {}
         return [_lease(r, counts) for r in rows]
 
     def put_lease(self, lease: LocalLease) -> None:
