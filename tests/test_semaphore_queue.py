@@ -79,6 +79,7 @@ def test_cancel_only_while_queued_and_status_carries_the_blocked_reason(runtime)
 
 
 def test_a_claim_holds_the_oldest_items_without_writing_them_until_the_holder_answers(runtime):
+    runtime.module.CONFIG["two_phase"] = True  # a holder that grants permits unclaimed
     gate = runtime.module.CONFIG["hold_syncs"] = asyncio.Event()
 
     async def scenario():
@@ -101,6 +102,7 @@ def test_a_claim_holds_the_oldest_items_without_writing_them_until_the_holder_an
 
 
 def test_items_an_older_version_wrote_as_claiming_are_admitted_when_the_holder_confirms(runtime):
+    runtime.module.CONFIG["two_phase"] = True  # a holder that grants permits unclaimed
     gate = runtime.module.CONFIG["hold_syncs"] = asyncio.Event()
 
     async def scenario():
@@ -128,12 +130,48 @@ def test_items_an_older_version_wrote_as_claiming_are_admitted_when_the_holder_c
     assert runtime.module.WORLD["violations"] == []
 
 
+def test_a_grant_comes_claimed_and_its_items_are_admitted_on_the_reply(runtime):
+    async def scenario():
+        await shard(runtime).submit(jobs("j", 4, ms=60_000))
+        await asyncio.sleep(3)
+        return list(runtime.module.WORLD["messages"]), await shard(runtime).states(), await runtime.env.HOLDER.getByName("holder").usage()
+
+    calls, states, usage = runtime.run(scenario())
+    assert states == {"j0": "admitted", "j1": "admitted", "j2": "admitted", "j3": "queued"}
+    assert "sync" not in calls  # no claim of its own: the reply confirmed them
+    assert usage["groups"]["g"]["inUse"] == 3 and usage["grants"] >= 1
+
+
+def test_a_request_whose_reply_was_lost_is_answered_from_the_listing_not_granted_twice(runtime):
+    runtime.module.CONFIG["lose_replies"] = {"request": 1}
+    holder = runtime.env.HOLDER.getByName("holder")
+
+    async def scenario():
+        await shard(runtime).submit(jobs("j", 2, ms=60_000))
+        await asyncio.sleep(1.5)
+        granted = await holder.usage()  # the first round granted, claimed; its reply was lost
+        await asyncio.sleep(10)  # the request is retried: its reply lists the grant
+        return granted, await holder.usage(), await shard(runtime).states()
+
+    granted, usage, states = runtime.run(scenario())
+    assert granted["outstanding"] == 2
+    assert usage["outstanding"] == 2 and usage["grants"] == 1  # the repeat got nothing new
+    assert states == {"j0": "admitted", "j1": "admitted"}
+    assert runtime.module.WORLD["starts"] == {"j0": 1, "j1": 1}
+
+
+@pytest.mark.parametrize("two_phase", [False, True])
 @pytest.mark.parametrize("cancelled", [0, 2])
-def test_claims_the_holder_confirmed_after_the_shard_lost_them_are_taken_up_by_the_next_instance(runtime, cancelled):
+def test_claims_the_holder_confirmed_after_the_shard_lost_them_are_taken_up_by_the_next_instance(
+        runtime, cancelled, two_phase):
     # No row records a claim: a shard evicted while the holder's confirmation
-    # is on its way learns the claims from the holder's listing, admits its
-    # queued items on them, and gives back those it has no item for.
-    runtime.module.CONFIG["hold_sync_replies"] = asyncio.Event()  # never set: the answer never arrives
+    # is on its way (the grant's reply, or with a holder that grants
+    # unclaimed permits the claim's) learns the claims from the holder's
+    # listing, admits its queued items on them, and gives back those it has
+    # no item for.
+    config = runtime.module.CONFIG
+    config["two_phase"] = two_phase
+    config["hold_replies"] = {"sync" if two_phase else "request": asyncio.Event()}  # never set
     holder = runtime.env.HOLDER.getByName("holder")
 
     async def scenario():
@@ -141,7 +179,7 @@ def test_claims_the_holder_confirmed_after_the_shard_lost_them_are_taken_up_by_t
         await asyncio.sleep(3)  # granted 3, claimed; the holder confirmed, the shard never heard
         confirmed = (await holder.usage())["groups"]["g"]["inUse"]
         runtime.evict(shard(runtime))
-        runtime.module.CONFIG["hold_sync_replies"] = None
+        config["hold_replies"] = {}
         for i in range(cancelled):
             await shard(runtime).cancel(f"j{2 - i}")
         await shard(runtime).submit(jobs("k", 1, ms=60_000))
@@ -160,6 +198,7 @@ def test_claims_the_holder_confirmed_after_the_shard_lost_them_are_taken_up_by_t
 
 
 def test_a_refused_claim_lets_its_items_go_back_in_line_and_they_are_admitted_later(runtime):
+    runtime.module.CONFIG["two_phase"] = True  # a holder that grants permits unclaimed
     gate = runtime.module.CONFIG["hold_syncs"] = asyncio.Event()
     holder = runtime.env.HOLDER.getByName("holder")
 
@@ -313,6 +352,7 @@ def test_without_finished_a_lost_release_leaks(runtime):
 
 
 def test_items_are_admitted_from_unclaimed_permits_without_a_request(runtime):
+    runtime.module.CONFIG["two_phase"] = True  # a holder that grants permits unclaimed
     async def scenario():
         await shard(runtime).submit(jobs("j", 3, ms=60_000))
         await asyncio.sleep(0.5)

@@ -35,10 +35,12 @@ CONFIG = {
     "lease_report_delay_ms": 10_000,
     "keep_done_ms": 600_000,
     "hold_syncs": None,  # an asyncio.Event: the shard's syncs wait for it before they reach the holder
-    "hold_sync_replies": None,  # an asyncio.Event: the holder's answers to syncs wait for it to reach the shard
+    "hold_replies": {},  # message type -> an asyncio.Event: the holder's answers wait for it to reach the shard
+    "lose_replies": {},  # message type -> how many of the holder's next answers are lost on the way
+    "two_phase": False,  # the shard's requests reach the holder as a version that grants unclaimed permits
 }
 WORLD = {"running": {}, "violations": [], "max_running": 0, "completed": set(), "admit_calls": 0,
-         "started": {}, "starts": {}, "events": [], "requests": [], "finished_asks": []}
+         "started": {}, "starts": {}, "events": [], "requests": [], "finished_asks": [], "messages": []}
 
 
 def _start(item):
@@ -79,6 +81,7 @@ class Holder(DurableObject):
     async def permits(self, message):
         if isinstance(message, dict) and message.get("type") == "request":
             WORLD["requests"].append((time.time() * 1000, message.get("clientId")))
+        WORLD["messages"].append(message.get("type") if isinstance(message, dict) else None)
         return await self.semaphore.handle(message)
 
     async def usage(self):
@@ -230,13 +233,19 @@ class Shard(DurableObject):
 
     @staticmethod
     def _server(env):
-        if CONFIG["hold_syncs"] is not None or CONFIG["hold_sync_replies"] is not None:
+        if CONFIG["hold_syncs"] is not None or CONFIG["hold_replies"] or CONFIG["two_phase"] or CONFIG["lose_replies"]:
             async def held(key, message):
+                if CONFIG["two_phase"]:  # as a holder that knows no "claims" reads it
+                    message = {k: v for k, v in message.items() if k not in ("claims", "heardUpTo")}
                 if message.get("type") == "sync" and CONFIG["hold_syncs"] is not None:
                     await CONFIG["hold_syncs"].wait()
                 reply = await env.HOLDER.getByName(key).permits(message)
-                if message.get("type") == "sync" and CONFIG["hold_sync_replies"] is not None:
-                    await CONFIG["hold_sync_replies"].wait()
+                gate = CONFIG["hold_replies"].get(message.get("type"))
+                if gate is not None:
+                    await gate.wait()
+                if CONFIG["lose_replies"].get(message.get("type"), 0) > 0:
+                    CONFIG["lose_replies"][message.get("type")] -= 1
+                    raise ConnectionError("the holder's reply was lost")
                 return reply
 
             return SemaphoreClient(held)

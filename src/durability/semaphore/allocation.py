@@ -305,6 +305,16 @@ def held_grants(working: "Working", client_id: str) -> list[Grant]:
     return held[:MAX_REPORTS]
 
 
+def unheard_grants(working: "Working", request: Request) -> list[Grant]:
+    """The requesting client's claimed grants made after the last it says it
+    heard of (a reply lost, or an instance gone since): the reply lists them,
+    and they serve its demand already. Only a client that takes what it is
+    granted says what it heard."""
+    if not request.claims:
+        return []
+    return [g for g in held_grants(working, request.client_id) if g.claim_deadline > request.heard_up_to]
+
+
 def news_for(request: Request, outcome: ClientOutcome) -> bool:
     """Does the reply tell the client something it may not know? New permits;
     a lease it did not report (a client reports every lease of the key it
@@ -315,6 +325,8 @@ def news_for(request: Request, outcome: ClientOutcome) -> bool:
         return True
     reported = {report.lease_id for report in request.lease_reports}
     if any(lease.lease_id not in reported for lease in outcome.listed_leases):
+        return True
+    if any(grant.claim_deadline > request.heard_up_to for grant in outcome.held_grants) and request.claims:
         return True
     asked = {demand.group for demand in request.demand}
     return any(grant.group in asked for grant in outcome.open_grants)
@@ -377,10 +389,16 @@ def run_round(book: dict[str, Grant], requests: list[Request], limits: Limits, n
 
     granted, granted_groups = usage(working.grants())
     leased, leased_groups = lease_usage(working.leases())
+    # What each (client, group) holds that its demand already counts on:
+    # permits unclaimed, and claims made for it that it has not heard of yet.
     unclaimed: dict[tuple[str, str], int] = {}
     for grant in working.grants():
         key = (grant.client_id, grant.group)
         unclaimed[key] = unclaimed.get(key, 0) + grant.unclaimed
+    for client_id, request in latest.items():
+        for grant in unheard_grants(working, request):
+            key = (client_id, grant.group)
+            unclaimed[key] = unclaimed.get(key, 0) + grant.claimed - grant.released
     drawable = {(lease.client_id, lease.group) for lease in working.leases() if lease.drawable > 0}
     total = limits.total
     budgets = None
@@ -399,7 +417,10 @@ def run_round(book: dict[str, Grant], requests: list[Request], limits: Limits, n
         give = max(0, min(want, room_total, room_group))
         outcome = outcomes[client_id]
         if give:
-            new = Grant(new_grant_id(), client_id, demand.group, give, 0, 0, now + grant_timeout_ms)
+            # A client that takes what it is granted gets it claimed: the
+            # reply is the confirmation, and no permit waits for a claim.
+            claimed = give if latest[client_id].claims else 0
+            new = Grant(new_grant_id(), client_id, demand.group, give, claimed, 0, now + grant_timeout_ms)
             working.put(new)
             outcome.new_grants.append(new)
             granted += give

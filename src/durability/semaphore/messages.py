@@ -93,6 +93,12 @@ class Request:
     #: not on the wire: False once the holder holds the request over to a
     #: later round, where its (old) reports must not count as a heartbeat
     heartbeat: bool = True
+    #: the client takes every permit granted for its demand: grants come
+    #: claimed, so it admits on the reply with no claim of its own
+    claims: bool = False
+    #: the latest claim deadline of the grants the client knows; grants made
+    #: later, it will learn from the reply's listing (see allocation)
+    heard_up_to: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -211,10 +217,12 @@ def parse(message: Any) -> Request | Sync:
     wait = message.get("wait", 0)
     if not number_in(wait, 0, MAX_WAIT_MS):
         raise ProtocolError("invalid_message", f"wait must be a number of ms from 0 to {MAX_WAIT_MS}")
-    leases = message.get("leases", False)
-    if not isinstance(leases, bool):
-        raise ProtocolError("invalid_message", "leases must be true or false")
-    return Request(client_id, _demand(message), reports, float(wait), leases, lease_reports)
+    leases, claims = message.get("leases", False), message.get("claims", False)
+    if not isinstance(leases, bool) or not isinstance(claims, bool):
+        raise ProtocolError("invalid_message", "leases and claims must be true or false")
+    heard = _time(message.get("heardUpTo", 0), "heardUpTo")
+    return Request(client_id, _demand(message), reports, float(wait), leases, lease_reports, claims=claims,
+                   heard_up_to=heard)
 
 
 # -- replies, as the queue reads them ------------------------------------------------

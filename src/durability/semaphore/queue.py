@@ -184,6 +184,9 @@ class DurabilitySemaphoreQueue:
         # older instance made there may have been confirmed unbeknown to this
         # one (see grant_book). Their done items are kept until it has.
         self._unheard: set[str] = set(self.store.keys_in(QUEUED, CANCELLED))
+        #: per key, the latest claim deadline of the grants the holder listed
+        #: here: grants made later, its next reply lists as news (heardUpTo)
+        self._heard_up_to: dict[str, float] = {}
         # The outbox channels only send what older versions queued there:
         # reports are read from the grant and lease rows now (see _report
         # and _report_leases).
@@ -493,10 +496,18 @@ class DurabilitySemaphoreQueue:
             # the answer's listing is what the key waits for.
             "wait": 0 if key in self._unheard else self.request_wait_ms,
             "leases": True,
+            "claims": True,
+            "heardUpTo": self._heard_up_to.get(key, 0.0),
             "leaseReports": [_lease_report_of(lease) for lease in leases],
         }
         limit_s = (self.attempt_timeout_ms + self.request_wait_ms) / 1000
-        reply = parse_reply(await asyncio.wait_for(self.server.request(key, message), limit_s), "grants")
+        try:
+            reply = parse_reply(await asyncio.wait_for(self.server.request(key, message), limit_s), "grants")
+        except BaseException:
+            # Its round may have granted (claimed) permits all the same: the
+            # key asks again even with no demand left, to hear of them.
+            self._unheard.add(key)
+            raise
         def apply() -> None:
             self._lease_reports_heard(lease_versions)
             self._acknowledge(lease_piggybacked)
@@ -523,10 +534,10 @@ class DurabilitySemaphoreQueue:
             self.scheduler.schedule(PARTICIPANT, PUMP + key, max(now, reply.next_request_at or now))
 
     def _learn_grants(self, key: str, entries: tuple[GrantEntry, ...]) -> None:
-        """Keep what the holder lists of the key's grants: new grants, their
-        permits and deadlines, and claims it confirmed that an older instance
-        made here and this one never knew (they hold queued items again, and
-        the next report has them confirmed: see grant_book)."""
+        """Keep what the holder lists of the key's grants (new grants, their
+        permits and deadlines) and admit on the claims it confirmed: those a
+        grant came with, and those an older instance made here and this one
+        never knew (see grant_book)."""
         for entry in entries:
             if self.grants.stale(entry.grant_id, entry.claimed):
                 continue  # a reply sent before it was settled here
@@ -535,8 +546,15 @@ class DurabilitySemaphoreQueue:
                 known = LocalGrant(entry.grant_id, key, entry.group, entry.permits, 0, 0, 0, entry.claim_deadline)
             learned = replace(known, permits=entry.permits, claim_deadline=entry.claim_deadline,
                               claimed=max(known.claimed, entry.claimed))
+            confirmed = entry.claimed - learned.confirmed
+            if confirmed > 0:  # the listing is the holder's confirmation: admit on it now
+                admitted = self._answer_claims(learned, confirmed, 0)
+                learned = replace(learned, extra=learned.extra + confirmed - admitted)  # no item left: given back
+                if admitted:
+                    self.scheduler.schedule_by(PARTICIPANT, ADMIT, now_ms())
             if learned != known or not self.grants.knows_terms(entry.grant_id):
                 self.grants.keep(learned)
+            self._heard_up_to[key] = max(self._heard_up_to.get(key, 0.0), entry.claim_deadline)
 
     def _heard(self, key: str, reply: Reply) -> None:
         if reply.contended:
