@@ -204,6 +204,31 @@ def test_a_held_request_is_answered_by_its_deadline(runtime):
     assert reply["grants"] == [] and reply["blocked"][0]["reason"] == "limit"
 
 
+def test_a_newer_request_from_a_client_answers_its_held_one_which_is_never_served_later(runtime):
+    # The held request may be from an instance of the client that is gone:
+    # served later, its permits would come claimed for nobody.
+    def claiming(message):
+        return {**message, "claims": True}
+
+    async def scenario():
+        first = await holder(runtime).permits(claiming(request("a", [("g", 3, 0)])))
+        old = asyncio.ensure_future(holder(runtime).permits(claiming(request("b", [("g", 1, 0)], wait=30_000))))
+        await asyncio.sleep(3)
+        held = not old.done()
+        newer = await holder(runtime).permits(claiming(request("b", [("g", 1, 0)], wait=0)))  # asks once, then cancels
+        await asyncio.sleep(0.1)
+        answered = old.done()
+        [grant] = first["grants"]
+        await holder(runtime).permits(sync("a", [(grant["grantId"], 3, 3)]))  # every permit comes back
+        await asyncio.sleep(40)
+        return held, answered, newer, grant, await holder(runtime).usage()
+
+    held, answered, newer, grant, usage = runtime.run(scenario())
+    assert grant["claimed"] == 3  # a request that says "claims" gets its grant claimed
+    assert held and answered and newer["grants"] == []
+    assert usage["outstanding"] == 0 and usage["grants"] == 0
+
+
 def test_a_repeated_request_after_a_lost_reply_is_not_served_twice(runtime):
     async def scenario():
         first = await holder(runtime).permits(request("a", [("g", 2, 0)]))

@@ -303,6 +303,10 @@ class DurabilitySemaphore:
         self._commit(result.changes)
         self._contended = result.contended
         next_request_at = now + self.round_period_ms
+        # Only a client's latest request may be held over: an older one may be
+        # from an instance that is gone, and held, it would be served later
+        # with permits claimed for nobody.
+        latest = {request.client_id: index for index, (request, _, _) in enumerate(batch)}
         held = []
         for index, (request, waiter, hold_until) in enumerate(batch):
             if waiter.done():
@@ -311,7 +315,9 @@ class DurabilitySemaphore:
                 waiter.set_result(result.errors[index].reply())
                 continue
             outcome = result.outcomes[request.client_id]
-            if not news_for(request, outcome) and outcome.blocked and hold_until > next_request_at:
+            superseded = latest[request.client_id] != index
+            if (not superseded and not news_for(request, outcome) and outcome.blocked
+                    and hold_until > next_request_at):
                 # Nothing new to tell: keep the request for the next round
                 # instead of having the client ask again (a long poll).
                 # Its reports were heard once: a lease must not stay alive

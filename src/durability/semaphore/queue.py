@@ -501,19 +501,19 @@ class DurabilitySemaphoreQueue:
             "leaseReports": [_lease_report_of(lease) for lease in leases],
         }
         limit_s = (self.attempt_timeout_ms + self.request_wait_ms) / 1000
-        try:
-            reply = parse_reply(await asyncio.wait_for(self.server.request(key, message), limit_s), "grants")
-        except BaseException:
-            # Its round may have granted (claimed) permits all the same: the
-            # key asks again even with no demand left, to hear of them.
-            self._unheard.add(key)
-            raise
+        # Until its reply is applied, the request's round may have granted
+        # (claimed) permits this object has not heard of: if it fails, the key
+        # asks again even with no demand left, to hear of them.
+        self._unheard.add(key)
+        reply = parse_reply(await asyncio.wait_for(self.server.request(key, message), limit_s), "grants")
+
         def apply() -> None:
             self._lease_reports_heard(lease_versions)
             self._acknowledge(lease_piggybacked)
             self._apply_grants_reply(key, reply, claims)
 
         self.scheduler.transaction(apply)
+        self._unheard.discard(key)  # a round answered: it had heard whatever an older instance sent
         await self.scheduler.sync()
         await self._after_reply(key, reply)
 
@@ -525,7 +525,6 @@ class DurabilitySemaphoreQueue:
         if reply.contended:
             self._return_idle_leases(key)  # _after_reply reports them
         self._learn_grants(key, reply.grants)
-        self._unheard.discard(key)  # a round answered: it had heard whatever an older instance sent
         interval = pacing_interval((reply.next_request_at or now) - now)
         if interval > 0:  # "ask at once" (a reply with permits) is not pacing to keep
             self.store.set_pacing(key, interval)
