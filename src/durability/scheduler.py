@@ -61,6 +61,8 @@ _TABLES = ["durability_timers"]
 
 _UNKNOWN = object()
 BACKSTOP_MS = 60_000
+#: an alarm's budget is drawn from [1 - BUDGET_SPREAD, 1] x alarm_budget_ms
+BUDGET_SPREAD = 0.25
 
 
 @dataclass(frozen=True)
@@ -97,7 +99,10 @@ class DurabilityScheduler:
             gives its own. Timers never give up unless the policy says so.
         max_concurrency: how many due timers one alarm runs at once.
         alarm_budget_ms: after this long in one alarm, timers not yet started
-            are left for a fresh alarm, well before the handler's wall-time limit.
+            are left for a fresh alarm, well before the handler's wall-time
+            limit. Each alarm draws its own budget from the last quarter below
+            this, so that objects whose alarms started together do not all
+            stop starting timers at once (see ``starts_left_ms``).
     """
 
     def __init__(self, ctx: Any, *, backoff: Backoff = Backoff(),
@@ -124,6 +129,7 @@ class DurabilityScheduler:
         # While alarm() dispatches, newly scheduled timers wake it instead of
         # moving the alarm: it runs them itself and re-arms when it ends.
         self._dispatching = False
+        self._starts_until: float | None = None  #: while dispatching: when this alarm stops starting timers
         self._wake = asyncio.Event()
         migrate(self.sql, "scheduler", _SCHEMA)
         # Versions come from a counter that only grows in this instance: a run
@@ -281,10 +287,11 @@ class DurabilityScheduler:
             await self.sql.set_alarm(self._armed)
         running: dict[tuple[str, str], asyncio.Task] = {}
         self._dispatching = True
+        self._starts_until = started + self.alarm_budget_ms * (1 - BUDGET_SPREAD * random.random())
         try:
             while True:
                 room = self.max_concurrency - len(running)
-                if room > 0 and now_ms() - started < self.alarm_budget_ms:
+                if room > 0 and now_ms() < self._starts_until:
                     for row in self._due(now_ms(), running, room):
                         key = (row["participant"], row["key"])
                         running[key] = asyncio.ensure_future(self._run_timer(row))
@@ -292,7 +299,7 @@ class DurabilityScheduler:
                     break
                 self._wake.clear()
                 waker = asyncio.ensure_future(self._wake.wait())
-                can_start = len(running) < self.max_concurrency and now_ms() - started < self.alarm_budget_ms
+                can_start = len(running) < self.max_concurrency and now_ms() < self._starts_until
                 next_due = self._next_due(running) if can_start else None
                 # Never less than a few ms: a shorter wait returns with the clock unmoved and spins.
                 timeout = None if next_due is None else wait_s(next_due)
@@ -305,9 +312,19 @@ class DurabilityScheduler:
                         task.result()  # _run_timer keeps handler errors to itself
         finally:
             self._dispatching = False
+            self._starts_until = None
             for task in running.values():
                 task.cancel()
         await self.sync()
+
+    def starts_left_ms(self) -> float | None:
+        """How much longer the alarm running now starts timers (None when none
+        runs). A timer that would leave work waiting for a timer started
+        after that (a request for permits, say) can hold off: the work would
+        idle until the alarm's running timers end and a fresh one starts."""
+        if self._starts_until is None:
+            return None
+        return max(0.0, self._starts_until - now_ms())
 
     def _due(self, now: float, running: dict, limit: int) -> list[dict[str, Any]]:
         rows = self.sql.exec(

@@ -75,6 +75,9 @@ ADMIT, FINISHED, PUMP, PURGE, RENEW, REPORT = "admit", "finished", "pump:", "pur
 LEASE_REPORT = "lease-report:"
 MIN_RENEW_MS = 1_000  # a lease listed with no ttl (leases turned off) is not renewed in a tight loop
 FINISHED_BATCH = 100
+#: a request is not sent, or held, closer than this to the end of the alarm's
+#: starts (scheduler.starts_left_ms): its reply's work must start in time
+REQUEST_MARGIN_MS = 5_000
 PURGE_BATCH = 500  #: done items deleted per transaction; the purge timer comes back at once for more
 
 
@@ -480,6 +483,18 @@ class DurabilitySemaphoreQueue:
             self.scheduler.schedule(PARTICIPANT, PUMP + key, next_at)
             await self._report_safely(key)
             return
+        left = self.scheduler.starts_left_ms()
+        if left is not None and left < REQUEST_MARGIN_MS:
+            # This alarm stops starting timers before a reply could start its
+            # work: permits granted now would idle until a fresh alarm. Ask
+            # from that one instead, and let other clients have them.
+            at = now_ms() + left  # not due before then: this alarm does not run it again
+            self.scheduler.transaction(lambda: self.scheduler.schedule(PARTICIPANT, PUMP + key, at))
+            await self._report_safely(key)
+            return
+        wait = 0 if key in self._unheard else self.request_wait_ms
+        if left is not None:
+            wait = min(wait, left - REQUEST_MARGIN_MS)  # the reply comes back while timers still start
         claims = self._due_reports(key)
         # Every lease of the key rides along: current drawn counts, releases
         # and stops, and a heartbeat for each.
@@ -494,7 +509,7 @@ class DurabilitySemaphoreQueue:
             "grants": list(claims.values()),
             # An unheard key's first request is answered at the round, not held:
             # the answer's listing is what the key waits for.
-            "wait": 0 if key in self._unheard else self.request_wait_ms,
+            "wait": wait,
             "leases": True,
             "claims": True,
             "heardUpTo": self._heard_up_to.get(key, 0.0),
