@@ -241,30 +241,44 @@ class JobShard(DurableObject):
             admit=self._admit,
             finished=self._finished,
             finished_check_ms=10_000,
+            # The job runner keeps every job id, so the queue need not keep
+            # done items to know them: a released item's row goes at once,
+            # one row written per job less (docs/queue.md).
+            keep_done_ms=0,
         )
 
     async def submit(self, job):
         job = _job(job)
+        known = await self.jobs.run.get_result(job["id"])
+        if known["status"] != "not_found":  # admitted once already: a repeat is a no-op
+            queued = self.permits.status(job["id"])
+            return {"id": job["id"], "state": queued["state"] if queued else "released"}
         [item] = await self.permits.enqueue(
             [{"id": job["id"], "key": job["account"], "group": job["workflow"], "body": job}]
         )
         return {"id": item.id, "state": item.state}
 
     async def status(self, job_id):
-        queued = self.permits.status(_name(job_id, "id"))
+        job_id = _name(job_id, "id")
+        queued = self.permits.status(job_id)
+        result = await self.jobs.run.get_result(job_id)
         if queued is None:
-            return {"id": job_id, "state": "not_found"}
-        return {**queued, "job": await self.jobs.run.get_result(job_id)}
+            if result["status"] == "not_found":
+                return {"id": job_id, "state": "not_found"}
+            queued = {"id": job_id, "state": "released"}  # its item is not kept once released
+        return {**queued, "job": result}
 
     async def _admit(self, items):
         # Idempotent: a job id already known to the runner is not run again.
-        for item in items:
-            await self.jobs.run(id=item.id, payload=item.body)
+        for item in items:  # the job keeps how it was admitted: its item is not kept once released
+            await self.jobs.run(id=item.id, payload={**item.body, "via": item.via})
 
     async def _on_job_event(self, event):
-        # The fast path only: a failed attempt that will be retried keeps its
-        # permit, and finished() returns any permit whose release is lost.
-        if event.type == "terminal" or (event.type == "attempt_settled" and event.outcome == "completed"):
+        # The fast path only, once per job: a failed attempt that will be
+        # retried keeps its permit, and finished() returns any permit whose
+        # release is lost. (A released item is not kept: a second release of
+        # it would raise KeyError.)
+        if event.type == "terminal":
             await self.permits.release(event.id)
 
     async def _finished(self, ids):

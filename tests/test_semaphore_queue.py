@@ -564,3 +564,33 @@ def test_a_release_not_yet_reported_when_its_shard_is_evicted_still_reaches_the_
 
     before, after, states = runtime.run(scenario())
     assert before == 1 and after == 0 and states == {"a0": "released"}
+
+
+@pytest.mark.parametrize("evicted", [False, True])
+def test_without_kept_done_items_a_release_deletes_its_item_and_still_reaches_the_holder(runtime, evicted):
+    # keep_done_ms=0: the release deletes the item (one write, not two); the
+    # key's pacing row tells a new instance to ask, and the holder's listing
+    # gives back the grant's claims, counted as released.
+    runtime.module.CONFIG["keep_done_ms"] = 0
+    holder = runtime.env.HOLDER.getByName("holder")
+
+    async def outstanding():
+        return (await holder.usage())["outstanding"]
+
+    async def scenario():
+        if evicted:
+            before, after = await released_then_evicted(runtime, shard(runtime), outstanding, 10)
+        else:
+            await shard(runtime).submit(jobs("a", 1, ms=5_000))
+            await asyncio.sleep(3)
+            before = await outstanding()
+            await asyncio.sleep(10)
+            after = await outstanding()
+        sql = runtime.host_of(shard(runtime)).instance.ctx.storage.sql
+        keys = [r["key"] for r in sql.exec("SELECT key FROM durability_queue_pacing").toArray()]
+        return before, after, await shard(runtime).states(), keys
+
+    before, after, states, keys = runtime.run(scenario())
+    assert before == 1 and after == 0
+    assert states == {} and keys == []  # nothing kept: the item and the key's row are gone
+    assert runtime.module.WORLD["starts"] == {"a0": 1}

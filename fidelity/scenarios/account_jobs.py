@@ -28,6 +28,7 @@ def _instrument(module, ledger):
         running.add(job_id)
         ledger["max_running"][account] = max(ledger["max_running"].get(account, 0), len(running))
         ledger["runs"][job_id] = ledger["runs"].get(job_id, 0) + 1
+        ledger["via"].setdefault(job_id, job.get("via"))
         try:
             return await real_run_job(env, job)
         finally:
@@ -52,7 +53,7 @@ async def _ghost_grant(driver):
 async def run(driver, jobs=200, seed=7, accounts=("acct-a", "acct-b")):
     rng = random.Random(seed)
     started = driver.now_ms()
-    ledger = {"running": {}, "max_running": {}, "runs": {}, "overlaps": 0}
+    ledger = {"running": {}, "max_running": {}, "runs": {}, "overlaps": 0, "via": {}}
     real_run_job = _instrument(driver.module, ledger)
     try:
         ghost_granted, ghost_before = await _ghost_grant(driver)
@@ -75,7 +76,8 @@ async def run(driver, jobs=200, seed=7, accounts=("acct-a", "acct-b")):
                     status = await driver.call("job_status", job_id)
                     if status["job"]["status"] in ("completed", "failed"):
                         statuses[job_id] = status["job"]["status"]
-                        via[status["via"]] = via.get(status["via"], 0) + 1
+                        admitted = ledger["via"].get(job_id)  # its item is not kept once released
+                        via[admitted] = via.get(admitted, 0) + 1
         usage = {}
         for _ in range(60):  # the release of the last jobs is on its way
             usage = {a: await driver.call("account_usage", a) for a in (*accounts, GHOST_ACCOUNT)}

@@ -187,6 +187,8 @@ class DurabilitySemaphoreQueue:
         # older instance made there may have been confirmed unbeknown to this
         # one (see grant_book). Their done items are kept until it has.
         self._unheard: set[str] = set(self.store.keys_in(QUEUED, CANCELLED))
+        if self.keep_done_ms == 0:  # released items are not kept to tell of their keys: the keys' rows do
+            self._unheard |= set(self.store.registered_keys())
         #: per key, the latest claim deadline of the grants the holder listed
         #: here: grants made later, its next reply lists as news (heardUpTo)
         self._heard_up_to: dict[str, float] = {}
@@ -452,16 +454,28 @@ class DurabilitySemaphoreQueue:
             oldest = self.store.oldest_done()
             if oldest is not None:
                 at = oldest + self.keep_done_ms
-                if at <= now:  # held by a grant or lease still here: look again an interval on, not in a loop
-                    at = now + max(self.keep_done_ms, MIN_RENEW_MS)
+                if at <= now:
+                    # Held by a grant or a lease row still here: look again an
+                    # interval on, not in a loop (the renewal timer that
+                    # forgets a settled lease's row calls the purge sooner).
+                    at = now + max(self.keep_done_ms, self._settled_horizon_ms())
                 self.scheduler.schedule(PARTICIPANT, PURGE, at)
 
         self.scheduler.transaction(purge)
         await self.scheduler.sync()
 
     def _release(self, item: Item) -> None:
-        self._move(item, RELEASED, item.grant_id, item.via)
         self._returned.pop(item.id, None)
+        grant = self.grants.grant(item.grant_id) if item.via == "grant" else None
+        if self.keep_done_ms == 0 and grant is not None:
+            # Not kept: its row goes now, one write instead of two, and its
+            # grant counts it as a claim with no item, released. An instance
+            # that starts before the holder heard counts it so again: its
+            # key's row makes it ask, and the holder lists the grant's claims.
+            self.store.delete(item.id)
+            self.grants.keep(replace(grant, extra=grant.extra + 1))
+        else:
+            self._move(item, RELEASED, item.grant_id, item.via)
         if item.via == "lease":  # its released count is its items released: report it
             self._lease_report_due(item.key, item.grant_id, now_ms() + self.lease_report_delay_ms)
             return
@@ -520,6 +534,8 @@ class DurabilitySemaphoreQueue:
         # (claimed) permits this object has not heard of: if it fails, the key
         # asks again even with no demand left, to hear of them.
         self._unheard.add(key)
+        if self.keep_done_ms == 0:
+            self.scheduler.transaction(lambda: self.store.register_key(key))
         reply = parse_reply(await asyncio.wait_for(self.server.request(key, message), limit_s), "grants")
 
         def apply() -> None:
@@ -529,6 +545,7 @@ class DurabilitySemaphoreQueue:
 
         self.scheduler.transaction(apply)
         self._unheard.discard(key)  # a round answered: it had heard whatever an older instance sent
+        self.scheduler.transaction(lambda: self._unregister_if_idle(key))
         await self.scheduler.sync()
         await self._after_reply(key, reply)
 
@@ -609,6 +626,7 @@ class DurabilitySemaphoreQueue:
             if settlement.forget:
                 self.grants.forget(grant.grant_id, now_ms(), grant.claimed)
                 self._acked.pop(grant.grant_id, None)
+                self._unregister_if_idle(grant.key)
             else:
                 sent_report = (sent or {}).get(grant.grant_id)
                 heard = outcome.released if sent_report is None else sent_report["released"]
@@ -621,6 +639,12 @@ class DurabilitySemaphoreQueue:
                 self._wake(grant.key, now_ms())
         if admitted:
             self.scheduler.schedule_by(PARTICIPANT, ADMIT, now_ms())
+
+    def _unregister_if_idle(self, key: str) -> None:
+        """Without kept done items, drop the key's row once it holds nothing here."""
+        if (self.keep_done_ms == 0 and key not in self._unheard and not self.grants.grants(key)
+                and not self.store.leases(key) and not self.store.has_items(key)):
+            self.store.unregister_key(key)
 
     def _answer_claims(self, grant: LocalGrant, admit: int, requeue: int) -> int:
         """Admit ``admit`` of the items the grant's claims hold, oldest first,
@@ -896,7 +920,8 @@ class DurabilitySemaphoreQueue:
                 idle = lease.in_use == 0 and lease.group not in queued[lease.key]
                 stopped = lease.stopped or idle
                 self._put_lease_and_report(replace(lease, stopped=stopped, renew_at=_renew_at(now, lease.ttl_ms)))
-            self.store.forget_settled(now, self._settled_horizon_ms())
+            if self.store.forget_settled(now, self._settled_horizon_ms()) and self.store.oldest_done() is not None:
+                self.scheduler.schedule_by(PARTICIPANT, PURGE, now)  # items those leases held may go now
             self._schedule_renewal()
 
         self.scheduler.transaction(renew)

@@ -223,6 +223,25 @@ class QueueStore:
             key, interval_ms,
         )
 
+    # -- keys that may hold grants (used when done items are not kept) --------------
+    # A pacing row stands for its key: written (interval 0) before the key's
+    # first request, deleted once it holds nothing here. Without kept done
+    # items, nothing else tells a new instance which keys to ask about.
+    def register_key(self, key: str) -> None:
+        """One row written per key until it is unregistered; none after."""
+        self.sql.exec(f"INSERT INTO {PACING} (key, interval_ms) VALUES (?, 0) ON CONFLICT (key) DO NOTHING", key)
+
+    def registered_keys(self) -> list[str]:
+        return [r["key"] for r in self.sql.exec(f"SELECT key FROM {PACING} ORDER BY key")]
+
+    def unregister_key(self, key: str) -> None:
+        self.sql.exec(f"DELETE FROM {PACING} WHERE key = ?", key)
+
+    def has_items(self, key: str) -> bool:
+        # (A count, not LIMIT 1: with no index both scan the table, and the
+        # embedded runtime bills a scan's reads as workerd does only in full.)
+        return self.sql.one(f"SELECT count(*) AS n FROM {ITEMS} WHERE key = ?", key)["n"] > 0
+
     # -- items ----------------------------------------------------------------
     def item(self, item_id: str) -> Item | None:
         row = self.sql.one(f"SELECT {_ITEM_COLUMNS} FROM {ITEMS} WHERE id = ?", item_id)
@@ -287,6 +306,10 @@ class QueueStore:
             f"UPDATE {ITEMS} SET state = ?, grant_id = ?, via = ?, done_at = ? WHERE id = ?",
             state, grant_id, via, done_at, item_id,
         )
+
+    def delete(self, item_id: str) -> None:
+        self._changes += 1
+        self.sql.exec(f"DELETE FROM {ITEMS} WHERE id = ?", item_id)
 
     # -- done items: kept a while, then deleted ----------------------------------
     def oldest_done(self) -> float | None:
@@ -390,10 +413,14 @@ class QueueStore:
         row = self.sql.one(f"SELECT min(settled_at) AS t FROM {LEASES}")
         return None if row is None else row["t"]
 
-    def forget_settled(self, now: float, keep_ms: float) -> None:
-        """Drop leases settled ``keep_ms`` or more ago: no reply that old can still arrive.
+    def forget_settled(self, now: float, keep_ms: float) -> bool:
+        """Drop leases settled ``keep_ms`` or more ago: no reply that old can still
+        arrive. True if any was dropped.
 
         (``settled_at + keep_ms`` is the moment the lease timer is set for: the
         same sum, so a timer that fires then always finds the row gone.)
         """
-        self.sql.exec(f"DELETE FROM {LEASES} WHERE settled_at + ? <= ?", keep_ms, now)
+        gone = self.sql.exec(f"SELECT lease_id FROM {LEASES} WHERE settled_at + ? <= ?", keep_ms, now)
+        if gone:
+            self.sql.exec(f"DELETE FROM {LEASES} WHERE settled_at + ? <= ?", keep_ms, now)
+        return bool(gone)
