@@ -103,7 +103,8 @@ def _run_budget(scenario: Scenario) -> Outcome:
     module = runtime.module
     module.TRUTH = truth
     module.CONFIG.update(limits=list(scenario.limits), group_limits=[dict(scenario.group_limits) for _ in scenario.limits],
-                         leases=lease_options(scenario), lose_releases=scenario.lose_releases, plant=scenario.plant)
+                         leases=lease_options(scenario), lose_releases=scenario.lose_releases, plant=scenario.plant,
+                         keep_done=scenario.keep_done)
     start = runtime.now_ms()
     try:
         with planted(scenario.plant):
@@ -218,6 +219,15 @@ class _BudgetDriver:
         found = {}
         for index in range(self.scenario.shards):
             found.update(await self.shard(index).states())
+        if not self.scenario.keep_done:
+            # Kept nothing: an item gone after its work ended was released,
+            # one gone after its cancel was cancelled. (An accepted item gone
+            # otherwise stays missing: a durability violation.)
+            for item in self.accepted:
+                if item not in found and item in self.truth.stopped:
+                    found[item] = "released"
+                elif item not in found and item in self.cancelled and not self.truth.registered[item]:
+                    found[item] = "cancelled"
         return found
 
     def check_end(self, states: dict[str, str], bounds: dict[int, float]) -> None:

@@ -91,6 +91,9 @@ class Scenario:
     lose_releases: float = 0.0  #: share of releases a shard forgets to make (finished() returns them)
     permits_per_lease: int = 2
     plant: str | None = None  #: a defect planted on purpose, to show a check catches it
+    #: False: the shards keep no done item (keep_done_ms=0), as the example
+    #: Worker; the end check takes an item gone after its work ended as released
+    keep_done: bool = True
 
     @property
     def keys(self) -> int:
@@ -139,7 +142,7 @@ def generate(seed: int, mode: str) -> Scenario:
         seed, mode, limits=limits, group_limits=group_limits, shards=shards,
         jobs=_jobs(rng, keys, shards), changes=_changes(rng, mode, keys), faults=faults, latency_ms=latency,
         partitions=_partitions(rng, shards), lose_releases=rng.choice([0.0, 0.05, 0.2]),
-        permits_per_lease=rng.randint(1, 4),
+        permits_per_lease=rng.randint(1, 4), keep_done=rng.random() < 0.5,  # drawn last: older seeds keep theirs
     )
 
 

@@ -31,6 +31,7 @@ CONFIG = {
     "lose_releases": 0.0,
     "partitioned": {},  # shard name -> until (ms)
     "plant": None,
+    "keep_done": True,  # False: the shards keep no done item (keep_done_ms=0)
 }
 TRUTH = None
 
@@ -136,9 +137,10 @@ class Shard(DurableObject):
             finished=None if lost_all else self._finished,  # a lost release with no sweep
             finished_check_ms=FINISHED_CHECK_MS, lease_report_delay_ms=2_000,
             retries=Backoff(initial_ms=500, max_ms=RETRY_MAX_MS),
-            # Done items are kept past the end of any run: the end-of-run
-            # check reads every accepted item's final state from the shards.
-            keep_done_ms=KEEP_DONE_MS,
+            # Done items are kept past the end of any run (the end-of-run
+            # check reads every accepted item's final state from the shards),
+            # or not at all, as the example Worker does.
+            keep_done_ms=KEEP_DONE_MS if CONFIG["keep_done"] else 0,
         )
 
     async def submit(self, items):

@@ -431,7 +431,7 @@ def _lease_json(lease: Lease, ttl_ms: float) -> dict[str, Any]:
 
 def _grant_json(grant: Grant) -> dict[str, Any]:
     return {"grantId": grant.grant_id, "group": grant.group, "permits": grant.permits, "claimed": grant.claimed,
-            "claimDeadline": grant.claim_deadline}
+            "released": grant.released, "claimDeadline": grant.claim_deadline}
 
 
 def _grants_reply(outcome, next_request_at: float, contended: bool = False, ttl_ms: float = 0) -> dict[str, Any]:

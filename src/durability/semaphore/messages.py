@@ -246,6 +246,7 @@ class GrantEntry:
     permits: int
     claimed: int
     claim_deadline: float
+    released: int = 0  #: the releases the holder heard (older holders do not say)
 
 
 @dataclass(frozen=True)
@@ -349,9 +350,10 @@ def _reply_field(entry: dict, name: str, where: str, check: Callable[[Any, str],
 
 
 def _grant_entry(entry: dict, where: str) -> GrantEntry:
+    released = _reply_field(entry, "released", where, _count) if "released" in entry else 0
     return GrantEntry(_reply_field(entry, "grantId", where, _identifier), _reply_field(entry, "group", where, _identifier),
                       _reply_field(entry, "permits", where, _count), _reply_field(entry, "claimed", where, _count),
-                      _reply_field(entry, "claimDeadline", where, _time))
+                      _reply_field(entry, "claimDeadline", where, _time), released)
 
 
 def _report_outcome(entry: dict, where: str) -> ReportOutcome:

@@ -577,10 +577,14 @@ class DurabilitySemaphoreQueue:
                 known = LocalGrant(entry.grant_id, key, entry.group, entry.permits, 0, 0, 0, entry.claim_deadline)
             learned = replace(known, permits=entry.permits, claim_deadline=entry.claim_deadline,
                               claimed=max(known.claimed, entry.claimed))
-            confirmed = entry.claimed - learned.confirmed
-            if confirmed > 0:  # the listing is the holder's confirmation: admit on it now
-                admitted = self._answer_claims(learned, confirmed, 0)
-                learned = replace(learned, extra=learned.extra + confirmed - admitted)  # no item left: given back
+            unknown = entry.claimed - learned.confirmed  # confirmed there, no item here counts
+            if unknown > 0:  # the listing is the holder's confirmation: admit on it now
+                # Releases the holder heard beyond those counted here were
+                # of items this object deleted and then forgot (keep_done_ms
+                # 0, a new instance): their permits may be anyone's by now.
+                released_there = min(unknown, max(0, entry.released - learned.released))
+                admitted = self._answer_claims(learned, unknown - released_there, 0)
+                learned = replace(learned, extra=learned.extra + unknown - admitted)  # no item left: given back
                 if admitted:
                     self.scheduler.schedule_by(PARTICIPANT, ADMIT, now_ms())
             if learned != known or not self.grants.knows_terms(entry.grant_id):
