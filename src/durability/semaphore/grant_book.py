@@ -12,11 +12,15 @@ No row is written for a grant. What a crash loses is recovered without one:
   knows every grant it admitted on, with its confirmed and released counts
   (its permits taken as its claims, its deadline as past: the holder's next
   listing gives them again);
-- claims the holder had not answered hold only queued items, which stay
-  queued: the holder confirmed them or not, and it lists every grant of the
-  client not yet settled in each reply (``allocation.held_grants``), so the
-  queue takes up confirmed claims it no longer knows (``adopt``);
-- unclaimed permits the holder takes back at their claim deadline.
+- claims the holder confirmed that no item here counts (a reply lost, or
+  applied by an instance that is gone; items released and deleted with
+  ``keep_done_ms`` 0): the holder lists every grant of the client not yet
+  settled in each reply (``allocation.held_grants``), with its confirmed
+  claims and the releases it heard, and the queue admits on those claims
+  (never on more than the holder has not heard released) or gives them back
+  (``extra``: claims with no item, released);
+- unclaimed permits (a grant from a holder that does not claim for its
+  clients) the holder takes back at their claim deadline.
 
 Before this, a grant had a row (written when first claimed on, deleted once
 settled: two rows per grant, about two per admitted job on the demo's

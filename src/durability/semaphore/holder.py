@@ -305,8 +305,10 @@ class DurabilitySemaphore:
         next_request_at = now + self.round_period_ms
         # Only a client's latest request may be held over: an older one may be
         # from an instance that is gone, and held, it would be served later
-        # with permits claimed for nobody.
-        latest = {request.client_id: index for index, (request, _, _) in enumerate(batch)}
+        # with permits claimed for nobody. (A copy of the latest, the same
+        # message delivered twice, waits with it: one of them is answered to
+        # the client.)
+        latest = {request.client_id: request for request, _, _ in batch}
         held = []
         for index, (request, waiter, hold_until) in enumerate(batch):
             if waiter.done():
@@ -315,7 +317,7 @@ class DurabilitySemaphore:
                 waiter.set_result(result.errors[index].reply())
                 continue
             outcome = result.outcomes[request.client_id]
-            superseded = latest[request.client_id] != index
+            superseded = not _same_request(latest[request.client_id], request)
             if (not superseded and not news_for(request, outcome) and outcome.blocked
                     and hold_until > next_request_at):
                 # Nothing new to tell: keep the request for the next round
@@ -427,6 +429,11 @@ class DurabilitySemaphore:
 def _lease_json(lease: Lease, ttl_ms: float) -> dict[str, Any]:
     return {"leaseId": lease.lease_id, "group": lease.group, "permits": lease.permits, "drawn": lease.drawn,
             "ttlMs": ttl_ms, "expiresAt": lease.expires_at, "retired": lease.retired}
+
+
+def _same_request(a: Request, b: Request) -> bool:
+    """The same message (a held-over copy no longer counts as a heartbeat)."""
+    return replace(a, heartbeat=True) == replace(b, heartbeat=True)
 
 
 def _grant_json(grant: Grant) -> dict[str, Any]:

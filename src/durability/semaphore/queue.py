@@ -1,29 +1,31 @@
 """DurabilitySemaphoreQueue: work queued in a client object, admitted under a holder's budget.
 
 Lives here: the queue's runtime side: enqueue, draws from this object's
-leases and claims against its grants, requests to the holder paced by
-``nextRequestAt``, confirmations, ``admit()`` retried until it returns,
-``release``, ``cancel``, ``status``, the ``finished()`` sweep, lease
-renewals and returns, the deletion of done items, and reports as
-cumulative counts read from the grant and lease rows and their items, sent
-by a ``sync`` (``_report``, ``_report_leases``) or with the next request;
-the outbox channel ``durability.semaphore-queue`` only sends what older
-versions queued there.
+leases, requests to the holder paced by ``nextRequestAt`` (grants come
+claimed: the reply admits), claims on grants that come unclaimed (from
+older holders), ``admit()`` retried until it returns, ``release``,
+``cancel``, ``status``, the ``finished()`` sweep, lease renewals and
+returns, the deletion of done items, and reports as cumulative counts read
+from the items and the lease rows, sent by a ``sync`` (``_report``,
+``_report_leases``) or with the next request; the outbox channel
+``durability.semaphore-queue`` only sends what older versions queued there.
 Must not know: the holder's rules (it only reads its replies) or SQL (the
 store owns that).
 
-An item is ``queued`` until a permit is claimed for it (``claiming``: a
-claim holds the oldest queued items of its key and group and writes only
-the grant's claimed count), and ``admitted`` once the holder confirmed the
-claim; ``admit()`` is then called, after the admission committed, until it
-returns. An item drawn from a lease skips ``claiming``: the holder already
-counts the lease, so the draw and the admission commit together and nothing
-waits for the holder. Releasing an item writes its new state, which is also
-its grant's released count (a grant's counts are its items'), or the
-lease's new count in the same transaction; the holder learns it from the
-next request or a ``sync``. A drawn permit is one-shot: releasing it
-returns footprint to the holder, never a permit to draw. Done items are
-deleted ``keep_done_ms`` after they were released or cancelled.
+An item is ``queued`` until a permit is granted for it, and ``admitted``
+once the holder confirmed it: the reply of a request that says ``claims``
+confirms the permits it grants, or (with a holder that grants unclaimed
+permits) the answer to a claim, while the item is ``claiming``. ``admit()``
+is then called, after the admission committed, until it returns. An item
+drawn from a lease is admitted at once: the holder already counts the
+lease, so the draw and the admission commit together. Releasing an item
+writes its new state, which is also its grant's released count (a grant's
+counts are its items', see grant_book), or the lease's new count in the
+same transaction; the holder learns it from the next request or a
+``sync``. A drawn permit is one-shot: releasing it returns footprint to
+the holder, never a permit to draw. Done items are deleted
+``keep_done_ms`` after they were released or cancelled (at once, for a
+grant's item, with ``keep_done_ms`` 0).
 """
 
 from __future__ import annotations

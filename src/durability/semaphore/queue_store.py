@@ -1,11 +1,11 @@
-"""The queue's storage: items, this object's copy of its grants and leases, and every query on them.
+"""The queue's storage: items, this object's copy of its leases, the keys' pacing rows, and every query on them.
 
 Lives here: the schema and SQL of ``DurabilitySemaphoreQueue``. Must not
 know: the protocol with the holder, timers, or when anything happens.
 
-Items, grants and leases are WITHOUT ROWID tables keyed by id with no
-secondary index: each state change of an item writes one row (a draw from
-a lease writes only its item too). Finding the oldest queued items scans the
+Items and leases are WITHOUT ROWID tables keyed by id with no secondary
+index: each state change of an item writes one row (a draw from a lease
+writes only its item too). Finding the oldest queued items scans the
 table; reads cost a thousandth of writes. Version 2 added the lease table;
 version 3 the pacing table: per key, the interval the holder asks between
 requests, written only when that interval changes (about once per key), so
@@ -18,20 +18,17 @@ delete is one row written per item, and it keeps every scan of the table
 the size of the recent work: kept for good, done items made each scan
 longer with the object's whole history (a scan of n rows is billed n rows
 read, and the queue scans its items dozens of times per item, so keeping
-more than a few dozen done items costs more than deleting them).
+more than a few dozen done items costs more than deleting them). With
+``keep_done_ms`` 0 a released grant item is deleted at once instead, and
+its key keeps a pacing row while it may hold grants (``register_key``).
 
-A claim writes no item: the grant's row keeps how many permits were
-claimed on it (``claimed``), and those claims hold the oldest queued items
-of its group, in line order, until the holder answers. An item among the
-first *n* queued of its key and group, *n* being the claims not answered
-yet, is ``claiming``; the rest are ``queued`` (see ``reserved``). The
-holder's answer admits the oldest of them (one write per item, as any
-admission) or lets them go back in line (no write at all). A grant's row
-is written when the grant is learned, with its first claims, again only
-when a later claim or the holder's answer changes it, and deleted once the
-grant is settled. Its confirmed and released counts are the counts of its
-items admitted or released. Items a version before 4 moved to
-``claiming`` keep that state until answered and count as claimed too.
+No row is kept for a grant (``grant_book`` keeps them in memory): a
+grant's confirmed and released counts are the counts of its items
+admitted or released on it, scanned once and kept until an item's state
+changes (``_all_counts``). The grant table of versions before 5 is read
+once (``legacy_grants``) and its rows deleted as their grants settle.
+Items a version before 4 moved to ``claiming`` keep that state until
+answered and count as claimed too.
 """
 
 from __future__ import annotations
