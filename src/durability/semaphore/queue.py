@@ -191,6 +191,13 @@ class DurabilitySemaphoreQueue:
         self._unheard: set[str] = set(self.store.keys_in(QUEUED, CANCELLED))
         if self.keep_done_ms == 0:  # released items are not kept to tell of their keys: the keys' rows do
             self._unheard |= set(self.store.registered_keys())
+        # Their first request is answered at its round, not held: a holder
+        # that grants unclaimed permits (an older version) would not take
+        # an earlier instance's claims for news. Later, a request that
+        # failed leaves its key unheard too, but a holder that claims for
+        # this queue answers at once when it holds a grant made since the
+        # key's heardUpTo.
+        self._first_ask: set[str] = set(self._unheard)
         #: per key, the latest claim deadline of the grants the holder listed
         #: here: grants made later, its next reply lists as news (heardUpTo)
         self._heard_up_to: dict[str, float] = {}
@@ -508,7 +515,7 @@ class DurabilitySemaphoreQueue:
             self.scheduler.transaction(lambda: self.scheduler.schedule(PARTICIPANT, PUMP + key, at))
             await self._report_safely(key)
             return
-        wait = 0 if key in self._unheard else self.request_wait_ms
+        wait = 0 if key in self._first_ask else self.request_wait_ms
         if left is not None:
             wait = min(wait, left - REQUEST_MARGIN_MS)  # the reply comes back while timers still start
         claims = self._due_reports(key)
@@ -547,7 +554,12 @@ class DurabilitySemaphoreQueue:
 
         self.scheduler.transaction(apply)
         self._unheard.discard(key)  # a round answered: it had heard whatever an older instance sent
-        self.scheduler.transaction(lambda: self._unregister_if_idle(key))
+        if key in self._first_ask:
+            # A key's row is dropped here, at an instance's first ask, if the
+            # key holds nothing: the rows are the keys used since the last
+            # start, and a key busy again and again costs no row each time.
+            self._first_ask.discard(key)
+            self.scheduler.transaction(lambda: self._unregister_if_idle(key))
         await self.scheduler.sync()
         await self._after_reply(key, reply)
 
@@ -632,7 +644,6 @@ class DurabilitySemaphoreQueue:
             if settlement.forget:
                 self.grants.forget(grant.grant_id, now_ms(), grant.claimed)
                 self._acked.pop(grant.grant_id, None)
-                self._unregister_if_idle(grant.key)
             else:
                 sent_report = (sent or {}).get(grant.grant_id)
                 heard = outcome.released if sent_report is None else sent_report["released"]
@@ -647,7 +658,7 @@ class DurabilitySemaphoreQueue:
             self.scheduler.schedule_by(PARTICIPANT, ADMIT, now_ms())
 
     def _unregister_if_idle(self, key: str) -> None:
-        """Without kept done items, drop the key's row once it holds nothing here."""
+        """Without kept done items, drop the key's row if it holds nothing here."""
         if (self.keep_done_ms == 0 and key not in self._unheard and not self.grants.grants(key)
                 and not self.store.leases(key) and not self.store.has_items(key)):
             self.store.unregister_key(key)
