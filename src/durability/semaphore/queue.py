@@ -530,8 +530,8 @@ class DurabilitySemaphoreQueue:
             "type": "request", "v": VERSION, "clientId": self.client_id,
             "demand": [{"group": g, "count": n, "oldestAt": oldest} for g, n, oldest in demand],
             "grants": list(claims.values()),
-            # An unheard key's first request is answered at the round, not held:
-            # the answer's listing is what the key waits for.
+            # An instance's first request for a key is answered at its round,
+            # not held: the answer's listing is what the key waits for.
             "wait": wait,
             "leases": True,
             "claims": True,
