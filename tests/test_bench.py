@@ -58,12 +58,12 @@ def test_the_benchmark_runs_every_system_on_one_workload_within_the_limits(tmp_p
                           timeout=600)
     assert done.returncode == 0, done.stderr[-2_000:]
     rows = json.loads(done.stdout)
-    assert [r["system"] for r in rows] == ["grants", "strict leases", "naive, polling every 5 s",
-                                          "naive, polling every 1 s"]
+    assert [r["system"] for r in rows] == ["grants", "strict leases", "under leases", "over leases",
+                                          "naive, polling every 5 s", "naive, polling every 1 s"]
     for row in rows:
         assert row["admitted"] == 40 and row["run_twice_at_once"] == 0 and not any(row["over_limit"].values())
         assert 0 < row["busy_while_waiting"] <= 1 and row["rows_written_per_job"] > 0
         assert row["makespan_s"] >= row["makespan_bound_s"]
     # Polling more often costs more requests: the baseline behaves as described.
-    assert rows[3]["requests_per_job"] > rows[2]["requests_per_job"]
+    assert rows[5]["requests_per_job"] > rows[4]["requests_per_job"]
     assert plot.stat().st_size > 10_000

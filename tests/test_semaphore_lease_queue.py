@@ -55,18 +55,22 @@ def test_a_drawn_permit_is_one_shot(runtime):
 
     async def scenario():
         await shard(runtime).submit(jobs("a", 2, ms=1_000))
-        await asyncio.sleep(20)  # both ran and were released
+        await asyncio.sleep(5)  # both ran and were released; the report waits 10 s
         first = await shard(runtime).leases()
         await shard(runtime).submit(jobs("b", 1, ms=1_000))
         await asyncio.sleep(0.1)
-        return first, await shard(runtime).status("b0"), await shard(runtime).leases()
+        status, during = await shard(runtime).status("b0"), await shard(runtime).leases()
+        await asyncio.sleep(30)  # reported and settled
+        return first, status, during, await shard(runtime).leases()
 
-    first, status, after = runtime.run(scenario())
+    first, status, during, settled = runtime.run(scenario())
     lease = first[0]
     assert (lease["permits"], lease["drawn"], lease["released"]) == (2, 2, 2)
     # Releasing gave footprint back, not permits to draw: the new item waits for a new lease.
     assert status["state"] == "queued"
-    assert after[0]["lease_id"] == lease["lease_id"] and after[0]["drawn"] == 2
+    assert during[0]["lease_id"] == lease["lease_id"] and during[0]["drawn"] == 2
+    # Settled with every draw released, the lease's row is gone.
+    assert lease["lease_id"] not in {row["lease_id"] for row in settled}
 
 
 def test_a_contended_reply_makes_idle_leases_come_back(runtime):
@@ -107,7 +111,7 @@ def test_an_idle_lease_goes_back_at_half_its_lifetime(runtime):
 
     usage, leases = runtime.run(scenario())
     assert usage["outstanding"] == 0 and usage["leases"] == 0
-    assert leases[0]["settled_at"] is not None
+    assert leases == []  # settled at the holder and here: its row is gone
 
 
 def test_lowering_the_limit_retires_leases_and_the_queue_stops_drawing(runtime):
@@ -270,16 +274,21 @@ def test_reports_an_older_version_left_in_the_outbox_are_still_sent(runtime):
     assert runtime.run(scenario()) == []
 
 
-def test_settled_leases_are_forgotten_once_no_late_reply_can_name_them(runtime):
+def test_a_settled_lease_goes_at_once_and_a_late_reply_cannot_revive_it(runtime):
     async def scenario():
         await shard(runtime).submit(jobs("a", 2, ms=1_000))
+        await asyncio.sleep(3)
+        issued = await shard(runtime).leases()
         await asyncio.sleep(TTL / 1000)  # ran and released; at half its ttl the idle lease went back
-        settled = [lease for lease in await shard(runtime).leases() if lease["settled_at"] is not None]
-        await asyncio.sleep(180)  # past the two minutes a settled lease is kept, with nothing else to do
-        return settled, await shard(runtime).leases()
+        settled = await shard(runtime).leases()
+        items = await shard(runtime).states()
+        revived = await shard(runtime).hear_late_listing("k", issued[0])
+        return issued, settled, items, revived
 
-    settled, later = runtime.run(scenario())
-    assert settled and later == []
+    issued, settled, items, revived = runtime.run(scenario())
+    assert len(issued) == 1 and issued[0]["drawn"] == 2
+    assert settled == [] and set(items.values()) == {"released"}  # its row went at settlement
+    assert revived == []  # a reply listing it as first issued is taken for the late reply it is
 
 
 def test_lease_ids_are_reserved_in_blocks_and_a_new_holder_numbers_past_its_block(runtime):

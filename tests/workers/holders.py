@@ -8,6 +8,7 @@ checked at every start against the limit, or ``CONFIG["ceiling"]`` (limit +
 extra, for leases provisioned "over").
 """
 
+import dataclasses
 import random
 import time
 
@@ -15,6 +16,7 @@ from workers import DurableObject
 
 from durability import DurabilityScheduler
 from durability.semaphore import DurabilitySemaphore, DurabilitySemaphoreQueue, SemaphoreClient
+from durability.semaphore.messages import LeaseEntry
 
 CONFIG = {
     "limit": 3,
@@ -270,7 +272,16 @@ class Shard(DurableObject):
         return self.queue.status(item_id)
 
     async def leases(self):
-        return [dict(r) for r in self.ctx.storage.sql.exec("SELECT * FROM durability_queue_leases ORDER BY lease_id")]
+        """The leases the queue holds, with their counts (drawn and released are its items')."""
+        return [dataclasses.asdict(lease) for lease in self.queue.store.leases()]
+
+    async def hear_late_listing(self, key, lease):
+        """A late reply's listing of ``lease`` as it was when first issued (nothing drawn)."""
+        now = time.time() * 1000
+        entry = LeaseEntry(lease["lease_id"], lease["group"], lease["permits"], 0, lease["ttl_ms"],
+                           now + lease["ttl_ms"], False)
+        self.queue.scheduler.transaction(lambda: self.queue._learn_leases(key, (entry,), now))
+        return await self.leases()
 
     async def vias(self):
         return {r["id"]: r["via"] for r in self.ctx.storage.sql.exec("SELECT id, via FROM durability_queue_items")}

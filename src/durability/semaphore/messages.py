@@ -20,7 +20,7 @@ MAX_ID_LENGTH = 256  # clientId, group, grantId
 MAX_DEMAND_ENTRIES = 64  # groups in one request
 MAX_REPORTS = 256  # grant reports, and lease reports, in one message
 MAX_COUNT = 1_000_000  # demand in one group, permits claimed or released on one grant
-MAX_WAIT_MS = 60_000  # how long a request may ask to be held for a grant
+MAX_WAIT_MS = 300_000  # how long a request may ask to be held for a grant
 
 # Blocked reasons, in the order they are checked.
 LIMIT_RESOLUTION_ERROR = "limit_resolution_error"

@@ -223,6 +223,7 @@ class DurabilitySemaphoreQueue:
         self._returned: dict[str, float] = {}
         self._acked: dict[str, int] = {}  #: grant id -> the released count the holder confirmed hearing
         self._report_now: set[str] = set()  #: keys with releases to report at once (contended)
+        self._settled_leases: dict[str, float] = {}  #: lease id -> when it was settled here (_forget_lease)
         self.report_delay_ms = report_delay_ms
         self._derive_timers()
 
@@ -465,8 +466,8 @@ class DurabilitySemaphoreQueue:
                 at = oldest + self.keep_done_ms
                 if at <= now:
                     # Held by a grant or a lease row still here: look again an
-                    # interval on, not in a loop (the renewal timer that
-                    # forgets a settled lease's row calls the purge sooner).
+                    # interval on, not in a loop (a lease's settlement calls
+                    # the purge sooner).
                     at = now + max(self.keep_done_ms, self._settled_horizon_ms())
                 self.scheduler.schedule(PARTICIPANT, PURGE, at)
 
@@ -852,6 +853,8 @@ class DurabilitySemaphoreQueue:
     def _learn_leases(self, key: str, entries: tuple[LeaseEntry, ...], now: float) -> None:
         """Leases the holder lists: new ones, ones whose reply was lost, ones to stop drawing from."""
         for entry in entries:
+            if entry.lease_id in self._settled_leases:
+                continue  # a reply sent before it was settled here
             known = self.store.lease(entry.lease_id)
             if known is not None:
                 if entry.retired and not known.stopped and known.settled_at is None:
@@ -859,8 +862,8 @@ class DurabilitySemaphoreQueue:
                 continue
             if entry.drawn:
                 # Defensive: the holder lists only leases with nothing drawn. A late
-                # reply naming a lease settled here is caught by the settled ids the
-                # store keeps (see forget_settled), not by this test.
+                # reply naming a lease settled here is caught by the settled ids
+                # kept in memory (see _forget_lease), not by this test.
                 continue
             lease = LocalLease(entry.lease_id, key, entry.group, entry.permits, 0, 0,
                                entry.retired, entry.ttl_ms, _renew_at(now, entry.ttl_ms), None)
@@ -883,7 +886,8 @@ class DurabilitySemaphoreQueue:
                 renewed = replace(lease, renew_at=_renew_at(now, lease.ttl_ms))
             if status == SETTLED:
                 if lease.released == lease.drawn:
-                    renewed = replace(renewed, stopped=True, settled_at=now)
+                    self._forget_lease(lease.lease_id, now)
+                    continue
                 else:  # the holder gave up its part; draw nothing more, report releases
                     renewed = replace(renewed, stopped=True)
             elif status == RETIRED:
@@ -895,6 +899,19 @@ class DurabilitySemaphoreQueue:
             if renewed != lease:
                 self.store.put_lease(renewed)
         self._schedule_renewal()
+
+    def _forget_lease(self, lease_id: str, now: float) -> None:
+        """A lease the holder settled, all its draws released: its row goes now,
+        and its items with it (their counts were the lease's). Its id is kept in
+        memory a while, so that a late reply listing it cannot revive it:
+        only this instance sent the requests such a reply answers, and the
+        holder lists no lease it settled. (A row kept for that instead cost a
+        write to mark it settled and a timer to delete it: a row per lease.)"""
+        self.store.drop_lease(lease_id)
+        self._settled_leases[lease_id] = now
+        self._settled_leases = {i: at for i, at in self._settled_leases.items()
+                                if at + self._settled_horizon_ms() > now}
+        self.scheduler.schedule_by(PARTICIPANT, PURGE, now)
 
     def _return_idle_leases(self, key: str) -> bool:
         """The holder is short of permits: give back what leases in groups with
@@ -909,11 +926,11 @@ class DurabilitySemaphoreQueue:
         return bool(idle)
 
     def _settled_horizon_ms(self) -> float:
-        """How long a settled lease's row is kept: longer than any reply can take."""
+        """How long a settled lease is remembered: longer than any reply can take."""
         return 2 * (self.attempt_timeout_ms + self.request_wait_ms)
 
     def _schedule_renewal(self) -> None:
-        # The timer also runs to forget settled leases once no late reply can name them.
+        # The timer also runs to forget settled leases (rows an older version kept).
         renewal = self.store.earliest_renewal()
         settled = self.store.earliest_settled()
         forget = None if settled is None else settled + self._settled_horizon_ms()

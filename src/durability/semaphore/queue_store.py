@@ -155,7 +155,7 @@ class LocalLease:
     stopped: bool  #: no more draws: retired by the holder, or returned by this queue
     ttl_ms: float
     renew_at: float  #: when to report it again (half its lifetime after the last answer)
-    settled_at: float | None  #: the holder settled it; kept a while so a late reply cannot revive it
+    settled_at: float | None  #: settled, in a row an older version kept (a settled lease's row now goes at once)
 
     @property
     def undrawn(self) -> int:
@@ -401,6 +401,9 @@ class QueueStore:
             lease.lease_id, lease.key, lease.group, lease.permits, lease.drawn, lease.released,
             int(lease.stopped), lease.ttl_ms, lease.renew_at, lease.settled_at,
         )
+
+    def drop_lease(self, lease_id: str) -> None:
+        self.sql.exec(f"DELETE FROM {LEASES} WHERE lease_id = ?", lease_id)
 
     def earliest_renewal(self) -> float | None:
         row = self.sql.one(f"SELECT min(renew_at) AS t FROM {LEASES} WHERE settled_at IS NULL")
