@@ -328,3 +328,25 @@ def test_a_lease_release_not_yet_reported_when_its_shard_is_evicted_still_reache
 
     before, after, outbox = runtime.run(scenario())
     assert before == 4 and after == 3 and outbox == [{"n": 0}]  # the one released permit is back
+
+
+def test_a_lease_draw_reported_without_a_row_stays_counted_across_a_holder_eviction(runtime):
+    def holder_rows():
+        return runtime.host_of(holder(runtime)).db.inspect(
+            "SELECT lease_id, drawn, released FROM durability_semaphore_leases")
+
+    async def scenario():
+        await shard(runtime).submit(jobs("a", 2, ms=30_000) + jobs("b", 1, ms=2_000))
+        await asyncio.sleep(25)  # drawn, b0 released and reported (by a sync and with requests)
+        before = await holder(runtime).usage()
+        rows = holder_rows()
+        runtime.evict(holder(runtime))
+        after = await holder(runtime).usage()
+        await asyncio.sleep(60)  # a0, a1 end; every release is reported and the lease settles
+        return before, rows, after, await holder(runtime).usage()
+
+    before, rows, after, end = runtime.run(scenario())
+    assert before["leaseFootprint"] == 3  # 4 permits, one released
+    assert len(rows) == 1 and rows[0]["drawn"] < 3 and rows[0]["released"] == 0  # heard, not written
+    assert after["leaseFootprint"] == 4  # the row counts the released permit in use: more, never less
+    assert end["leaseFootprint"] == 0 and end["leases"] == 0

@@ -10,6 +10,7 @@ may really have in use or still draw).
 from __future__ import annotations
 
 import itertools
+from dataclasses import replace
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -22,6 +23,7 @@ from durability.semaphore.leases import (
     LeaseIds,
     LeasePolicy,
     lease_usage,
+    needs_row,
     retire_expired,
     share,
 )
@@ -107,6 +109,17 @@ def sizes(result, client_order):
 def test_bad_lease_options_are_refused(options):
     with pytest.raises(ValueError):
         LeasePolicy.from_options(options)
+
+
+def test_a_lease_row_is_written_for_what_a_new_instance_must_not_count_low():
+    ttl = 60_000
+    row = Lease("l-1", "a", "g", 4, 1, 0, T0 + ttl, False, 8)
+    assert needs_row(None, row, ttl)  # issued: the row is what says it exists
+    heard = replace(row, drawn=3, released=2, expires_at=T0 + ttl + 10_000)
+    assert not needs_row(row, heard, ttl)  # lost, the row counts more in use, and a shorter life
+    assert needs_row(row, replace(heard, expires_at=T0 + ttl + ttl / 2), ttl)  # half a life: a heartbeat row
+    assert needs_row(row, replace(heard, retired=True), ttl)
+    assert needs_row(row, replace(heard, permits=3), ttl)  # stopped: its footprint shrinks
 
 
 def test_budgets_per_mode():

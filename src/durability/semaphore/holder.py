@@ -38,7 +38,7 @@ from .allocation import (
     run_round,
     usage,
 )
-from .leases import Lease, LeaseIds, LeasePolicy, lease_usage, retire_expired, retire_ineligible
+from .leases import Lease, LeaseIds, LeasePolicy, lease_usage, needs_row, retire_expired, retire_ineligible
 from .messages import MAX_REPORTS, VERSION, ProtocolError, Request, Sync, parse
 from .store import HolderStore
 
@@ -118,6 +118,7 @@ class DurabilitySemaphore:
         # Grants in the books that have no row yet: nothing was claimed on
         # them (see _commit).
         self._unwritten: set[str] = set()
+        self._lease_rows: dict[str, Lease] = {}  #: each lease as its row holds it (see leases.needs_row)
         self._ids_reserved = 0  #: lease ids reserved in the row (set when the ids are loaded)
         self._schedule_reclaim(next_reclaim_at(self._grants().values(), self._leases().values()))
 
@@ -144,6 +145,7 @@ class DurabilitySemaphore:
     def _leases(self) -> dict[str, Lease]:
         if self._lease_book is None:
             self._lease_book = self.store.load_leases()
+            self._lease_rows = dict(self._lease_book)
         return self._lease_book
 
     def _lease_ids(self) -> LeaseIds:
@@ -167,6 +169,9 @@ class DurabilitySemaphore:
 
         self.scheduler.transaction(write)
         self._unwritten = unwritten
+        self._lease_rows.update(to_write.leases_written)
+        for lease_id in to_write.leases_deleted:
+            self._lease_rows.pop(lease_id, None)
         if to_write.issued is not None:
             self._ids_reserved = to_write.issued
         changes.apply_to(self._grants(), self._leases())
@@ -184,7 +189,8 @@ class DurabilitySemaphore:
         for the next grant while its permits go back to the pool at once.
         It saves a row per grant (the insert, then the update of the first
         claim, become one write), and a grant reclaimed or settled with
-        nothing claimed is forgotten without a row at all.
+        nothing claimed is forgotten without a row at all. A lease's counts
+        and heartbeats are written only as ``leases.needs_row`` says.
         """
         unwritten = set(self._unwritten)
         rows = replace(changes, written=dict(changes.written), deleted=dict(changes.deleted))
@@ -199,7 +205,16 @@ class DurabilitySemaphore:
             if grant_id in unwritten:
                 unwritten.discard(grant_id)
                 del rows.deleted[grant_id]
+        rows.leases_written = {lease_id: lease for lease_id, lease in changes.leases_written.items()
+                               if needs_row(self._lease_rows_now().get(lease_id), lease, self._ttl_ms())}
         return rows, unwritten
+
+    def _lease_rows_now(self) -> dict[str, Lease]:
+        self._leases()  # loads the rows with the book
+        return self._lease_rows
+
+    def _ttl_ms(self) -> float:
+        return self.lease_policy.ttl_ms if self.lease_policy is not None else 0.0
 
     def _reserve_lease_ids(self, issued: int | None) -> int | None:
         """The lease-id count to write for a round that issued up to ``issued``:

@@ -66,6 +66,25 @@ class Lease:
 SETTLED_MEMORY_MS = 5 * 60_000
 
 
+def needs_row(row: Lease | None, lease: Lease, ttl_ms: float) -> bool:
+    """Must the holder write this change of a lease, whose row is ``row``?
+
+    Not when it only moves what, lost with the instance, leaves the holder
+    counting more than its client uses: the counts drawn and released (short
+    of settling it, which deletes the row), and a heartbeat that keeps the
+    row's expiry within half a lifetime of the one in memory. A new instance
+    reading the row then counts released permits as still in use, and its
+    client as holding permits it drew, until that client's next report
+    (cumulative, so it restores both); a lease whose reports stopped is
+    retired at worst half a lifetime early, and stays counted until its
+    client says what it drew. Under contention a lease lives for about one
+    job, and its report of the draw was a row written per job.
+    """
+    if row is None or lease.retired != row.retired or lease.permits != row.permits:
+        return True
+    return lease.expires_at - row.expires_at >= ttl_ms / 2
+
+
 @dataclass(frozen=True)
 class LeaseIds:
     """The ids one holder issues: ``l<epoch>-<n>``, n counting up from 1.
