@@ -201,7 +201,8 @@ def plot(rows: list[dict], path: Path, title: str) -> None:
 
 
 def main() -> int:
-    logging.disable(logging.ERROR)  # the jobs that fail as asked would log every attempt
+    logging.disable(logging.WARNING)  # faults make every retry warn
+    logging.getLogger("durability.jobs").setLevel(logging.CRITICAL)  # jobs that fail as asked give up loudly
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--jobs", type=int, default=2_000)
     parser.add_argument("--accounts", type=int, default=3)

@@ -177,6 +177,22 @@ def test_a_late_report_of_a_settled_foreign_lease_is_answered_settled_and_charge
     assert (usage["outstanding"], usage["leaseFootprint"], usage["leases"]) == (0, 0, 0)
 
 
+def test_a_settled_foreign_lease_stays_settled_across_an_eviction_with_a_long_ttl(runtime):
+    # A ttl of 30 minutes: a heartbeat of the remembered lease moves its expiry
+    # by less than half of it, yet its settlement must reach the row.
+    runtime.module.CONFIG.update(leases=dict(LEASES, ttl_ms=30 * 60_000))
+    foreign = "l0123456789ab-7"
+
+    async def scenario():
+        await holder(runtime).permits(sync("a", lease_reports=[(foreign, "g", 4, 4, 0, False)]))
+        await holder(runtime).permits(sync("a", lease_reports=[(foreign, "g", 4, 4, 4, True)]))
+        runtime.evict(holder(runtime))
+        return await holder(runtime).usage()
+
+    usage = runtime.run(scenario())
+    assert (usage["leaseFootprint"], usage["leases"]) == (0, 0)
+
+
 def test_a_settled_foreign_lease_is_forgotten_after_its_memory(runtime):
     runtime.module.CONFIG.update(leases=LEASES)
     foreign = "lfeed-1"
@@ -184,7 +200,7 @@ def test_a_settled_foreign_lease_is_forgotten_after_its_memory(runtime):
     async def scenario():
         await holder(runtime).permits(sync("a", lease_reports=[(foreign, "g", 2, 1, 1, True)]))
         remembered = held_in_storage(runtime)["leases"]
-        await asyncio.sleep(5 * 60 + 1)  # SETTLED_MEMORY_MS, then the holder's timer
+        await asyncio.sleep(10 * 60 + 1)  # SETTLED_MEMORY_MS, then the holder's timer
         return remembered, held_in_storage(runtime)["leases"]
 
     remembered, later = runtime.run(scenario())

@@ -120,6 +120,7 @@ def test_a_lease_row_is_written_for_what_a_new_instance_must_not_count_low():
     assert needs_row(row, replace(heard, expires_at=T0 + ttl + ttl / 2), ttl)  # half a life: a heartbeat row
     assert needs_row(row, replace(heard, retired=True), ttl)
     assert needs_row(row, replace(heard, permits=3), ttl)  # stopped: its footprint shrinks
+    assert needs_row(row, replace(heard, drawn=4, released=4), ttl)  # settled (one of another epoch, kept)
 
 
 def test_budgets_per_mode():

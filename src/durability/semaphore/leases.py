@@ -62,8 +62,9 @@ class Lease:
 
 #: How long the holder remembers a settled lease whose id it did not issue
 #: (and a reclaimed grant whose claims were all released): longer than any
-#: report can take to arrive, a request held over for its rounds included.
-SETTLED_MEMORY_MS = 5 * 60_000
+#: report can take to arrive, a request held over for its rounds included
+#: (``MAX_WAIT_MS``, 5 minutes, and the client's time limit on top).
+SETTLED_MEMORY_MS = 10 * 60_000
 
 
 def needs_row(row: Lease | None, lease: Lease, ttl_ms: float) -> bool:
@@ -81,6 +82,8 @@ def needs_row(row: Lease | None, lease: Lease, ttl_ms: float) -> bool:
     job, and its report of the draw was a row written per job.
     """
     if row is None or lease.retired != row.retired or lease.permits != row.permits:
+        return True
+    if lease.settled:  # one of another epoch, remembered settled (see remembered): the row must say so
         return True
     return lease.expires_at - row.expires_at >= ttl_ms / 2
 

@@ -902,7 +902,8 @@ class DurabilitySemaphoreQueue:
 
     def _forget_lease(self, lease_id: str, now: float) -> None:
         """A lease the holder settled, all its draws released: its row goes now,
-        and its items with it (their counts were the lease's). Its id is kept in
+        and its items with the purge it calls (their counts were the lease's,
+        and are kept ``keep_done_ms`` like any done item). Its id is kept in
         memory a while, so that a late reply listing it cannot revive it:
         only this instance sent the requests such a reply answers, and the
         holder lists no lease it settled. (A row kept for that instead cost a
