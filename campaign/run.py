@@ -284,9 +284,9 @@ class _BudgetDriver:
         of, the permits of those leases (the one charge the spec keeps), and what runs."""
         known = set()
         for index in range(self.scenario.shards):
-            db = self.runtime.host_of(self.shard(index)).db
-            with contextlib.suppress(Exception):  # a shard that never queued has no lease table
-                known |= {row["lease_id"] for row in db.inspect("SELECT lease_id FROM durability_queue_leases")}
+            instance = self.runtime.host_of(self.shard(index)).instance
+            if instance is not None:  # the leases its live instance knows (no row holds them)
+                known |= {lease.lease_id for lease in instance.queue.lease_book.leases()}
         found = {}
         for key in range(self.scenario.keys):
             running = sum(len(items) for items in self.truth.running[key].values())

@@ -273,7 +273,7 @@ class Shard(DurableObject):
 
     async def leases(self):
         """The leases the queue holds, with their counts (drawn and released are its items')."""
-        return [dataclasses.asdict(lease) for lease in self.queue.store.leases()]
+        return [dataclasses.asdict(lease) for lease in self.queue.lease_book.leases()]
 
     async def hear_late_listing(self, key, lease):
         """A late reply's listing of ``lease`` as it was when first issued (nothing drawn)."""

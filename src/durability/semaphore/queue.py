@@ -6,7 +6,7 @@ claimed: the reply admits), claims on grants that come unclaimed (from
 older holders), ``admit()`` retried until it returns, ``release``,
 ``cancel``, ``status``, the ``finished()`` sweep, lease renewals and
 returns, the deletion of done items, and reports as cumulative counts read
-from the items and the lease rows, sent by a ``sync`` (``_report``,
+from the items (grant_book, lease_book), sent by a ``sync`` (``_report``,
 ``_report_leases``) or with the next request; the outbox channel
 ``durability.semaphore-queue`` only sends what older versions queued there.
 Must not know: the holder's rules (it only reads its replies) or SQL (the
@@ -61,6 +61,7 @@ from .messages import (
     parse_reply,
 )
 from .grant_book import GrantBook
+from .lease_book import LeaseBook
 from .queue_core import move, pacing_interval, report_due, settle
 from .queue_store import ADMITTED, CANCELLED, CLAIMING, QUEUED, RELEASED, Item, LocalGrant, LocalLease, QueueStore
 
@@ -185,12 +186,14 @@ class DurabilitySemaphoreQueue:
         # A reply is never applied later than its request's time limit, so a
         # grant settled here longer ago than that cannot be revived by one.
         self.grants = GrantBook(self.store, remember_ms=2 * (attempt_timeout_ms + request_wait_ms))
+        self.lease_book = LeaseBook(self.store, 2 * (attempt_timeout_ms + request_wait_ms), now_ms())
         # Keys a new instance has not heard the holder about yet: claims an
         # older instance made there may have been confirmed unbeknown to this
         # one (see grant_book). Their done items are kept until it has.
         self._unheard: set[str] = set(self.store.keys_in(QUEUED, CANCELLED))
-        if self.keep_done_ms == 0:  # released items are not kept to tell of their keys: the keys' rows do
-            self._unheard |= set(self.store.registered_keys())
+        # Keys with a row: without kept done items (keep_done_ms 0), the keys
+        # that may hold grants; and the keys of leases (see lease_book).
+        self._unheard |= set(self.store.registered_keys())
         # Their first request is answered at its round, not held: a holder
         # that grants unclaimed permits (an older version) would not take
         # an earlier instance's claims for news. Later, a request that
@@ -202,8 +205,8 @@ class DurabilitySemaphoreQueue:
         #: here: grants made later, its next reply lists as news (heardUpTo)
         self._heard_up_to: dict[str, float] = {}
         # The outbox channels only send what older versions queued there:
-        # reports are read from the grant and lease rows now (see _report
-        # and _report_leases).
+        # reports are read from the items now (see _report and
+        # _report_leases).
         outbox = DurabilityOutbox.of(scheduler)
         self._channels = {name: outbox.channel(name, self._send_outbox, delay_ms=lease_report_delay_ms,
                                                batch_size=MAX_REPORTS) for name in (CHANNEL, OLD_LEASE_CHANNEL)}
@@ -223,7 +226,6 @@ class DurabilitySemaphoreQueue:
         self._returned: dict[str, float] = {}
         self._acked: dict[str, int] = {}  #: grant id -> the released count the holder confirmed hearing
         self._report_now: set[str] = set()  #: keys with releases to report at once (contended)
-        self._settled_leases: dict[str, float] = {}  #: lease id -> when it was settled here (_forget_lease)
         self.report_delay_ms = report_delay_ms
         self._derive_timers()
 
@@ -239,7 +241,7 @@ class DurabilitySemaphoreQueue:
             self.scheduler.schedule_by(PARTICIPANT, ADMIT, now)
         for key in {grant.key for grant in self.grants.grants() if self._report_due(grant)}:
             self.scheduler.schedule_by(PARTICIPANT, REPORT + key, now)  # what the holder may not have heard
-        for lease in self.store.leases():
+        for lease in self.lease_book.leases():
             self._lease_report_due(lease.key, lease.lease_id, now)
         self._schedule_renewal()
         self.scheduler.transaction(lambda: self.store.stamp_done(now))
@@ -359,7 +361,7 @@ class DurabilitySemaphoreQueue:
         holds unclaimed permits to claim, else as soon as its pacing allows."""
         at = max(now, self.server.next_request_at(key) or now)
         if any(g.unclaimed > 0 and g.claim_deadline > now for g in self.grants.grants(key)) or any(
-                lease.undrawn > 0 for lease in self.store.leases(key)):
+                lease.undrawn > 0 for lease in self.lease_book.leases(key)):
             at = now
         self.scheduler.schedule_by(PARTICIPANT, PUMP + key, at)
 
@@ -391,7 +393,7 @@ class DurabilitySemaphoreQueue:
         (inside a transaction: the draw and the admission commit together)."""
         drawn = False
         reserved = self._reserved(key)
-        for lease in self.store.leases(key):
+        for lease in self.lease_book.leases(key):
             if lease.undrawn <= 0:
                 continue
             items = self.store.oldest_queued(key, lease.group, lease.undrawn, reserved.get(lease.group, 0))
@@ -451,13 +453,14 @@ class DurabilitySemaphoreQueue:
         """Delete items done ``keep_done_ms`` ago or more (see QueueStore.purge_done)."""
         def purge() -> None:
             now = now_ms()
-            held = set()
+            held = {lease.lease_id for lease in self.lease_book.leases()}  # their counts are their items
             for grant in self.grants.grants():
                 if self._finished_here(grant, now):  # a grant no pump came by to forget
                     self.grants.forget(grant.grant_id, now, grant.claimed)
                 else:
                     held.add(grant.grant_id)
             self.grants.prune(now)
+            self.lease_book.prune(now)
             if self.store.purge_done(now - self.keep_done_ms, PURGE_BATCH, held, self._unheard):
                 self.scheduler.schedule(PARTICIPANT, PURGE, now)
                 return
@@ -465,7 +468,7 @@ class DurabilitySemaphoreQueue:
             if oldest is not None:
                 at = oldest + self.keep_done_ms
                 if at <= now:
-                    # Held by a grant or a lease row still here: look again an
+                    # Held by a grant or a lease still here: look again an
                     # interval on, not in a loop (a lease's settlement calls
                     # the purge sooner).
                     at = now + max(self.keep_done_ms, self._settled_horizon_ms())
@@ -522,7 +525,7 @@ class DurabilitySemaphoreQueue:
         claims = self._due_reports(key)
         # Every lease of the key rides along: current drawn counts, releases
         # and stops, and a heartbeat for each.
-        leases = self.store.leases(key)[:MAX_REPORTS]
+        leases = self.lease_book.leases(key)[:MAX_REPORTS]
         reported = {lease.lease_id for lease in leases}
         lease_piggybacked = [m for channel in self._channels.values() for m in channel.pending()
                              if m.body.get("leaseId") in reported]
@@ -659,9 +662,9 @@ class DurabilitySemaphoreQueue:
             self.scheduler.schedule_by(PARTICIPANT, ADMIT, now_ms())
 
     def _unregister_if_idle(self, key: str) -> None:
-        """Without kept done items, drop the key's row if it holds nothing here."""
-        if (self.keep_done_ms == 0 and key not in self._unheard and not self.grants.grants(key)
-                and not self.store.leases(key) and not self.store.has_items(key)):
+        """Drop the key's row if it holds nothing here (see register_key)."""
+        if (key not in self._unheard and not self.grants.grants(key)
+                and not self.lease_book.leases(key) and not self.store.has_items(key)):
             self.store.unregister_key(key)
 
     def _answer_claims(self, grant: LocalGrant, admit: int, requeue: int) -> int:
@@ -792,8 +795,8 @@ class DurabilitySemaphoreQueue:
 
     # -- leases -----------------------------------------------------------------------
     def _put_lease_and_report(self, lease: LocalLease) -> None:
-        """Store a lease and have it reported (its counts are read when the report is sent)."""
-        self.store.put_lease(lease)
+        """Keep a lease and have it reported (its counts are read when the report is sent)."""
+        self.lease_book.keep(lease)
         self._lease_report_due(lease.key, lease.lease_id, now_ms() + self.lease_report_delay_ms)
 
     def _lease_report_due(self, key: str, lease_id: str, at: float) -> None:
@@ -810,7 +813,7 @@ class DurabilitySemaphoreQueue:
     async def _report_leases(self, key: str) -> None:
         """Send the key's due lease reports (current counts) in one ``sync`` and apply the answer."""
         due = {i: v for i, (k, v) in self._lease_due.items() if k == key}
-        leases = {i: self.store.lease(i) for i in sorted(due)}
+        leases = {i: self.lease_book.lease(i) for i in sorted(due)}
         current = [lease for lease in leases.values() if lease is not None and lease.settled_at is None]
         # Settled or forgotten since: nothing left to say about those.
         self._lease_reports_heard({i: due[i] for i, lease in leases.items() if lease not in current})
@@ -853,9 +856,9 @@ class DurabilitySemaphoreQueue:
     def _learn_leases(self, key: str, entries: tuple[LeaseEntry, ...], now: float) -> None:
         """Leases the holder lists: new ones, ones whose reply was lost, ones to stop drawing from."""
         for entry in entries:
-            if entry.lease_id in self._settled_leases:
+            if self.lease_book.settled(entry.lease_id):
                 continue  # a reply sent before it was settled here
-            known = self.store.lease(entry.lease_id)
+            known = self.lease_book.lease(entry.lease_id)
             if known is not None:
                 if entry.retired and not known.stopped and known.settled_at is None:
                     self._put_lease_and_report(replace(known, stopped=True))
@@ -863,19 +866,22 @@ class DurabilitySemaphoreQueue:
             if entry.drawn:
                 # Defensive: the holder lists only leases with nothing drawn. A late
                 # reply naming a lease settled here is caught by the settled ids
-                # kept in memory (see _forget_lease), not by this test.
+                # kept in memory (see lease_book), not by this test.
                 continue
             lease = LocalLease(entry.lease_id, key, entry.group, entry.permits, 0, 0,
                                entry.retired, entry.ttl_ms, _renew_at(now, entry.ttl_ms), None)
+            # No row holds the lease: the key's row makes a new instance ask
+            # about it (a write only the first time the key is registered).
+            self.store.register_key(key)
             if lease.stopped:
                 self._put_lease_and_report(lease)  # tell the holder nothing was drawn
             else:
-                self.store.put_lease(lease)
+                self.lease_book.keep(lease)
         self._schedule_renewal()
 
     def _apply_lease_outcomes(self, outcomes: tuple[LeaseOutcome, ...], now: float) -> None:
         for outcome in outcomes:
-            lease = self.store.lease(outcome.lease_id)
+            lease = self.lease_book.lease(outcome.lease_id)
             if lease is None or lease.settled_at is not None:
                 continue
             status = outcome.status
@@ -886,7 +892,8 @@ class DurabilitySemaphoreQueue:
                 renewed = replace(lease, renew_at=_renew_at(now, lease.ttl_ms))
             if status == SETTLED:
                 if lease.released == lease.drawn:
-                    self._forget_lease(lease.lease_id, now)
+                    self.lease_book.forget(lease.lease_id, now)
+                    self.scheduler.schedule_by(PARTICIPANT, PURGE, now)  # its items may go
                     continue
                 else:  # the holder gave up its part; draw nothing more, report releases
                     renewed = replace(renewed, stopped=True)
@@ -897,27 +904,13 @@ class DurabilitySemaphoreQueue:
                     self._put_lease_and_report(renewed)
                     continue
             if renewed != lease:
-                self.store.put_lease(renewed)
+                self.lease_book.keep(renewed)
         self._schedule_renewal()
-
-    def _forget_lease(self, lease_id: str, now: float) -> None:
-        """A lease the holder settled, all its draws released: its row goes now,
-        and its items with the purge it calls (their counts were the lease's,
-        and are kept ``keep_done_ms`` like any done item). Its id is kept in
-        memory a while, so that a late reply listing it cannot revive it:
-        only this instance sent the requests such a reply answers, and the
-        holder lists no lease it settled. (A row kept for that instead cost a
-        write to mark it settled and a timer to delete it: a row per lease.)"""
-        self.store.drop_lease(lease_id)
-        self._settled_leases[lease_id] = now
-        self._settled_leases = {i: at for i, at in self._settled_leases.items()
-                                if at + self._settled_horizon_ms() > now}
-        self.scheduler.schedule_by(PARTICIPANT, PURGE, now)
 
     def _return_idle_leases(self, key: str) -> bool:
         """The holder is short of permits: give back what leases in groups with
         nothing queued have not drawn. True if any was given back."""
-        leases = [lease for lease in self.store.leases(key) if lease.undrawn > 0]
+        leases = [lease for lease in self.lease_book.leases(key) if lease.undrawn > 0]
         if not leases:
             return False
         queued = {group for group, _, _ in self._demand(key)}
@@ -931,15 +924,11 @@ class DurabilitySemaphoreQueue:
         return 2 * (self.attempt_timeout_ms + self.request_wait_ms)
 
     def _schedule_renewal(self) -> None:
-        # The timer also runs to forget settled leases (rows an older version kept).
-        renewal = self.store.earliest_renewal()
-        settled = self.store.earliest_settled()
-        forget = None if settled is None else settled + self._settled_horizon_ms()
-        due = [t for t in (renewal, forget) if t is not None]
-        if not due:
+        renewal = self.lease_book.earliest_renewal()
+        if renewal is None:
             self.scheduler.cancel(PARTICIPANT, RENEW)
         else:
-            self.scheduler.schedule(PARTICIPANT, RENEW, min(due))
+            self.scheduler.schedule(PARTICIPANT, RENEW, renewal)
 
     async def _renew_leases(self) -> None:
         """At half its lifetime a lease is reported again: one with permits in
@@ -947,7 +936,7 @@ class DurabilitySemaphoreQueue:
         def renew() -> None:
             now = now_ms()
             queued = {}
-            for lease in self.store.leases():
+            for lease in self.lease_book.leases():
                 if lease.renew_at > now:
                     continue
                 if lease.key not in queued:
@@ -955,8 +944,6 @@ class DurabilitySemaphoreQueue:
                 idle = lease.in_use == 0 and lease.group not in queued[lease.key]
                 stopped = lease.stopped or idle
                 self._put_lease_and_report(replace(lease, stopped=stopped, renew_at=_renew_at(now, lease.ttl_ms)))
-            if self.store.forget_settled(now, self._settled_horizon_ms()) and self.store.oldest_done() is not None:
-                self.scheduler.schedule_by(PARTICIPANT, PURGE, now)  # items those leases held may go now
             self._schedule_renewal()
 
         self.scheduler.transaction(renew)
@@ -967,7 +954,7 @@ class DurabilitySemaphoreQueue:
         """The lease channel's sender: a ``sync`` per key with each lease's current counts."""
         current = {}
         for message in messages:
-            lease = self.store.lease(message.body["leaseId"])
+            lease = self.lease_book.lease(message.body["leaseId"])
             if lease is not None and lease.settled_at is None:
                 current[(message.channel, message.id)] = lease
         gone = [m for m in messages if (m.channel, m.id) not in current]

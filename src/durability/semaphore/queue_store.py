@@ -1,11 +1,11 @@
-"""The queue's storage: items, this object's copy of its leases, the keys' pacing rows, and every query on them.
+"""The queue's storage: items, the keys' pacing rows, and every query on them.
 
 Lives here: the schema and SQL of ``DurabilitySemaphoreQueue``. Must not
 know: the protocol with the holder, timers, or when anything happens.
 
-Items and leases are WITHOUT ROWID tables keyed by id with no secondary
-index: each state change of an item writes one row (a draw from a lease
-writes only its item too). Finding the oldest queued items scans the
+Items are a WITHOUT ROWID table keyed by id with no secondary index: each
+state change of an item writes one row (a draw from a lease writes only
+its item). Finding the oldest queued items scans the
 table; reads cost a thousandth of writes. Version 2 added the lease table;
 version 3 the pacing table: per key, the interval the holder asks between
 requests, written only when that interval changes (about once per key), so
@@ -26,7 +26,10 @@ No row is kept for a grant (``grant_book`` keeps them in memory): a
 grant's confirmed and released counts are the counts of its items
 admitted or released on it, scanned once and kept until an item's state
 changes (``_all_counts``). The grant table of versions before 5 is read
-once (``legacy_grants``) and its rows deleted as their grants settle.
+once (``legacy_grants``) and its rows deleted as their grants settle. No
+row is kept for a lease either (``lease_book``): its drawn and released
+counts are its items' too; the lease rows older versions wrote are read
+once (``legacy_leases``) and deleted as their leases settle.
 Items a version before 4 moved to ``claiming`` keep that state until
 answered and count as claimed too.
 """
@@ -379,48 +382,16 @@ class QueueStore:
         self.sql.exec(f"DELETE FROM {GRANTS} WHERE grant_id = ?", grant_id)
 
     # -- leases ---------------------------------------------------------------
-    def lease(self, lease_id: str) -> LocalLease | None:
-        row = self.sql.one(f"SELECT {_LEASE_COLUMNS} FROM {LEASES} WHERE lease_id = ?", lease_id)
-        return None if row is None else _lease(row, self._counts("lease", grant_id=lease_id))
+    def lease_counts(self, key: str | None = None, lease_id: str | None = None) -> dict[str, Counts]:
+        """lease id -> (key, group, item state -> count), for the items drawn
+        on leases (of one key, or one lease, or all)."""
+        return self._counts("lease", key, lease_id)
 
-    def leases(self, key: str | None = None) -> list[LocalLease]:
-        """Leases not settled yet (of one key, or all)."""
-        if key is None:
-            rows = self.sql.exec(f"SELECT {_LEASE_COLUMNS} FROM {LEASES} WHERE settled_at IS NULL ORDER BY lease_id")
-        else:
-            rows = self.sql.exec(
-                f"SELECT {_LEASE_COLUMNS} FROM {LEASES} WHERE key = ? AND settled_at IS NULL ORDER BY lease_id", key)
-        counts = self._counts("lease", key) if rows else {}
+    def legacy_leases(self) -> list[LocalLease]:
+        """Lease rows older versions wrote (no lease row is written since)."""
+        rows = self.sql.exec(f"SELECT {_LEASE_COLUMNS} FROM {LEASES} ORDER BY lease_id")
+        counts = self._counts("lease") if rows else {}
         return [_lease(r, counts) for r in rows]
-
-    def put_lease(self, lease: LocalLease) -> None:
-        self.sql.exec(
-            f"INSERT INTO {LEASES} ({_LEASE_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
-            "ON CONFLICT (lease_id) DO UPDATE SET drawn = excluded.drawn, released = excluded.released, "
-            "stopped = excluded.stopped, renew_at = excluded.renew_at, settled_at = excluded.settled_at",
-            lease.lease_id, lease.key, lease.group, lease.permits, lease.drawn, lease.released,
-            int(lease.stopped), lease.ttl_ms, lease.renew_at, lease.settled_at,
-        )
 
     def drop_lease(self, lease_id: str) -> None:
         self.sql.exec(f"DELETE FROM {LEASES} WHERE lease_id = ?", lease_id)
-
-    def earliest_renewal(self) -> float | None:
-        row = self.sql.one(f"SELECT min(renew_at) AS t FROM {LEASES} WHERE settled_at IS NULL")
-        return None if row is None else row["t"]
-
-    def earliest_settled(self) -> float | None:
-        row = self.sql.one(f"SELECT min(settled_at) AS t FROM {LEASES}")
-        return None if row is None else row["t"]
-
-    def forget_settled(self, now: float, keep_ms: float) -> bool:
-        """Drop leases settled ``keep_ms`` or more ago: no reply that old can still
-        arrive. True if any was dropped.
-
-        (``settled_at + keep_ms`` is the moment the lease timer is set for: the
-        same sum, so a timer that fires then always finds the row gone.)
-        """
-        gone = self.sql.exec(f"SELECT lease_id FROM {LEASES} WHERE settled_at + ? <= ?", keep_ms, now)
-        if gone:
-            self.sql.exec(f"DELETE FROM {LEASES} WHERE settled_at + ? <= ?", keep_ms, now)
-        return bool(gone)
