@@ -283,21 +283,28 @@ class _BudgetDriver:
         """Per key: what the holder counts beyond leases their clients never learned
         of, the permits of those leases (the one charge the spec keeps), and what runs."""
         known = set()
+        registered: dict[str, set[str]] = {}  # shard -> keys a new instance of it asks about
         for index in range(self.scenario.shards):
-            instance = self.runtime.host_of(self.shard(index)).instance
-            if instance is not None:  # the leases its live instance knows (no row holds them)
-                known |= {lease.lease_id for lease in instance.queue.lease_book.leases()}
+            host = self.runtime.host_of(self.shard(index))
+            if host.instance is not None:  # the leases its live instance knows (no row holds them)
+                known |= {lease.lease_id for lease in host.instance.queue.lease_book.leases()}
+            with contextlib.suppress(Exception):  # a shard that never queued has no pacing table
+                registered[f"s{index}"] = {r["key"] for r in host.db.inspect("SELECT key FROM durability_queue_pacing")}
         found = {}
         for key in range(self.scenario.keys):
             running = sum(len(items) for items in self.truth.running[key].values())
             db = self.runtime.host_of(self.runtime.env.HOLDER.getByName(f"k{key}")).db
             try:
                 grants = db.inspect("SELECT permits - released AS charged FROM durability_semaphore_grants")
-                leases = db.inspect("SELECT lease_id, permits, drawn, released FROM durability_semaphore_leases")
+                leases = db.inspect(
+                    "SELECT lease_id, client_id, permits, drawn, released FROM durability_semaphore_leases")
             except Exception:
                 continue  # this holder never started
+            # A lease its client's instance does not know is still one it will
+            # hear of, if the client's key row makes it ask (see lease_book).
             never_learned = sum(r["permits"] for r in leases
-                                if r["lease_id"] not in known and r["drawn"] == r["released"] == 0)
+                                if r["lease_id"] not in known and r["drawn"] == r["released"] == 0
+                                and f"k{key}" not in registered.get(r["client_id"], set()))
             charged = sum(r["charged"] for r in grants) + sum(r["permits"] - r["released"] for r in leases)
             found[key] = (charged - never_learned, never_learned, running)
         return found

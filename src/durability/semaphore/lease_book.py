@@ -17,7 +17,13 @@ No row is written for a lease. What a crash loses is recovered without one:
   about the key at once, and the holder lists the lease in its reply (as
   for a lease in a lost reply); the queue takes it up again;
 - when to report a lease again: a new instance reports every lease it
-  knows at once.
+  knows at once. (A lease settled here whose items are still kept is so
+  rebuilt and reported once more: the holder answers it settled.)
+
+The terms kept here are not undone by a transaction that rolls back (nor
+are a grant book's): a lease learned in one keeps being drawn from here,
+though its key's row may not have been written; a storage failure
+mid-transaction is the only way there.
 
 Before, a lease had a row (written when learned, deleted once settled: two
 rows per lease, about two per admitted job under contention). Rows older

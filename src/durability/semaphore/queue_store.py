@@ -20,7 +20,8 @@ longer with the object's whole history (a scan of n rows is billed n rows
 read, and the queue scans its items dozens of times per item, so keeping
 more than a few dozen done items costs more than deleting them). With
 ``keep_done_ms`` 0 a released grant item is deleted at once instead, and
-its key keeps a pacing row while it may hold grants (``register_key``).
+its key keeps a pacing row while it may hold grants (``register_key``); the
+key of every lease learned keeps one too, in every mode.
 
 No row is kept for a grant (``grant_book`` keeps them in memory): a
 grant's confirmed and released counts are the counts of its items
@@ -223,10 +224,13 @@ class QueueStore:
             key, interval_ms,
         )
 
-    # -- keys that may hold grants (used when done items are not kept) --------------
+    # -- keys that may hold grants or leases ----------------------------------------
     # A pacing row stands for its key: written (interval 0) before the key's
-    # first request, deleted once it holds nothing here. Without kept done
-    # items, nothing else tells a new instance which keys to ask about.
+    # first request when done items are not kept, and when a lease of the key
+    # is learned; deleted at an instance's first ask that finds the key
+    # holding nothing here. A new instance asks about every key with a row:
+    # nothing else tells it of grants it admitted on and deleted, or of
+    # leases it drew nothing from (neither has a row).
     def register_key(self, key: str) -> None:
         """One row written per key until it is unregistered; none after."""
         self.sql.exec(f"INSERT INTO {PACING} (key, interval_ms) VALUES (?, 0) ON CONFLICT (key) DO NOTHING", key)
