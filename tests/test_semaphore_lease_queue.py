@@ -241,6 +241,7 @@ def test_a_version_1_queue_migrates_in_place_and_keeps_its_items(runtime):
         sql = runtime.host_of(shard(runtime)).instance.ctx.storage.sql
         sql.exec("DROP TABLE durability_queue_leases")
         sql.exec("ALTER TABLE durability_queue_items DROP COLUMN done_at")
+        sql.exec("ALTER TABLE durability_queue_items DROP COLUMN draw")
         sql.exec("UPDATE durability_schema SET version = 1 WHERE component = 'semaphore-queue'")
         runtime.evict(shard(runtime))
         await shard(runtime).submit(jobs("b", 1, ms=1_000))
@@ -250,7 +251,7 @@ def test_a_version_1_queue_migrates_in_place_and_keeps_its_items(runtime):
         return version[0]["version"], await shard(runtime).states()
 
     version, states = runtime.run(scenario())
-    assert version == 4  # the lease table (2), the pacing table (3), then the items' done_at (4)
+    assert version == 5  # the lease table (2), the pacing table (3), the items' done_at (4), then draw (5)
     assert states["a0"] == states["a1"] == "admitted" and states["b0"] in ("admitted", "released")
 
 
@@ -379,3 +380,77 @@ def test_a_lease_nothing_was_drawn_from_is_heard_of_again_after_an_eviction_and_
     learned, charged, end = runtime.run(scenario())
     assert len(learned) == 1 and learned[0]["drawn"] == 0 and charged["leaseFootprint"] == 4
     assert (end["leaseFootprint"], end["leases"], end["retiredFootprint"]) == (0, 0, 0)
+
+
+def test_with_keep_done_ms_0_a_drawn_item_s_row_goes_at_its_release_and_the_lease_still_settles(runtime):
+    runtime.module.CONFIG["keep_done_ms"] = 0
+
+    async def scenario():
+        await shard(runtime).submit(jobs("a", 2, ms=1_000))
+        await asyncio.sleep(3)  # drawn, ran, released
+        mid = await shard(runtime).leases(), await shard(runtime).states()
+        await asyncio.sleep(TTL / 1000)  # at half its ttl the idle lease goes back
+        return mid, await shard(runtime).leases(), await holder(runtime).usage()
+
+    (leases, items), after, usage = runtime.run(scenario())
+    assert items == {}  # no released item is kept: one write per release, not two
+    assert [(x["drawn"], x["released"]) for x in leases] == [(2, 2)]  # counted all the same
+    assert after == [] and (usage["leaseFootprint"], usage["leases"]) == (0, 0)
+
+
+@pytest.mark.parametrize("evicted", ["while a draw still runs", "once every draw is released"])
+def test_draws_the_holder_heard_of_whose_items_went_at_their_release_are_counted_released_by_a_new_instance(
+        runtime, evicted):
+    # The holder heard of four draws on the first lease (with the request for
+    # b3); three of their items went at their release. A new instance knows
+    # the lease from a0's item only, or not at all (the holder's listing
+    # names it): either way it counts the missing draws released, and every
+    # permit comes back, none early.
+    runtime.module.CONFIG["keep_done_ms"] = 0
+
+    async def scenario():
+        await shard(runtime).submit(jobs("a", 1, ms=20_000))
+        await asyncio.sleep(3)
+        await shard(runtime).submit(jobs("b", 4, ms=1_000))
+        await asyncio.sleep(5)
+        if evicted == "once every draw is released":
+            while "a0" not in runtime.module.WORLD["completed"]:
+                await asyncio.sleep(0.1)
+            await asyncio.sleep(0.3)  # its release not reported yet
+        before = await holder(runtime).usage()
+        runtime.evict(shard(runtime))
+        await asyncio.sleep(3)
+        early = await holder(runtime).usage()
+        await asyncio.sleep(60)
+        return before, early, await holder(runtime).usage(), await shard(runtime).states()
+
+    before, early, end, items = runtime.run(scenario())
+    assert before["leaseFootprint"] >= 4 and early == before  # a0's lease counted in full until reported
+    assert (end["leaseFootprint"], end["leases"], end["outstanding"]) == (0, 0, 0) and items == {}
+
+
+def test_a_draw_running_when_its_shard_is_evicted_stays_counted_after_an_earlier_draw_went_at_its_release(runtime):
+    # a0 is the lease's first draw: released, its row deleted, its release
+    # heard. b0, its second, runs when the shard is evicted. The new instance
+    # sees b0's item only: by its number, two draws were made and one is
+    # released, so b0 stays counted (a count of the items would say one draw,
+    # none released, and the holder, already told one of one released, would
+    # settle the lease with b0 running).
+    runtime.module.CONFIG["keep_done_ms"] = 0
+
+    async def scenario():
+        await shard(runtime).submit(jobs("a", 1, ms=1_000))
+        await asyncio.sleep(15)  # a0 ran; its release reported after its delay
+        heard = await holder(runtime).usage()
+        await shard(runtime).submit(jobs("b", 1, ms=60_000))
+        await asyncio.sleep(1)
+        runtime.evict(shard(runtime))
+        await asyncio.sleep(20)  # the new instance reports the lease it knows from b0
+        during = await holder(runtime).usage()
+        await asyncio.sleep(60)
+        return heard, during, await holder(runtime).usage()
+
+    heard, during, end = runtime.run(scenario())
+    assert heard["leaseFootprint"] == 3  # four permits, one released
+    assert during["leaseFootprint"] == 1 and during["outstanding"] == 1  # b0, running, and nothing else
+    assert (end["leaseFootprint"], end["leases"]) == (0, 0)

@@ -17,7 +17,15 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
-from durability.semaphore.allocation import Limits, Working, apply_all_reports, merged_leases, run_round, usage
+from durability.semaphore.allocation import (
+    Limits,
+    Working,
+    apply_all_reports,
+    merged_leases,
+    news_for,
+    run_round,
+    usage,
+)
 from durability.semaphore.leases import (
     Lease,
     LeaseIds,
@@ -320,13 +328,19 @@ def test_a_client_cannot_report_on_another_clients_lease():
     assert book.leases[lease.lease_id].footprint == lease.permits
 
 
-def test_a_lost_reply_s_lease_is_listed_again_and_a_known_one_is_not():
+def test_a_lease_is_listed_until_settled_and_is_news_only_to_a_client_that_did_not_report_it():
     book = Book(policy(per_lease=3), total=10)
     lease = issue(book, "a", 3)
-    listed = book.round(want("a", count=3)).outcomes["a"].listed_leases
-    assert [x.lease_id for x in listed] == [lease.lease_id]
-    drawn = book.round(want("a", count=0, reports=[LeaseReport(lease.lease_id, "g", 3, 1, 0)]))
-    assert drawn.outcomes["a"].listed_leases == []
+    unreported = want("a", count=3)
+    outcome = book.round(unreported).outcomes["a"]
+    assert [x.lease_id for x in outcome.listed_leases] == [lease.lease_id]
+    assert news_for(unreported, outcome)  # a lost reply's lease: the reply goes at once
+    reported = want("a", count=0, reports=[LeaseReport(lease.lease_id, "g", 3, 1, 0)])
+    outcome = book.round(reported).outcomes["a"]
+    assert [(x.lease_id, x.drawn) for x in outcome.listed_leases] == [(lease.lease_id, 1)]
+    assert not news_for(reported, outcome)  # known: the reply may be held
+    settle = want("a", count=0, reports=[LeaseReport(lease.lease_id, "g", 3, 1, 1, True)])
+    assert book.round(settle).outcomes["a"].listed_leases == []
 
 
 @pytest.mark.parametrize("bad", [

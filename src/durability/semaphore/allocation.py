@@ -290,8 +290,9 @@ class ClientOutcome:
     blocked: dict[str, tuple[str, int]] = field(default_factory=dict)  #: group -> (reason, waiting)
     lease_reports: list[LeaseOutcome] = field(default_factory=list)
     new_leases: list[Lease] = field(default_factory=list)
-    #: leases the client may not know of (nothing drawn yet), new or not, so
-    #: that a lease in a lost reply reaches it with the next one
+    #: the client's leases not settled, new or not: a lease in a lost reply
+    #: reaches it with the next one, and a new instance hears of leases an
+    #: older one drew from and kept no item of (it takes them as stopped)
     listed_leases: list[Lease] = field(default_factory=list)
 
 
@@ -487,9 +488,8 @@ def run_round(book: dict[str, Grant], requests: list[Request], limits: Limits, n
             outcome.open_grants.append(grant)
     for client_id, outcome in outcomes.items():
         outcome.held_grants = held_grants(working, client_id)
-    for lease in working.leases():
+    for lease in sorted(working.leases(), key=lambda lease: lease.drawn > 0):  # undrawn ones first
         outcome = outcomes.get(lease.client_id)
-        if (outcome is not None and lease.drawn == 0 and not lease.settled
-                and len(outcome.listed_leases) < MAX_REPORTS):
+        if outcome is not None and not lease.settled and len(outcome.listed_leases) < MAX_REPORTS:
             outcome.listed_leases.append(lease)
     return RoundResult(working.changes, outcomes, errors, contended)

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from .queue_store import ADMITTED, CLAIMING, RELEASED, LocalGrant, QueueStore
+from .queue_store import ADMITTED, CLAIMING, RELEASED, Counts, LocalGrant, QueueStore
 
 
 class GrantBook:
@@ -101,9 +101,9 @@ class GrantBook:
         """Known from a holder's reply in this instance, not only from its items."""
         return grant_id in self._terms
 
-    def _joined(self, grant_id: str, counts: tuple[str, str, dict[str, int]] | None) -> LocalGrant:
+    def _joined(self, grant_id: str, counts: Counts | None) -> LocalGrant:
         terms = self._terms.get(grant_id)
-        key, group, by_state = counts if counts is not None else (terms.key, terms.group, {})
+        key, group, by_state = counts[:3] if counts is not None else (terms.key, terms.group, {})
         extra = terms.extra if terms is not None else 0
         released = by_state.get(RELEASED, 0) + extra
         confirmed = by_state.get(ADMITTED, 0) + by_state.get(RELEASED, 0) + extra

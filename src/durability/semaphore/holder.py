@@ -441,9 +441,9 @@ class DurabilitySemaphore:
         }
 
 
-def _lease_json(lease: Lease, ttl_ms: float) -> dict[str, Any]:
+def _lease_json(lease: Lease, ttl_ms: float, new: bool = False) -> dict[str, Any]:
     return {"leaseId": lease.lease_id, "group": lease.group, "permits": lease.permits, "drawn": lease.drawn,
-            "ttlMs": ttl_ms, "expiresAt": lease.expires_at, "retired": lease.retired}
+            "ttlMs": ttl_ms, "expiresAt": lease.expires_at, "retired": lease.retired, "new": new}
 
 
 def _same_request(a: Request, b: Request) -> bool:
@@ -457,12 +457,14 @@ def _grant_json(grant: Grant) -> dict[str, Any]:
 
 
 def _grants_reply(outcome, next_request_at: float, contended: bool = False, ttl_ms: float = 0) -> dict[str, Any]:
+    new = {lease.lease_id for lease in outcome.new_leases}
     return {
         "type": "grants",
         "v": VERSION,
         "grants": [_grant_json(g) for g in [*outcome.open_grants, *outcome.held_grants]],
         "reports": [o.to_wire() for o in outcome.reports],
-        "leases": [_lease_json(lease, ttl_ms) for lease in outcome.listed_leases],
+        "leases": [_lease_json(lease, ttl_ms, lease.lease_id in new) for lease in outcome.listed_leases],
+        "allLeasesListed": True,
         "leaseReports": [o.to_wire() for o in outcome.lease_reports],
         "blocked": [
             {"group": group, "reason": reason, "waiting": waiting}

@@ -6,16 +6,32 @@ this queue stopped drawing from it and when to report it again, kept in
 memory, joined with the counts of the items drawn and released on it, read
 from the rows. Must not know: the protocol, timers, or when anything happens.
 
-No row is written for a lease. What a crash loses is recovered without one:
+No row is written for a lease. Its counts follow from one rule: a drawn
+item is admitted until its release, then kept released or, with
+``keep_done_ms`` 0 (when its key's holder lists every lease), deleted. So
+every draw not running here was released: the released count is the drawn
+count less the items running. Draws are numbered in order in their items'
+rows (written with the draw, no row more), so the drawn count is the
+highest known of: this instance's terms, the items kept, the highest draw
+number among them, and the draws the holder says it heard of (no more than
+were made). What a crash loses is recovered without a lease row:
 
-- the items drawn on a lease name it, so a new instance knows every lease
-  it drew from, with its drawn and released counts. It takes such a lease
-  as stopped, its permits what it drew, and reports it at once: the holder
-  takes its undrawn permits back and settles it once every draw is released;
-- a lease nothing was drawn from: its key has a row (the queue registers
-  the key of every lease it learns), so a new instance asks the holder
-  about the key at once, and the holder lists the lease in its reply (as
-  for a lease in a lost reply); the queue takes it up again;
+- the items drawn on a lease and not yet deleted name it, so a new
+  instance knows every lease it drew from and is still using, with its
+  counts as above. It takes such a lease as stopped, its permits what it
+  drew, and reports it at once: the holder takes its undrawn permits back
+  and settles it once every draw is released. The holder's answer says
+  how many draws it heard of: if more than counted here, the rest are
+  draws whose items went at their release, and the queue counts them so.
+  A draw the holder never heard of, released and deleted, is footprint
+  neither side counts any more;
+- a lease with no item left: its key has a row (the queue registers the
+  key of every lease it learns), so a new instance asks the holder about
+  the key at once, and the holder lists the lease in its reply with the
+  draws it heard of; the queue takes it as stopped, every draw released,
+  and it settles with the report. Only a lease issued for this instance's
+  own request is drawn from: any other may have been drawn from by an
+  older instance whose numbers are gone;
 - when to report a lease again: a new instance reports every lease it
   knows at once. (A lease settled here whose items are still kept is so
   rebuilt and reported once more: the holder answers it settled.)
@@ -35,7 +51,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from .queue_store import ADMITTED, RELEASED, LocalLease, QueueStore
+from .queue_store import ADMITTED, RELEASED, Counts, LocalLease, QueueStore
 
 #: The ttl taken for a lease known only from its items (its terms were lost
 #: with an instance): it only spaces the reports of a stopped lease.
@@ -107,13 +123,18 @@ class LeaseBook:
         due = [lease.renew_at for lease in self.leases()]
         return min(due) if due else None
 
-    def _joined(self, lease_id: str, counts: tuple[str, str, dict[str, int]] | None) -> LocalLease:
-        by_state = counts[2] if counts is not None else {}
-        drawn_here = by_state.get(ADMITTED, 0) + by_state.get(RELEASED, 0)
-        released_here = by_state.get(RELEASED, 0)
+    def _joined(self, lease_id: str, counts: Counts | None) -> LocalLease:
+        # Every draw not running here was released: a drawn item is admitted
+        # until its release, then kept released or deleted. So the released
+        # count is the drawn count less the items running, and the drawn count
+        # is the highest known: the terms' (this instance's), the items kept,
+        # or the highest draw number among them (draws are numbered in order).
+        by_state = counts.by_state if counts is not None else {}
+        running = by_state.get(ADMITTED, 0)
+        drawn_here = max(running + by_state.get(RELEASED, 0), counts.last_draw if counts is not None else 0)
         terms = self._terms.get(lease_id)
         if terms is None:  # known from its items only (a new instance): stopped, reported at once
-            key, group = counts[0], counts[1]
-            return LocalLease(lease_id, key, group, drawn_here, drawn_here, released_here, True,
+            return LocalLease(lease_id, counts.key, counts.group, drawn_here, drawn_here, drawn_here - running, True,
                               RECOVERED_TTL_MS, 0.0, None)
-        return replace(terms, drawn=max(terms.drawn, drawn_here), released=max(terms.released, released_here))
+        drawn = max(terms.drawn, drawn_here)
+        return replace(terms, drawn=drawn, released=max(terms.released, drawn - running))

@@ -275,6 +275,7 @@ class LeaseEntry:
     ttl_ms: float
     expires_at: float
     retired: bool
+    new: bool = False  #: issued by the round that answers this very request
 
 
 @dataclass(frozen=True)
@@ -311,6 +312,9 @@ class Reply:
     grants: tuple[GrantEntry, ...] = ()
     blocked: tuple[Blocked, ...] = ()
     next_request_at: float | None = None
+    #: ``leases`` names every lease of the client not settled, drawn from or
+    #: not, and marks those new (older holders list only undrawn ones)
+    all_leases_listed: bool = False
 
 
 def _flag(entry: dict, name: str, where: str, default: bool = False) -> bool:
@@ -369,7 +373,8 @@ def _lease_entry(entry: dict, where: str) -> LeaseEntry:
         raise ProtocolError("malformed_reply", f"{where}.ttlMs must be a number of ms")
     return LeaseEntry(_reply_field(entry, "leaseId", where, _identifier), _reply_field(entry, "group", where, _identifier),
                       _reply_field(entry, "permits", where, _count), _count(entry.get("drawn", 0), f"{where}.drawn"),
-                      float(ttl), _reply_field(entry, "expiresAt", where, _time), _flag(entry, "retired", where))
+                      float(ttl), _reply_field(entry, "expiresAt", where, _time), _flag(entry, "retired", where),
+                      _flag(entry, "new", where))
 
 
 def _lease_outcome(entry: dict, where: str) -> LeaseOutcome:
@@ -415,4 +420,5 @@ def parse_reply(reply: Any, kind: str) -> Reply:
     if next_at is not None and not number_in(next_at, 0, MAX_SAFE_INTEGER):
         raise ProtocolError("malformed_reply", "nextRequestAt must be an epoch time in ms")
     return replace(parsed, grants=_entries(reply, "grants", _grant_entry), blocked=_entries(reply, "blocked", _blocked),
-                   next_request_at=None if next_at is None else float(next_at))
+                   next_request_at=None if next_at is None else float(next_at),
+                   all_leases_listed=_flag(reply, "allLeasesListed", "reply"))

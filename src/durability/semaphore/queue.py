@@ -25,7 +25,7 @@ same transaction; the holder learns it from the next request or a
 ``sync``. A drawn permit is one-shot: releasing it returns footprint to
 the holder, never a permit to draw. Done items are deleted
 ``keep_done_ms`` after they were released or cancelled (at once, for a
-grant's item, with ``keep_done_ms`` 0).
+released item, with ``keep_done_ms`` 0).
 """
 
 from __future__ import annotations
@@ -225,6 +225,9 @@ class DurabilitySemaphoreQueue:
         # item; finished() is asked about an item only once admit() returned.
         self._returned: dict[str, float] = {}
         self._acked: dict[str, int] = {}  #: grant id -> the released count the holder confirmed hearing
+        #: keys whose holder's last reply listed every lease it counts here
+        #: (a released drawn item's row may then go at once)
+        self._all_listed: set[str] = set()
         self._report_now: set[str] = set()  #: keys with releases to report at once (contended)
         self.report_delay_ms = report_delay_ms
         self._derive_timers()
@@ -397,8 +400,8 @@ class DurabilitySemaphoreQueue:
             if lease.undrawn <= 0:
                 continue
             items = self.store.oldest_queued(key, lease.group, lease.undrawn, reserved.get(lease.group, 0))
-            for item in items:  # the lease's drawn count is its items admitted or released
-                self._move(item, ADMITTED, lease.lease_id, "lease")
+            for number, item in enumerate(items, start=lease.drawn + 1):  # numbered in order (see lease_book)
+                self._move(item, ADMITTED, lease.lease_id, "lease", number)
             drawn = drawn or bool(items)
         if drawn:
             self.scheduler.schedule_by(PARTICIPANT, ADMIT, now)
@@ -441,13 +444,14 @@ class DurabilitySemaphoreQueue:
         """(group, count, oldest) of the key's items waiting for a permit, oldest group first."""
         return self.store.demand(key, self._reserved(key))
 
-    def _move(self, item: Item, state: str, grant_id: str | None = None, via: str | None = None) -> None:
+    def _move(self, item: Item, state: str, grant_id: str | None = None, via: str | None = None,
+              draw: int | None = None) -> None:
         """Write an item's next state, as the life cycle (queue_core.TRANSITIONS) allows."""
         done_at = None
         if state in (RELEASED, CANCELLED):
             done_at = now_ms()
             self.scheduler.schedule_by(PARTICIPANT, PURGE, done_at + self.keep_done_ms)
-        self.store.set_state(item.id, move(item.state, state), grant_id, via, done_at)
+        self.store.set_state(item.id, move(item.state, state), grant_id, via, done_at, draw)
 
     async def _purge(self) -> None:
         """Delete items done ``keep_done_ms`` ago or more (see QueueStore.purge_done)."""
@@ -480,6 +484,7 @@ class DurabilitySemaphoreQueue:
     def _release(self, item: Item) -> None:
         self._returned.pop(item.id, None)
         grant = self.grants.grant(item.grant_id) if item.via == "grant" else None
+        lease = self.lease_book.lease(item.grant_id) if item.via == "lease" else None
         if self.keep_done_ms == 0 and grant is not None:
             # Not kept: its row goes now, one write instead of two, and its
             # grant counts it as a claim with no item, released. An instance
@@ -487,8 +492,15 @@ class DurabilitySemaphoreQueue:
             # key's row makes it ask, and the holder lists the grant's claims.
             self.store.delete(item.id)
             self.grants.keep(replace(grant, extra=grant.extra + 1))
+        elif self.keep_done_ms == 0 and lease is not None and item.draw is not None and item.key in self._all_listed:
+            # The same for a numbered draw, when the key's holder lists every
+            # lease: one write instead of two. The terms keep the drawn count
+            # it was part of; a new instance counts it from the other draws'
+            # numbers or the holder's answer (see lease_book).
+            self.store.delete(item.id)
+            self.lease_book.keep(lease)
         else:
-            self._move(item, RELEASED, item.grant_id, item.via)
+            self._move(item, RELEASED, item.grant_id, item.via, item.draw)
         if item.via == "lease":  # its released count is its items released: report it
             self._lease_report_due(item.key, item.grant_id, now_ms() + self.lease_report_delay_ms)
             return
@@ -571,7 +583,11 @@ class DurabilitySemaphoreQueue:
         now = now_ms()
         self._apply_outcomes(reply.reports, sent)
         self._apply_lease_outcomes(reply.lease_reports, now)
-        self._learn_leases(key, reply.leases, now)
+        self._learn_leases(key, reply.leases, now, reply.all_leases_listed)
+        if reply.all_leases_listed:  # a new instance will hear of every lease: a drawn item need not be kept
+            self._all_listed.add(key)
+        else:
+            self._all_listed.discard(key)
         if reply.contended:
             self._return_idle_leases(key)  # _after_reply reports them
         self._learn_grants(key, reply.grants)
@@ -853,8 +869,9 @@ class DurabilitySemaphoreQueue:
             self.scheduler.transaction(lambda: self.scheduler.schedule_by(PARTICIPANT, LEASE_REPORT + key, now_ms()))
             await self.scheduler.sync()
 
-    def _learn_leases(self, key: str, entries: tuple[LeaseEntry, ...], now: float) -> None:
-        """Leases the holder lists: new ones, ones whose reply was lost, ones to stop drawing from."""
+    def _learn_leases(self, key: str, entries: tuple[LeaseEntry, ...], now: float, listed_all: bool = False) -> None:
+        """Leases the holder lists: new ones, ones whose reply was lost, ones to stop drawing from,
+        and (``listed_all``) every other one it counts for this object."""
         for entry in entries:
             if self.lease_book.settled(entry.lease_id):
                 continue  # a reply sent before it was settled here
@@ -863,13 +880,14 @@ class DurabilitySemaphoreQueue:
                 if entry.retired and not known.stopped and known.settled_at is None:
                     self._put_lease_and_report(replace(known, stopped=True))
                 continue
-            if entry.drawn:
-                # Defensive: the holder lists only leases with nothing drawn. A late
-                # reply naming a lease settled here is caught by the settled ids
-                # kept in memory (see lease_book), not by this test.
-                continue
             lease = LocalLease(entry.lease_id, key, entry.group, entry.permits, 0, 0,
-                               entry.retired, entry.ttl_ms, _renew_at(now, entry.ttl_ms), None)
+                               entry.retired or not self._may_take_up(key, entry, listed_all),
+                               entry.ttl_ms, _renew_at(now, entry.ttl_ms), None)
+            # Drawn from by an older instance with no item here left: each
+            # draw was released (its item deleted), and it settles with the
+            # report. (A late reply naming a lease settled here is caught by
+            # the settled ids kept in memory, above.)
+            lease = _with_heard_draws(lease, entry.drawn)
             # No row holds the lease: the key's row makes a new instance ask
             # about it (a write only the first time the key is registered).
             self.store.register_key(key)
@@ -879,11 +897,23 @@ class DurabilitySemaphoreQueue:
                 self.lease_book.keep(lease)
         self._schedule_renewal()
 
+    def _may_take_up(self, key: str, entry: LeaseEntry, listed_all: bool) -> bool:
+        """May a listed lease unknown here be drawn from? Only one issued for
+        this instance's own request: any other may have been drawn from by an
+        older instance whose items are gone (its draws' numbers with them), so
+        it goes back, as one with nothing queued in its group does. (A holder
+        that does not list every lease marks none new; its listing holds
+        only leases nothing was drawn from, while every drawn item is kept.)"""
+        if listed_all and not entry.new:
+            return False
+        return entry.drawn == 0 and entry.group in {group for group, _, _ in self._demand(key)}
+
     def _apply_lease_outcomes(self, outcomes: tuple[LeaseOutcome, ...], now: float) -> None:
         for outcome in outcomes:
-            lease = self.lease_book.lease(outcome.lease_id)
-            if lease is None or lease.settled_at is not None:
+            known = self.lease_book.lease(outcome.lease_id)
+            if known is None or known.settled_at is not None:
                 continue
+            lease = _with_heard_draws(known, outcome.drawn)
             status = outcome.status
             renewed = lease
             if lease.renew_at < now + lease.ttl_ms / 4:
@@ -903,7 +933,7 @@ class DurabilitySemaphoreQueue:
                     # Keep reporting a stopped lease until the holder settles it.
                     self._put_lease_and_report(renewed)
                     continue
-            if renewed != lease:
+            if renewed != known:
                 self.lease_book.keep(renewed)
         self._schedule_renewal()
 
@@ -1071,6 +1101,18 @@ class DurabilitySemaphoreQueue:
 def _report_of(message: OutboxMessage) -> dict:
     body = message.body
     return {"grantId": body["grantId"], "claimed": body["claimed"], "released": body["released"]}
+
+
+def _with_heard_draws(lease: LocalLease, heard_drawn: int) -> LocalLease:
+    """The holder heard of more draws than this instance counts: an older
+    one made them, and their items are gone, so each was released (see
+    lease_book). The holder heard no more draws than were made: every one
+    it heard of beyond those counted here is one whose item went."""
+    if heard_drawn <= lease.drawn:
+        return lease
+    # (A lease known from its items only took its permits as their count.)
+    return replace(lease, permits=max(lease.permits, heard_drawn), drawn=heard_drawn,
+                   released=heard_drawn - lease.in_use)
 
 
 def _lease_report_of(lease: LocalLease) -> dict:

@@ -19,17 +19,18 @@ the size of the recent work: kept for good, done items made each scan
 longer with the object's whole history (a scan of n rows is billed n rows
 read, and the queue scans its items dozens of times per item, so keeping
 more than a few dozen done items costs more than deleting them). With
-``keep_done_ms`` 0 a released grant item is deleted at once instead, and
+``keep_done_ms`` 0 a released item is deleted at once instead, and
 its key keeps a pacing row while it may hold grants (``register_key``); the
 key of every lease learned keeps one too, in every mode.
 
 No row is kept for a grant (``grant_book`` keeps them in memory): a
 grant's confirmed and released counts are the counts of its items
 admitted or released on it, scanned once and kept until an item's state
-changes (``_all_counts``). The grant table of versions before 5 is read
+changes (``_all_counts``). The grant table older versions wrote is read
 once (``legacy_grants``) and its rows deleted as their grants settle. No
 row is kept for a lease either (``lease_book``): its drawn and released
-counts are its items' too; the lease rows older versions wrote are read
+counts are its items' too (and, with ``keep_done_ms`` 0, draws whose
+items went at their release, counted in memory); the lease rows older versions wrote are read
 once (``legacy_leases``) and deleted as their leases settle.
 Items a version before 4 moved to ``claiming`` keep that state until
 answered and count as claimed too.
@@ -39,7 +40,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from .._schema import drop, migrate
 from .._sql import GrowingCounter, Sql
@@ -103,6 +104,9 @@ _SCHEMA = {
         """,
     ],
     4: [f"ALTER TABLE {ITEMS} ADD COLUMN done_at REAL"],  # when released or cancelled (see purge_done)
+    # A draw's number in its lease (1, 2, ...), written with the draw itself:
+    # no row more (see lease_book).
+    5: [f"ALTER TABLE {ITEMS} ADD COLUMN draw INTEGER"],
 }
 DONE = ("released", "cancelled")
 
@@ -121,6 +125,7 @@ class Item:
     grant_id: str | None
     via: str | None
     admitted_at: float | None
+    draw: int | None = None  #: drawn from a lease: the draw's number in it (schema version 5 on)
 
 
 @dataclass(frozen=True)
@@ -170,15 +175,21 @@ class LocalLease:
         return self.drawn - self.released
 
 
-Counts = tuple[str, str, dict[str, int]]  #: (key, group, item state -> count) of one grant or lease
+class Counts(NamedTuple):
+    """The items admitted on one grant or drawn on one lease, counted."""
+
+    key: str
+    group: str
+    by_state: dict[str, int]  #: item state -> count
+    last_draw: int = 0  #: a lease's: the highest draw number of its items
 _LEASE_COLUMNS = "lease_id, key, grp, permits, drawn, released, stopped, ttl_ms, renew_at, settled_at"
-_ITEM_COLUMNS = "id, key, grp, body, seq, enqueued_at, state, grant_id, via, admitted_at"
+_ITEM_COLUMNS = "id, key, grp, body, seq, enqueued_at, state, grant_id, via, admitted_at, draw"
 _GRANT_COLUMNS = "grant_id, key, grp, permits, claimed, confirmed, released, claim_deadline"
 
 
 def _item(row: dict) -> Item:
     return Item(row["id"], row["key"], row["grp"], json.loads(row["body"]), row["seq"],
-                row["enqueued_at"], row["state"], row["grant_id"], row["via"], row["admitted_at"])
+                row["enqueued_at"], row["state"], row["grant_id"], row["via"], row["admitted_at"], row["draw"])
 
 
 def _legacy_grant(row: dict) -> LocalGrant:
@@ -189,7 +200,7 @@ def _legacy_grant(row: dict) -> LocalGrant:
 def _lease(row: dict, counts: dict[str, Counts]) -> LocalLease:
     # Drawn and released are the lease's items admitted or released (see the
     # module's docstring); the row's own counts hold for versions before 4.
-    by_state = counts[row["lease_id"]][2] if row["lease_id"] in counts else {}
+    by_state = counts[row["lease_id"]].by_state if row["lease_id"] in counts else {}
     released = max(row["released"], by_state.get(RELEASED, 0))
     drawn = max(row["drawn"], by_state.get(ADMITTED, 0) + by_state.get(RELEASED, 0))
     return LocalLease(row["lease_id"], row["key"], row["grp"], row["permits"], drawn, released,
@@ -304,11 +315,11 @@ class QueueStore:
         return [_item(r) for r in rows]
 
     def set_state(self, item_id: str, state: str, grant_id: str | None = None, via: str | None = None,
-                  done_at: float | None = None) -> None:
+                  done_at: float | None = None, draw: int | None = None) -> None:
         self._changes += 1
         self.sql.exec(
-            f"UPDATE {ITEMS} SET state = ?, grant_id = ?, via = ?, done_at = ? WHERE id = ?",
-            state, grant_id, via, done_at, item_id,
+            f"UPDATE {ITEMS} SET state = ?, grant_id = ?, via = ?, done_at = ?, draw = ? WHERE id = ?",
+            state, grant_id, via, done_at, draw, item_id,
         )
 
     def delete(self, item_id: str) -> None:
@@ -358,7 +369,7 @@ class QueueStore:
         counts = self._all_counts().get(via, {})
         if grant_id is not None:
             return {grant_id: counts[grant_id]} if grant_id in counts else {}
-        return dict(counts) if key is None else {i: c for i, c in counts.items() if c[0] == key}
+        return dict(counts) if key is None else {i: c for i, c in counts.items() if c.key == key}
 
     def _all_counts(self) -> dict[str, dict[str, Counts]]:
         """via -> id -> counts, from one scan of the items, kept until an item's
@@ -367,19 +378,21 @@ class QueueStore:
         version = (self._changes, self.sql.rollbacks)
         if self._memo is None or self._memo[0] != version:
             rows = self.sql.exec(
-                f"SELECT grant_id, via, key, grp, state, count(*) AS n FROM {ITEMS} WHERE via IS NOT NULL "
-                "AND state IN (?, ?, ?) GROUP BY grant_id, via, key, grp, state",
+                f"SELECT grant_id, via, key, grp, state, count(*) AS n, max(draw) AS last FROM {ITEMS} "
+                "WHERE via IS NOT NULL AND state IN (?, ?, ?) GROUP BY grant_id, via, key, grp, state",
                 CLAIMING, ADMITTED, RELEASED,
             )
             counts: dict[str, dict[str, Counts]] = {}
             for row in rows:
                 by_id = counts.setdefault(row["via"], {})
-                by_id.setdefault(row["grant_id"], (row["key"], row["grp"], {}))[2][row["state"]] = row["n"]
+                known = by_id.get(row["grant_id"]) or Counts(row["key"], row["grp"], {})
+                known.by_state[row["state"]] = row["n"]
+                by_id[row["grant_id"]] = known._replace(last_draw=max(known.last_draw, row["last"] or 0))
             self._memo = (version, counts)
         return self._memo[1]
 
     def legacy_grants(self) -> list[LocalGrant]:
-        """Grant rows versions before 5 wrote (no grant row is written since)."""
+        """Grant rows older versions wrote (no grant row is written since)."""
         return [_legacy_grant(r) for r in self.sql.exec(f"SELECT {_GRANT_COLUMNS} FROM {GRANTS} ORDER BY grant_id")]
 
     def delete_grant(self, grant_id: str) -> None:
