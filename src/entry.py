@@ -50,8 +50,13 @@ def _name(value, what):
     return value
 
 
+def _integer_in(value, low, high):
+    """An int (not a bool, which Python counts as one) from ``low`` to ``high``."""
+    return isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
+
+
 def _amount(value):
-    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_AMOUNT:
+    if not _integer_in(value, 1, MAX_AMOUNT):
         raise ValueError(f"amount must be an integer from 1 to {MAX_AMOUNT}")
     return value
 
@@ -119,8 +124,8 @@ class Tally(DurableObject):
     async def report(self, source, count):
         """Record that ``source`` has counted ``count`` in all; older reports change nothing."""
         _name(source, "source")
-        if isinstance(count, bool) or not isinstance(count, int) or count < 0:
-            raise ValueError("count must be a non-negative integer")
+        if not _integer_in(count, 0, 2**53):
+            raise ValueError("count must be an integer from 0 to 2**53")
         self.ctx.storage.sql.exec(
             "INSERT INTO sources (source, count) VALUES (?, ?) ON CONFLICT (source) "
             "DO UPDATE SET count = excluded.count WHERE excluded.count > sources.count",
@@ -194,7 +199,7 @@ def _job(job):
     if unknown:
         raise ValueError(f"unknown job fields: {sorted(unknown)}")
     work_ms = job.get("work_ms", 0)
-    if isinstance(work_ms, bool) or not isinstance(work_ms, int) or not 0 <= work_ms <= MAX_WORK_MS:
+    if not _integer_in(work_ms, 0, MAX_WORK_MS):
         raise ValueError(f"work_ms must be an integer from 0 to {MAX_WORK_MS}")
     if not isinstance(job.get("fail", False), bool):
         raise ValueError("fail must be true or false")
@@ -369,7 +374,7 @@ class Default(WorkerEntrypoint):
     async def upload(self, user, work_ms=0):
         """Run one upload of ``user`` inside one of the user's places."""
         user = _name(user, "user")
-        if isinstance(work_ms, bool) or not isinstance(work_ms, int) or not 0 <= work_ms <= MAX_UPLOAD_MS:
+        if not _integer_in(work_ms, 0, MAX_UPLOAD_MS):
             raise ValueError(f"work_ms must be an integer from 0 to {MAX_UPLOAD_MS}")
         try:
             async with _uploads(self.env).hold(user) as permit:

@@ -71,3 +71,11 @@ def test_sql_values_read_back_as_javascript_numbers():
     assert sql_value(2.0) == 2 and type(sql_value(2.0)) is int
     assert sql_value(9007199254740993) == 9007199254740992.0  # rounded, as in production
     assert sql_value(5) == 5 and sql_value("s") == "s" and sql_value(None) is None
+
+
+def test_a_str_enum_member_crosses_rpc_as_a_plain_string():
+    from durability.semaphore.messages import ReportStatus
+
+    copied = rpc_copy({"status": ReportStatus.OK, "list": [ReportStatus.SETTLED]})
+    assert type(copied["status"]) is str and copied["status"] == "ok"
+    assert type(copied["list"][0]) is str

@@ -32,6 +32,11 @@ def is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+def is_number(value: Any) -> bool:
+    """An int or a float (not a bool); possibly infinite or NaN."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
 def int_in(value: Any, low: int, high: int) -> bool:
     """An integer (not a bool) from ``low`` to ``high``."""
     return is_int(value) and low <= value <= high

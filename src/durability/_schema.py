@@ -1,14 +1,16 @@
 """Versioned schemas: each primitive's tables, created and migrated in place.
 
-Lives here: one small table recording each component's schema version, and
+Lives here: one small table recording each component's schema version,
 ``migrate``/``drop`` that move a component from the version it has to the
-version the code needs, in one transaction.
+version the code needs, in one transaction, and ``public_migrate``, the
+``migrate(ctx, version)`` each primitive offers its users.
 Must not know: any component's tables beyond the statements it is handed.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 from ._sql import Sql
 
@@ -67,3 +69,17 @@ def drop(sql: Sql, component: str, tables: Sequence[str]) -> None:
         sql.exec("DELETE FROM durability_schema WHERE component = ?", component)
 
     sql.transaction(apply)
+
+
+def public_migrate(component: str, tables: Sequence[str], what: str) -> Callable[[Any, int | None], None]:
+    """The ``migrate(ctx, version)`` a primitive offers (as a staticmethod):
+    ``None`` removes ``tables``, described to users as ``what``; any other
+    version is refused (schemas move forward by themselves, at construction)."""
+
+    def migrate(ctx: Any, version: int | None) -> None:
+        if version is not None:
+            raise ValueError("only migrate(ctx, None), which removes the schema, is supported")
+        drop(Sql(ctx), component, tables)
+
+    migrate.__doc__ = f"``migrate(ctx, None)`` removes {what}."
+    return staticmethod(migrate)  # type: ignore[return-value]

@@ -50,9 +50,10 @@ import json
 import logging
 import random
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Any, Callable, Mapping
 
-from ._schema import drop, migrate
+from ._schema import migrate, public_migrate
 from ._sql import Sql
 from .retry import Backoff, decide_retry
 from ._clock import now_ms
@@ -88,7 +89,25 @@ _SCHEMA = {
     2: ["ALTER TABLE durability_jobs ADD COLUMN due_at REAL"],
 }
 _TABLES = ["durability_jobs"]
-_TERMINAL = ("completed", "failed")
+
+
+class JobStatus(StrEnum):
+    """A job's status, as ``get_result`` reports it and its row keeps it."""
+
+    PENDING = "pending"  #: waiting for its first or next attempt
+    RUNNING = "running"  #: an attempt started (reported as pending)
+    COMPLETED = "completed"
+    FAILED = "failed"
+    NOT_FOUND = "not_found"  #: no such job (reported only)
+
+
+class JobEventType(StrEnum):
+    ATTEMPT_STARTED = "attempt_started"
+    ATTEMPT_SETTLED = "attempt_settled"
+    TERMINAL = "terminal"
+
+
+_TERMINAL = (JobStatus.COMPLETED, JobStatus.FAILED)
 
 
 @dataclass(frozen=True)
@@ -163,22 +182,22 @@ class JobRunner:
             return existing
         d._first_attempt_due.add(id)  # before any await: its timer cannot fire sooner
         await d.scheduler.sync()
-        return {"status": "pending"}
+        return {"status": JobStatus.PENDING}
 
     async def get_result(self, id: str) -> dict[str, Any]:
         """``{"status": "pending"}`` (also while an attempt runs), ``{"status":
         "completed", "result": ...}``, ``{"status": "failed", "error": "..."}``
         or ``{"status": "not_found"}``."""
         row = self._durability._row(id) if isinstance(id, str) else None
-        return {"status": "not_found"} if row is None else _state(row)
+        return {"status": JobStatus.NOT_FOUND} if row is None else _state(row)
 
 
 def _state(row: dict[str, Any]) -> dict[str, Any]:
-    if row["status"] == "completed":
-        return {"status": "completed", "result": json.loads(row["result"])}
-    if row["status"] == "failed":
-        return {"status": "failed", "error": row["error"]}
-    return {"status": "pending"}
+    if row["status"] == JobStatus.COMPLETED:
+        return {"status": JobStatus.COMPLETED, "result": json.loads(row["result"])}
+    if row["status"] == JobStatus.FAILED:
+        return {"status": JobStatus.FAILED, "error": row["error"]}
+    return {"status": JobStatus.PENDING}
 
 
 class Durability:
@@ -227,15 +246,10 @@ class Durability:
         rows = self.sql.exec(
             "SELECT id, status, due_at FROM durability_jobs WHERE status IN ('pending', 'running')")
         for row in rows:
-            due = row["due_at"] if row["status"] == "pending" and row["due_at"] is not None else now_ms()
+            due = row["due_at"] if row["status"] == JobStatus.PENDING and row["due_at"] is not None else now_ms()
             self.scheduler.schedule(PARTICIPANT, row["id"], due)
 
-    @staticmethod
-    def migrate(ctx: Any, version: int | None) -> None:
-        """``migrate(ctx, None)`` removes the jobs' table."""
-        if version is not None:
-            raise ValueError("only migrate(ctx, None), which removes the schema, is supported")
-        drop(Sql(ctx), "jobs", _TABLES)
+    migrate = public_migrate("jobs", _TABLES, "the jobs' table")
 
     def _handler_name(self, handler: str | None) -> str:
         if handler is None:
@@ -263,7 +277,7 @@ class Durability:
         attempt = int(row["attempt"])
         if job_id in self._first_attempt_due:
             self._first_attempt_due.discard(job_id)  # its row counts it already
-        elif row["status"] == "running":
+        elif row["status"] == JobStatus.RUNNING:
             error = f"attempt {attempt} was interrupted before it settled (the object was evicted or crashed)"
             await self._emit(self._fail(job_id, attempt, error))
             return
@@ -274,7 +288,7 @@ class Durability:
             )
         self._in_flight.add(job_id)
         try:
-            await self._emit([JobEvent("attempt_started", job_id, attempt)])
+            await self._emit([JobEvent(JobEventType.ATTEMPT_STARTED, job_id, attempt)])
             try:
                 result, text = await self._call(row["handler"], json.loads(row["payload"]))
             except Exception as error:
@@ -304,14 +318,14 @@ class Durability:
             text, job_id,
         )
         return [
-            JobEvent("attempt_settled", job_id, attempt, "completed", result=result),
-            JobEvent("terminal", job_id, attempt, "completed", result=result),
+            JobEvent(JobEventType.ATTEMPT_SETTLED, job_id, attempt, JobStatus.COMPLETED, result=result),
+            JobEvent(JobEventType.TERMINAL, job_id, attempt, JobStatus.COMPLETED, result=result),
         ]
 
     def _fail(self, job_id: str, attempt: int, error: str) -> list[JobEvent]:
         """Settle ``attempt`` as failed: retry by moving the timer, or give up."""
         decision = decide_retry(self.retries, attempt, now_ms(), random.random())
-        settled = JobEvent("attempt_settled", job_id, attempt, "failed", error=error)
+        settled = JobEvent(JobEventType.ATTEMPT_SETTLED, job_id, attempt, JobStatus.FAILED, error=error)
         if decision.retry:
             log.warning("job %s: attempt %d failed: %s; retrying", job_id, attempt, error)
 
@@ -330,7 +344,7 @@ class Durability:
         self.sql.exec(
             "UPDATE durability_jobs SET status = 'failed', error = ? WHERE id = ?", error, job_id
         )
-        return [settled, JobEvent("terminal", job_id, attempt, "failed", error=error)]
+        return [settled, JobEvent(JobEventType.TERMINAL, job_id, attempt, JobStatus.FAILED, error=error)]
 
     async def _emit(self, events: list[JobEvent]) -> None:
         listener = self.on_lifecycle_event

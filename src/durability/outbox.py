@@ -20,7 +20,7 @@ import random
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable
 
-from ._schema import drop, migrate
+from ._schema import migrate, public_migrate
 from ._sql import GrowingCounter, Sql
 from .retry import Backoff
 from ._clock import now_ms
@@ -183,12 +183,7 @@ class DurabilityOutbox:
         existing = getattr(scheduler, "outbox", None)
         return existing if existing is not None else cls(scheduler)
 
-    @staticmethod
-    def migrate(ctx: Any, version: int | None) -> None:
-        """``migrate(ctx, None)`` removes the outbox's table."""
-        if version is not None:
-            raise ValueError("only migrate(ctx, None), which removes the schema, is supported")
-        drop(Sql(ctx), "outbox", _TABLES)
+    migrate = public_migrate("outbox", _TABLES, "the outbox's table")
 
     def channel(self, name: str, send: Sender, *, batch_size: int = 32,
                 delay_ms: float = 0) -> OutboxChannel:

@@ -32,7 +32,8 @@ from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, TypeVar
 
 from ._clock import now_ms, wait_s
-from ._schema import drop, migrate
+from ._checks import is_number
+from ._schema import migrate, public_migrate
 from ._sql import GrowingCounter, Sql
 from .retry import Backoff, decide_retry
 
@@ -85,7 +86,7 @@ def _name(value: Any, what: str) -> str:
 
 
 def _time(value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
+    if not is_number(value) or value != value:
         raise ValueError(f"a timer's time must be epoch milliseconds, not {value!r}")
     return float(value)
 
@@ -138,12 +139,7 @@ class DurabilityScheduler:
         # from zero would be taken for the one that ran).
         self._versions = GrowingCounter(self.sql, "SELECT max(version) AS n FROM durability_timers")
 
-    @staticmethod
-    def migrate(ctx: Any, version: int | None) -> None:
-        """``migrate(ctx, None)`` removes the scheduler's tables."""
-        if version is not None:
-            raise ValueError("only migrate(ctx, None), which removes the schema, is supported")
-        drop(Sql(ctx), "scheduler", _TABLES)
+    migrate = public_migrate("scheduler", _TABLES, "the scheduler's tables")
 
     # -- registration ------------------------------------------------------
     def register(self, participant: str, handler: TimerHandler, *,

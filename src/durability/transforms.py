@@ -7,11 +7,14 @@ A transform is ``async (call, *args) -> result``; ``call()`` makes the call.
 from __future__ import annotations
 
 import asyncio
+import math
 from typing import Any, Awaitable, Callable
+
+from ._checks import number_in
 
 
 async def timeout(call: Callable[[], Awaitable[Any]], ms: float) -> Any:
     """Fail with ``TimeoutError`` when ``call()`` takes longer than ``ms`` milliseconds."""
-    if isinstance(ms, bool) or not isinstance(ms, (int, float)) or ms <= 0:
+    if not number_in(ms, 0, math.inf) or ms == 0:
         raise ValueError(f"timeout must be a positive number of milliseconds, not {ms!r}")
     return await asyncio.wait_for(call(), ms / 1000)

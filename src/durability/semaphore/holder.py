@@ -17,7 +17,7 @@ import random
 from dataclasses import replace
 from typing import Any, Callable
 
-from .._sql import Sql
+from .._checks import is_int, is_number
 from .._clock import now_ms, sleep_until
 from ..scheduler import DurabilityScheduler, Timer
 from .allocation import (
@@ -40,7 +40,8 @@ from .allocation import (
 )
 from .leases import Lease, LeaseIds, LeasePolicy, lease_usage, needs_row, retire_expired, retire_ineligible
 from .messages import MAX_REPORTS, VERSION, ProtocolError, Request, Sync, parse
-from .store import HolderStore
+from .._schema import public_migrate
+from .store import COMPONENT as HOLDER_COMPONENT, TABLES as HOLDER_TABLES, HolderStore
 
 log = logging.getLogger("durability.semaphore")
 PARTICIPANT = "durability.semaphore"
@@ -49,13 +50,13 @@ LEASE_ID_BLOCK = 64  #: lease ids reserved per write of the issued count
 
 
 def _non_negative_int(value: Any, what: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+    if not is_int(value) or value < 0:
         raise TypeError(f"{what} must resolve to a non-negative int, not {value!r}")
     return value
 
 
 def _positive_ms(value: Any, what: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
+    if not is_number(value) or not value >= 0:
         raise ValueError(f"{what} must be a non-negative number of milliseconds, not {value!r}")
     return float(value)
 
@@ -122,12 +123,7 @@ class DurabilitySemaphore:
         self._ids_reserved = 0  #: lease ids reserved in the row (set when the ids are loaded)
         self._schedule_reclaim(next_reclaim_at(self._grants().values(), self._leases().values()))
 
-    @staticmethod
-    def migrate(ctx: Any, version: int | None) -> None:
-        """``migrate(ctx, None)`` removes the holder's tables."""
-        if version is not None:
-            raise ValueError("only migrate(ctx, None), which removes the schema, is supported")
-        HolderStore.drop(Sql(ctx))
+    migrate = public_migrate(HOLDER_COMPONENT, HOLDER_TABLES, "the holder's tables")
 
     @staticmethod
     def client(**options: Any):

@@ -24,11 +24,23 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+from enum import StrEnum
 from typing import Any, Iterable
 
+from .._checks import is_int, number_in
 from .messages import OK, RETIRED, SETTLED, LeaseOutcome, LeaseReport
 
-STRICT, UNDER, OVER = "strict", "under", "over"
+
+
+class Provisioning(StrEnum):
+    """Where a lease's permits come from (the ``provisioning`` option's ``mode``)."""
+
+    STRICT = "strict"  #: the limit, shared with grants (grants first)
+    UNDER = "under"  #: a reserve inside the limit, kept for leases
+    OVER = "over"  #: an extra above the limit, for leases only
+
+
+STRICT, UNDER, OVER = Provisioning
 WITHIN_GROUP_LIMIT = "withinGroupLimit"
 DEFAULT_PERMITS_PER_LEASE = 64
 DEFAULT_TTL_MS = 30 * 60_000
@@ -134,7 +146,7 @@ class Budgets:
 
 
 def _count(value: Any, what: str, least: int = 0) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < least:
+    if not is_int(value) or value < least:
         raise ValueError(f"{what} must be an integer of at least {least}, not {value!r}")
     return value
 
@@ -153,7 +165,7 @@ class LeasePolicy:
     (they get leases too, within their limit).
     """
 
-    mode: str = STRICT
+    mode: Provisioning = STRICT
     reserve: int = 0
     extra_ratio: float | None = None
     extra_count: int | None = None
@@ -172,7 +184,7 @@ class LeasePolicy:
         provisioning = options.get("provisioning", {"mode": STRICT})
         if not isinstance(provisioning, dict) or provisioning.get("mode") not in (STRICT, UNDER, OVER):
             raise ValueError("provisioning must be {'mode': 'strict' | 'under' | 'over', ...}")
-        mode = provisioning["mode"]
+        mode = Provisioning(provisioning["mode"])
         allowed = {STRICT: {"mode"}, UNDER: {"mode", "reserve"}, OVER: {"mode", "extra"}}[mode]
         if set(provisioning) - allowed:
             raise ValueError(f"provisioning {mode!r} takes only {sorted(allowed)}")
@@ -185,15 +197,14 @@ class LeasePolicy:
                 raise ValueError("provisioning extra must be {'ratio': r} or {'count': n}")
             if "ratio" in extra:
                 ratio = extra["ratio"]
-                if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not (
-                        math.isfinite(ratio) and ratio >= 0):
+                if not number_in(ratio, 0, math.inf):
                     raise ValueError(f"extra ratio must be a finite number of at least 0, not {ratio!r}")
                 ratio = float(ratio)
             else:
                 count = _count(extra["count"], "extra count")
         per_lease = _count(options.get("permits_per_lease", DEFAULT_PERMITS_PER_LEASE), "permits_per_lease", 1)
         ttl = options.get("ttl_ms", DEFAULT_TTL_MS)
-        if isinstance(ttl, bool) or not isinstance(ttl, (int, float)) or not (math.isfinite(ttl) and ttl > 0):
+        if not number_in(ttl, 0, math.inf) or ttl == 0:
             raise ValueError(f"ttl_ms must be a positive number of milliseconds, not {ttl!r}")
         limited = options.get("limited_groups")
         if limited not in (None, WITHIN_GROUP_LIMIT):

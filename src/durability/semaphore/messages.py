@@ -11,6 +11,7 @@ whole with an ``error`` reply and changes nothing.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from enum import StrEnum
 from typing import Any, Callable
 
 from .._checks import MAX_SAFE_INTEGER, int_in, number_in, storable_text
@@ -22,18 +23,37 @@ MAX_REPORTS = 256  # grant reports, and lease reports, in one message
 MAX_COUNT = 1_000_000  # demand in one group, permits claimed or released on one grant
 MAX_WAIT_MS = 300_000  # how long a request may ask to be held for a grant
 
-# Blocked reasons, in the order they are checked.
-LIMIT_RESOLUTION_ERROR = "limit_resolution_error"
-NOT_PERMITTED = "not_permitted"
-GROUP_LIMIT = "group_limit"
-LIMIT = "limit"
+class BlockedReason(StrEnum):
+    """Why a group's demand got no permit, in the order they are checked."""
 
-# Report statuses.
-OK = "ok"
-EXPIRED = "expired"
-NOT_FOUND = "not_found"
-RETIRED = "retired"  #: a lease that must not be drawn from any more; keep reporting it
-SETTLED = "settled"  #: a lease the holder no longer counts; forget it
+    LIMIT_RESOLUTION_ERROR = "limit_resolution_error"
+    NOT_PERMITTED = "not_permitted"
+    GROUP_LIMIT = "group_limit"
+    LIMIT = "limit"
+
+
+class ReportStatus(StrEnum):
+    """The holder's answer to a report on a grant or a lease."""
+
+    OK = "ok"
+    EXPIRED = "expired"  #: a grant's unclaimed permits were reclaimed before the claim
+    NOT_FOUND = "not_found"  #: no such grant (reclaimed with nothing claimed, or settled)
+    RETIRED = "retired"  #: a lease that must not be drawn from any more; keep reporting it
+    SETTLED = "settled"  #: a lease the holder no longer counts; forget it
+
+
+class ErrorCode(StrEnum):
+    """Why a message was refused (``ProtocolError.code``)."""
+
+    INVALID_MESSAGE = "invalid_message"
+    UNSUPPORTED = "unsupported"
+    FORBIDDEN = "forbidden"
+    MALFORMED_REPLY = "malformed_reply"  #: raised on the client: the holder's reply breaks the format
+
+
+# The members by their old names.
+LIMIT_RESOLUTION_ERROR, NOT_PERMITTED, GROUP_LIMIT, LIMIT = BlockedReason
+OK, EXPIRED, NOT_FOUND, RETIRED, SETTLED = ReportStatus
 
 
 class ProtocolError(ValueError):

@@ -63,7 +63,9 @@ from .messages import (
 from .grant_book import GrantBook
 from .lease_book import LeaseBook
 from .queue_core import move, pacing_interval, report_due, settle
-from .queue_store import ADMITTED, CANCELLED, CLAIMING, QUEUED, RELEASED, Item, LocalGrant, LocalLease, QueueStore
+from .._schema import public_migrate
+from .queue_store import COMPONENT as QUEUE_COMPONENT, TABLES as QUEUE_TABLES
+from .queue_store import ADMITTED, CANCELLED, CLAIMING, QUEUED, RELEASED, Item, LocalGrant, LocalLease, QueueStore, Via
 
 log = logging.getLogger("durability.semaphore.queue")
 PARTICIPANT = "durability.semaphore-queue"
@@ -90,7 +92,7 @@ class AdmittedItem:
     key: str
     group: str
     body: Any
-    via: str  #: "grant" (a claim the holder confirmed) or "lease" (drawn with no round trip)
+    via: str  #: a ``Via``: "grant" (a claim the holder confirmed) or "lease" (drawn with no round trip)
 
 
 @dataclass(frozen=True)
@@ -182,18 +184,31 @@ class DurabilitySemaphoreQueue:
         if not keep_done_ms >= 0:
             raise ValueError("keep_done_ms must be 0 or more")
         self.keep_done_ms = keep_done_ms
+        self.report_delay_ms = report_delay_ms
+        self.lease_report_delay_ms = lease_report_delay_ms
         self.store = QueueStore(scheduler.sql)
         # A reply is never applied later than its request's time limit, so a
-        # grant settled here longer ago than that cannot be revived by one.
-        self.grants = GrantBook(self.store, remember_ms=2 * (attempt_timeout_ms + request_wait_ms))
-        self.lease_book = LeaseBook(self.store, 2 * (attempt_timeout_ms + request_wait_ms), now_ms())
+        # grant or lease settled here longer ago than that cannot be revived by one.
+        self.grants = GrantBook(self.store, remember_ms=self._settled_horizon_ms())
+        self.lease_book = LeaseBook(self.store, self._settled_horizon_ms(), now_ms())
+        self._start_memory()
+        # The outbox channels only send what older versions queued there:
+        # reports are read from the items now (see _report and
+        # _report_leases).
+        outbox = DurabilityOutbox.of(scheduler)
+        self._channels = {name: outbox.channel(name, self._send_outbox, delay_ms=lease_report_delay_ms,
+                                               batch_size=MAX_REPORTS) for name in (CHANNEL, OLD_LEASE_CHANNEL)}
+        scheduler.register(PARTICIPANT, self._on_timer, backoff=retries, durable=False)
+        self._derive_timers()
+
+    def _start_memory(self) -> None:
+        """What an instance keeps in memory only, as a new instance starts it."""
         # Keys a new instance has not heard the holder about yet: claims an
         # older instance made there may have been confirmed unbeknown to this
-        # one (see grant_book). Their done items are kept until it has.
-        self._unheard: set[str] = set(self.store.keys_in(QUEUED, CANCELLED))
-        # Keys with a row: without kept done items (keep_done_ms 0), the keys
-        # that may hold grants; and the keys of leases (see lease_book).
-        self._unheard |= set(self.store.registered_keys())
+        # one (see grant_book). Their done items are kept until it has. And
+        # the keys with a row: without kept done items (keep_done_ms 0), the
+        # keys that may hold grants; and the keys of leases (see lease_book).
+        self._unheard: set[str] = set(self.store.keys_in(QUEUED, CANCELLED)) | set(self.store.registered_keys())
         # Their first request is answered at its round, not held: a holder
         # that grants unclaimed permits (an older version) would not take
         # an earlier instance's claims for news. Later, a request that
@@ -204,18 +219,10 @@ class DurabilitySemaphoreQueue:
         #: per key, the latest claim deadline of the grants the holder listed
         #: here: grants made later, its next reply lists as news (heardUpTo)
         self._heard_up_to: dict[str, float] = {}
-        # The outbox channels only send what older versions queued there:
-        # reports are read from the items now (see _report and
-        # _report_leases).
-        outbox = DurabilityOutbox.of(scheduler)
-        self._channels = {name: outbox.channel(name, self._send_outbox, delay_ms=lease_report_delay_ms,
-                                               batch_size=MAX_REPORTS) for name in (CHANNEL, OLD_LEASE_CHANNEL)}
-        self.lease_report_delay_ms = lease_report_delay_ms
         # Leases whose report the holder may not have heard: id -> (key,
         # version). Memory, like _acked: a new instance reports every lease.
         self._lease_due: dict[str, tuple[str, int]] = {}
         self._lease_versions = itertools.count(1)
-        scheduler.register(PARTICIPANT, self._on_timer, backoff=retries, durable=False)
         self._blocked: dict[tuple[str, str], tuple[str, int]] = {}
         self._contended: set[str] = set()  #: keys whose holder last said it is short of permits
         self._admitting = asyncio.Lock()
@@ -229,8 +236,6 @@ class DurabilitySemaphoreQueue:
         #: (a released drawn item's row may then go at once)
         self._all_listed: set[str] = set()
         self._report_now: set[str] = set()  #: keys with releases to report at once (contended)
-        self.report_delay_ms = report_delay_ms
-        self._derive_timers()
 
     def _derive_timers(self) -> None:
         """Set again, in a new instance, the timers its rows imply."""
@@ -252,14 +257,7 @@ class DurabilitySemaphoreQueue:
         if oldest_done is not None:
             self.scheduler.schedule_by(PARTICIPANT, PURGE, max(now, oldest_done + self.keep_done_ms))
 
-    @staticmethod
-    def migrate(ctx: Any, version: int | None) -> None:
-        """``migrate(ctx, None)`` removes the queue's tables."""
-        if version is not None:
-            raise ValueError("only migrate(ctx, None), which removes the schema, is supported")
-        from .._sql import Sql
-
-        QueueStore.drop(Sql(ctx))
+    migrate = public_migrate(QUEUE_COMPONENT, QUEUE_TABLES, "the queue's tables")
 
     # -- the public surface ---------------------------------------------------
     async def enqueue(self, items: list[dict]) -> list[Item]:
@@ -354,7 +352,7 @@ class DurabilitySemaphoreQueue:
         blocked = self._blocked.get((item.key, item.group)) if state == QUEUED else None
         return {
             "id": item.id, "key": item.key, "group": item.group, "state": state,
-            "via": "grant" if state == CLAIMING else item.via,
+            "via": Via.GRANT if state == CLAIMING else item.via,
             "blocked": None if blocked is None else {"reason": blocked[0], "waiting": blocked[1]},
         }
 
@@ -401,7 +399,7 @@ class DurabilitySemaphoreQueue:
                 continue
             items = self.store.oldest_queued(key, lease.group, lease.undrawn, reserved.get(lease.group, 0))
             for number, item in enumerate(items, start=lease.drawn + 1):  # numbered in order (see lease_book)
-                self._move(item, ADMITTED, lease.lease_id, "lease", number)
+                self._move(item, ADMITTED, lease.lease_id, Via.LEASE, number)
             drawn = drawn or bool(items)
         if drawn:
             self.scheduler.schedule_by(PARTICIPANT, ADMIT, now)
@@ -483,8 +481,8 @@ class DurabilitySemaphoreQueue:
 
     def _release(self, item: Item) -> None:
         self._returned.pop(item.id, None)
-        grant = self.grants.grant(item.grant_id) if item.via == "grant" else None
-        lease = self.lease_book.lease(item.grant_id) if item.via == "lease" else None
+        grant = self.grants.grant(item.grant_id) if item.via == Via.GRANT else None
+        lease = self.lease_book.lease(item.grant_id) if item.via == Via.LEASE else None
         if self.keep_done_ms == 0 and grant is not None:
             # Not kept: its row goes now, one write instead of two, and its
             # grant counts it as a claim with no item, released. An instance
@@ -501,7 +499,7 @@ class DurabilitySemaphoreQueue:
             self.lease_book.keep(lease)
         else:
             self._move(item, RELEASED, item.grant_id, item.via, item.draw)
-        if item.via == "lease":  # its released count is its items released: report it
+        if item.via == Via.LEASE:  # its released count is its items released: report it
             self._lease_report_due(item.key, item.grant_id, now_ms() + self.lease_report_delay_ms)
             return
         # The item's released state is the release's durable report (see _report).
@@ -513,15 +511,22 @@ class DurabilitySemaphoreQueue:
     async def _pump(self, key: str) -> None:
         self.scheduler.transaction(lambda: self._claim_local(key, now_ms()))
         demand = self._demand(key)[:MAX_DEMAND_ENTRIES]
-        if not demand and key not in self._unheard:  # (an unheard key asks, to hear its grants)
+        wait = self._request_wait(key, demand)
+        if wait is None:
             await self._report_safely(key)  # claims get confirmed by a sync at once
             return
+        await self._ask(key, demand, wait)
+
+    def _request_wait(self, key: str, demand: list[tuple[str, int, float]]) -> float | None:
+        """How long the holder may hold the key's request now, or None: no
+        request now (nothing to ask for, or not yet: the pump is due again)."""
+        if not demand and key not in self._unheard:  # (an unheard key asks, to hear its grants)
+            return None
         now = now_ms()
         next_at = self.server.next_request_at(key)
         if next_at is not None and next_at > now:
             self.scheduler.schedule(PARTICIPANT, PUMP + key, next_at)
-            await self._report_safely(key)
-            return
+            return None
         left = self.scheduler.starts_left_ms()
         if left is not None and left < REQUEST_MARGIN_MS:
             # This alarm stops starting timers before a reply could start its
@@ -529,31 +534,25 @@ class DurabilitySemaphoreQueue:
             # from that one instead, and let other clients have them.
             at = now_ms() + left  # not due before then: this alarm does not run it again
             self.scheduler.transaction(lambda: self.scheduler.schedule(PARTICIPANT, PUMP + key, at))
-            await self._report_safely(key)
-            return
+            return None
+        # An instance's first request for a key is answered at its round,
+        # not held: the answer's listing is what the key waits for.
         wait = 0 if key in self._first_ask else self.request_wait_ms
         if left is not None:
             wait = min(wait, left - REQUEST_MARGIN_MS)  # the reply comes back while timers still start
+        return wait
+
+    async def _ask(self, key: str, demand: list[tuple[str, int, float]], wait: float) -> None:
+        """Send the key's request, with its claims and a report of each of its
+        leases (current counts, releases and stops, and a heartbeat), and apply
+        the reply."""
         claims = self._due_reports(key)
-        # Every lease of the key rides along: current drawn counts, releases
-        # and stops, and a heartbeat for each.
         leases = self.lease_book.leases(key)[:MAX_REPORTS]
         reported = {lease.lease_id for lease in leases}
         lease_piggybacked = [m for channel in self._channels.values() for m in channel.pending()
                              if m.body.get("leaseId") in reported]
         lease_versions = {i: self._lease_due[i][1] for i in reported if i in self._lease_due}
-        message = {
-            "type": "request", "v": VERSION, "clientId": self.client_id,
-            "demand": [{"group": g, "count": n, "oldestAt": oldest} for g, n, oldest in demand],
-            "grants": list(claims.values()),
-            # An instance's first request for a key is answered at its round,
-            # not held: the answer's listing is what the key waits for.
-            "wait": wait,
-            "leases": True,
-            "claims": True,
-            "heardUpTo": self._heard_up_to.get(key, 0.0),
-            "leaseReports": [_lease_report_of(lease) for lease in leases],
-        }
+        message = self._request_message(key, demand, claims, leases, wait)
         limit_s = (self.attempt_timeout_ms + self.request_wait_ms) / 1000
         # Until its reply is applied, the request's round may have granted
         # (claimed) permits this object has not heard of: if it fails, the key
@@ -578,6 +577,19 @@ class DurabilitySemaphoreQueue:
             self.scheduler.transaction(lambda: self._unregister_if_idle(key))
         await self.scheduler.sync()
         await self._after_reply(key, reply)
+
+    def _request_message(self, key: str, demand: list[tuple[str, int, float]], claims: dict[str, dict],
+                         leases: list[LocalLease], wait: float) -> dict[str, Any]:
+        return {
+            "type": "request", "v": VERSION, "clientId": self.client_id,
+            "demand": [{"group": g, "count": n, "oldestAt": oldest} for g, n, oldest in demand],
+            "grants": list(claims.values()),
+            "wait": wait,
+            "leases": True,
+            "claims": True,
+            "heardUpTo": self._heard_up_to.get(key, 0.0),
+            "leaseReports": [_lease_report_of(lease) for lease in leases],
+        }
 
     def _apply_grants_reply(self, key: str, reply: Reply, sent: dict[str, dict]) -> None:
         now = now_ms()
@@ -698,7 +710,7 @@ class DurabilitySemaphoreQueue:
         if len(to_admit) < admit:
             to_admit += self.store.oldest_queued(grant.key, grant.group, admit - len(to_admit))
         for item in to_admit:
-            self._move(item, ADMITTED, grant.grant_id, "grant")
+            self._move(item, ADMITTED, grant.grant_id, Via.GRANT)
         for item in rows[admit:admit + requeue]:
             self._move(item, QUEUED)
         return len(to_admit)
@@ -1021,7 +1033,7 @@ class DurabilitySemaphoreQueue:
             items = self._to_admit()
             if not items:
                 return
-            admitted = [AdmittedItem(i.id, i.key, i.group, i.body, i.via or "grant") for i in items]
+            admitted = [AdmittedItem(i.id, i.key, i.group, i.body, i.via or Via.GRANT) for i in items]
             result = self.admit(admitted)
             if inspect.isawaitable(result):
                 await result

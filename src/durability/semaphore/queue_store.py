@@ -40,9 +40,10 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Any, NamedTuple
 
-from .._schema import drop, migrate
+from .._schema import migrate
 from .._sql import GrowingCounter, Sql
 
 COMPONENT = "semaphore-queue"
@@ -50,6 +51,7 @@ ITEMS = "durability_queue_items"
 GRANTS = "durability_queue_grants"
 LEASES = "durability_queue_leases"
 PACING = "durability_queue_pacing"
+TABLES = (ITEMS, GRANTS, LEASES, PACING)
 _SCHEMA = {
     1: [
         f"""
@@ -108,9 +110,26 @@ _SCHEMA = {
     # no row more (see lease_book).
     5: [f"ALTER TABLE {ITEMS} ADD COLUMN draw INTEGER"],
 }
-DONE = ("released", "cancelled")
 
-QUEUED, CLAIMING, ADMITTED, RELEASED, CANCELLED = "queued", "claiming", "admitted", "released", "cancelled"
+class ItemState(StrEnum):
+    """An item's state (the life cycle is queue_core.TRANSITIONS)."""
+
+    QUEUED = "queued"
+    CLAIMING = "claiming"
+    ADMITTED = "admitted"
+    RELEASED = "released"
+    CANCELLED = "cancelled"
+
+
+class Via(StrEnum):
+    """How an item was admitted."""
+
+    GRANT = "grant"  #: on a claim the holder confirmed
+    LEASE = "lease"  #: drawn from a lease, with no round trip
+
+
+QUEUED, CLAIMING, ADMITTED, RELEASED, CANCELLED = ItemState
+DONE = (RELEASED, CANCELLED)
 
 
 @dataclass(frozen=True)
@@ -218,10 +237,6 @@ class QueueStore:
         self._changes = 0
         self._memo: tuple[tuple[int, int], dict[str, dict[str, Counts]]] | None = None
 
-    @staticmethod
-    def drop(sql: Sql) -> None:
-        drop(sql, COMPONENT, [ITEMS, GRANTS, LEASES, PACING])
-
     # -- pacing -----------------------------------------------------------------
     def pacing(self, key: str) -> float | None:
         row = self.sql.one(f"SELECT interval_ms FROM {PACING} WHERE key = ?", key)
@@ -298,10 +313,6 @@ class QueueStore:
                   if oldest is not None]
         return sorted(demand, key=lambda d: d[2])
 
-    def queued_keys(self) -> list[str]:
-        rows = self.sql.exec(f"SELECT DISTINCT key FROM {ITEMS} WHERE state = ? ORDER BY key", QUEUED)
-        return [r["key"] for r in rows]
-
     def keys_in(self, *states: str) -> list[str]:
         marks = ", ".join("?" * len(states))
         rows = self.sql.exec(f"SELECT DISTINCT key FROM {ITEMS} WHERE state IN ({marks}) ORDER BY key", *states)
@@ -361,7 +372,7 @@ class QueueStore:
     def grant_counts(self, key: str | None = None, grant_id: str | None = None) -> dict[str, Counts]:
         """grant id -> (key, group, item state -> count), for the items claimed
         on grants (of one key, or one grant, or all)."""
-        return self._counts("grant", key, grant_id)
+        return self._counts(Via.GRANT, key, grant_id)
 
     def _counts(self, via: str, key: str | None = None, grant_id: str | None = None) -> dict[str, Counts]:
         """grant or lease id -> (key, group, item state -> count), for the items
@@ -402,12 +413,12 @@ class QueueStore:
     def lease_counts(self, key: str | None = None, lease_id: str | None = None) -> dict[str, Counts]:
         """lease id -> (key, group, item state -> count), for the items drawn
         on leases (of one key, or one lease, or all)."""
-        return self._counts("lease", key, lease_id)
+        return self._counts(Via.LEASE, key, lease_id)
 
     def legacy_leases(self) -> list[LocalLease]:
         """Lease rows older versions wrote (no lease row is written since)."""
         rows = self.sql.exec(f"SELECT {_LEASE_COLUMNS} FROM {LEASES} ORDER BY lease_id")
-        counts = self._counts("lease") if rows else {}
+        counts = self._counts(Via.LEASE) if rows else {}
         return [_lease(r, counts) for r in rows]
 
     def drop_lease(self, lease_id: str) -> None:

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import random
 
-from .._schema import drop, migrate
+from .._schema import migrate
 from .._sql import Sql
 from .allocation import Changes, Grant
 from .leases import Lease, LeaseIds
@@ -30,6 +30,7 @@ COMPONENT = "semaphore"
 GRANTS = "durability_semaphore_grants"
 LEASES = "durability_semaphore_leases"
 LEASE_IDS = "durability_semaphore_lease_ids"
+TABLES = (GRANTS, LEASES, LEASE_IDS)
 _SCHEMA = {
     1: [
         f"""
@@ -74,10 +75,6 @@ class HolderStore:
     def __init__(self, sql: Sql) -> None:
         self.sql = sql
         migrate(sql, COMPONENT, _SCHEMA)
-
-    @staticmethod
-    def drop(sql: Sql) -> None:
-        drop(sql, COMPONENT, [GRANTS, LEASES, LEASE_IDS])
 
     def load(self) -> dict[str, Grant]:
         rows = self.sql.exec(

@@ -67,8 +67,10 @@ def rpc_copy(value: object) -> object:
     awaitables) and a ``DataCloneError`` for instances of other classes,
     which have no structured-clone form.
     """
-    if value is None or isinstance(value, (bool, str)):
+    if value is None or isinstance(value, bool):
         return value
+    if isinstance(value, str):
+        return str(value)  # a str subclass (a StrEnum member) arrives as a plain string
     if isinstance(value, int):
         # Small ints travel as numbers, larger ones as BigInts: both come back whole.
         return int(value)
