@@ -1,19 +1,16 @@
 """Which faults to inject, decided from the runtime's seeded random source.
 
-Lives here: the fault settings and every yes/no or delay the runtime asks
-for. The same seed and the same sequence of questions give the same answers,
-so a failing run replays exactly.
-Must not know: how a fault is carried out; the runtime and the host do that.
+Lives here: the fault settings and every yes/no or delay the runtime and its
+hosts ask for. The same seed and the same sequence of questions give the
+same answers, so a failing run replays exactly.
+Must not know: how a fault is carried out, nor the runtime or the host; each
+question names the class it is about, and whoever asked acts on the answer.
 """
 
 from __future__ import annotations
 
 import random
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from ._host import ObjectHost
 
 
 @dataclass
@@ -98,17 +95,17 @@ class FaultPlanner:
                 plan.evict_after_ms = self.rng.uniform(0, f.evict_window_ms)
         return plan
 
-    def alarm_eviction(self, host: "ObjectHost") -> float | None:
+    def alarm_eviction(self, class_name: str) -> float | None:
         """Milliseconds into an alarm's run at which to evict its object, or None."""
-        if self._applies(host.class_name, True) and self._chance(self.faults.evict):
+        if self._applies(class_name, True) and self._chance(self.faults.evict):
             return self.rng.uniform(0, self.faults.evict_window_ms)
         return None
 
-    def crash_before_commit(self, host: "ObjectHost") -> bool:
-        return self._applies(host.class_name, True) and self._chance(self.faults.crash_before_commit)
+    def crash_before_commit(self, class_name: str) -> bool:
+        return self._applies(class_name, True) and self._chance(self.faults.crash_before_commit)
 
-    def alarm_fails(self, host: "ObjectHost") -> bool:
-        return self._applies(host.class_name, True) and self._chance(self.faults.alarm_failure)
+    def alarm_fails(self, class_name: str) -> bool:
+        return self._applies(class_name, True) and self._chance(self.faults.alarm_failure)
 
-    def duplicate_alarm(self, host: "ObjectHost") -> bool:
-        return self._applies(host.class_name, True) and self._chance(self.faults.duplicate_alarm)
+    def duplicate_alarm(self, class_name: str) -> bool:
+        return self._applies(class_name, True) and self._chance(self.faults.duplicate_alarm)

@@ -3,9 +3,12 @@
 Lives here: the object's life (instance created on the first event, dropped
 on eviction while its storage stays), the input gate, the implicit write
 batch and the output gate, the one alarm and its retries, and how an event
-(an RPC call, an alarm) runs against the live instance.
-Must not know: how calls travel between objects or which faults to inject;
-the runtime decides that and asks the host to act.
+(an RPC call, an alarm) runs against the live instance. ``HostServices``
+lists all a host needs from around it; ``ObjectFaultPolicy`` is the part of
+fault injection it asks about.
+Must not know: the runtime itself, how calls travel between objects or how
+faults are chosen; the host asks ``HostServices`` for what it needs, and the
+runtime asks the host to act.
 """
 
 from __future__ import annotations
@@ -17,14 +20,12 @@ import inspect
 import random
 import traceback
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Awaitable, Callable
+from typing import Any, Awaitable, Callable, Protocol
 
+from ._clock import VirtualClockLoop
 from ._sql import SqlDatabase
 from ._storage import DurableObjectAbort, DurableObjectId, DurableObjectState
 from ._values import JsDict, JsException, rpc_copy
-
-if TYPE_CHECKING:
-    from ._runtime import Runtime
 
 # Production's alarm retries: 6 after the first attempt, from 2 s doubling,
 # with up to 25% jitter (workerd's alarm scheduler).
@@ -73,10 +74,37 @@ class ObjectStats:
     instances_created: int = 0
 
 
+class ObjectFaultPolicy(Protocol):
+    """The faults an object may suffer in its own life, asked by its class name."""
+
+    def crash_before_commit(self, class_name: str) -> bool: ...
+
+    def alarm_eviction(self, class_name: str) -> float | None: ...
+
+    def alarm_fails(self, class_name: str) -> bool: ...
+
+    def duplicate_alarm(self, class_name: str) -> bool: ...
+
+
+@dataclass(frozen=True)
+class HostServices:
+    """What a host needs from the runtime around it, and nothing more."""
+
+    loop: VirtualClockLoop
+    rng: random.Random  #: the runtime's one seeded source, so a seed replays alarm jitter too
+    env: Any  #: handed to each new instance's constructor
+    faults: ObjectFaultPolicy
+    spawn_system: Callable[[Awaitable[Any]], asyncio.Task]  #: work outside any instance
+    log_event: Callable[["ObjectHost", str, str], None]
+    report_background_error: Callable[["ObjectHost", BaseException], None]
+
+
 class ObjectHost:
-    def __init__(self, runtime: "Runtime", cls: type, class_name: str,
+    """One Durable Object: its storage, its live instance and the events it runs."""
+
+    def __init__(self, services: HostServices, cls: type, class_name: str,
                  object_id: DurableObjectId) -> None:
-        self.runtime = runtime
+        self._services = services
         self.cls = cls
         self.class_name = class_name
         self.object_id = object_id
@@ -103,12 +131,12 @@ class ObjectHost:
         self._alarm_running = False
 
     @property
-    def loop(self):
-        return self.runtime.loop
+    def loop(self) -> VirtualClockLoop:
+        return self._services.loop
 
     @property
     def rng(self) -> random.Random:
-        return self.runtime.rng
+        return self._services.rng
 
     # -- tasks that belong to the live instance ------------------------
     def spawn(self, awaitable: Awaitable[Any], *, background: bool = True) -> asyncio.Task:
@@ -138,7 +166,7 @@ class ObjectHost:
 
     def _report(self, task: asyncio.Task) -> None:
         if not task.cancelled() and task.exception() is not None:
-            self.runtime.report_background_error(self, task.exception())
+            self._services.report_background_error(self, task.exception())
 
     async def run_event(self, awaitable: Awaitable[Any]) -> Any:
         """Run one event's code on the instance; eviction fails it with a reset."""
@@ -158,7 +186,7 @@ class ObjectHost:
             token = current_host.set(self)
             generation_token = current_generation.set(self.generation)
             try:
-                self.instance = self.cls(ctx, self.runtime.env)
+                self.instance = self.cls(ctx, self._services.env)
             finally:
                 current_host.reset(token)
                 current_generation.reset(generation_token)
@@ -271,7 +299,7 @@ class ObjectHost:
         self._commit_handle = None
         if not self.db.in_batch:
             return
-        if self.runtime.faults.crash_before_commit(self):
+        if self._services.faults.crash_before_commit(self.class_name):
             self.evict("Durable Object reset: the instance crashed before its writes committed.")
             return
         self.db.commit_batch()
@@ -325,7 +353,7 @@ class ObjectHost:
         self._alarm_timer = None
         if self.alarm_at is None or self._alarm_running:
             return
-        self.runtime.spawn_system(self._deliver_alarm())
+        self._services.spawn_system(self._deliver_alarm())
 
     async def _deliver_alarm(self, duplicate: bool = False) -> None:
         retry = self._alarm_retry
@@ -335,9 +363,9 @@ class ObjectHost:
         self._alarm_running = True
         self.stats.alarm_invocations += 1
         self.stats.requests += 1
-        self.runtime.log_event(self, "alarm", f"retry {retry}" if retry else "")
+        self._services.log_event(self, "alarm", f"retry {retry}" if retry else "")
         succeeded = False
-        evict_after = self.runtime.faults.alarm_eviction(self)
+        evict_after = self._services.faults.alarm_eviction(self.class_name)
         if evict_after is not None:
             self.loop.call_later_exact(evict_after / 1000, self.evict_if_current, self.generation)
         try:
@@ -345,14 +373,14 @@ class ObjectHost:
             mark = self.batch_mark()
             await self.run_event(self._alarm_event(info))
             await self.flushed(since=mark)
-            succeeded = not self.runtime.faults.alarm_fails(self)
+            succeeded = not self._services.faults.alarm_fails(self.class_name)
         except (Exception, DurableObjectAbort) as error:  # the handler threw, or the instance was reset
-            self.runtime.log_event(self, "alarm failed", repr(error))
+            self._services.log_event(self, "alarm failed", repr(error))
         finally:
             self._alarm_running = False
         if succeeded:
-            if not duplicate and self.runtime.faults.duplicate_alarm(self):
-                self.runtime.spawn_system(self._deliver_alarm(duplicate=True))
+            if not duplicate and self._services.faults.duplicate_alarm(self.class_name):
+                self._services.spawn_system(self._deliver_alarm(duplicate=True))
         elif not duplicate and retry < ALARM_MAX_RETRIES:
             backoff = ALARM_FIRST_BACKOFF_MS * 2**retry
             retry_at = self.loop.now_ms() + backoff * (1 + ALARM_JITTER * self.rng.random())
@@ -360,7 +388,7 @@ class ObjectHost:
                 self.alarm_at = retry_at
                 self._alarm_retry = retry + 1
         elif not duplicate:
-            self.runtime.log_event(self, "alarm abandoned", f"after {retry} retries")
+            self._services.log_event(self, "alarm abandoned", f"after {retry} retries")
         self._arm_alarm_timer()
 
     async def _alarm_event(self, info: JsDict) -> None:

@@ -2,8 +2,8 @@
 
 Lives here: loading the Worker from ``wrangler.toml``, ``env`` with its
 namespaces and vars, stubs and the journey of an RPC call (copies, latency,
-faults), calls into the ``Default`` entrypoint, and the loop that runs it
-all on virtual time.
+faults), calls into the ``Default`` entrypoint, the loop that runs it all
+on virtual time, and the services each ``ObjectHost`` is given.
 Must not know: what happens inside an object; ``ObjectHost`` owns that.
 """
 
@@ -25,6 +25,7 @@ from ._clock import DEFAULT_EPOCH_MS, VirtualClockLoop, patched_wall_clock
 from ._faults import FaultPlanner, Faults
 from ._host import (
     RESET_MESSAGE,
+    HostServices,
     ObjectHost,
     current_generation,
     current_host,
@@ -145,6 +146,11 @@ class Runtime:
         self.namespaces: dict[str, DurableObjectNamespace] = dict(bindings)
         bindings.update(vars or {})
         self.env = Env(bindings)
+        self._host_services = HostServices(
+            loop=self.loop, rng=self.rng, env=self.env, faults=self.faults,
+            spawn_system=self.spawn_system, log_event=self.log_event,
+            report_background_error=self.report_background_error,
+        )
 
     @classmethod
     def from_wrangler(cls, config: str | os.PathLike = "wrangler.toml", *,
@@ -210,7 +216,8 @@ class Runtime:
         key = (namespace.class_name, object_id.toString())
         host = self._hosts.get(key)
         if host is None:
-            host = self._hosts[key] = ObjectHost(self, namespace.cls, namespace.class_name, object_id)
+            host = self._hosts[key] = ObjectHost(
+                self._host_services, namespace.cls, namespace.class_name, object_id)
         return host
 
     def host_of(self, stub: DurableObjectStub) -> ObjectHost:

@@ -2,21 +2,22 @@
 
 Lives here: the surface user code calls (``sql.exec``, ``transactionSync``,
 the alarm methods, ``waitUntil``, ``blockConcurrencyWhile``, ``ctx.id``),
-each checking that its instance is still the live one.
-Must not know: how events are scheduled or faults chosen; the host does that.
+each checking that its instance is still the live one, and ``StorageHost``,
+the few operations it asks of the object that holds the instance.
+Must not know: the host behind ``StorageHost``, how events are scheduled or
+faults chosen; the host does that.
 """
 
 from __future__ import annotations
 
+import asyncio
 import datetime
 import hashlib
-from typing import TYPE_CHECKING, Any, Awaitable, Callable
+from contextlib import AbstractAsyncContextManager
+from typing import Any, Awaitable, Callable, Protocol
 
-from ._sql import SqlCursor
+from ._sql import SqlCursor, SqlDatabase
 from ._values import JsException, number_from_js
-
-if TYPE_CHECKING:
-    from ._host import ObjectHost
 
 
 class DurableObjectId:
@@ -37,6 +38,36 @@ class DurableObjectId:
 
     def __repr__(self) -> str:
         return f"DurableObjectId({self.name or self._hex!r})"
+
+
+class StorageHost(Protocol):
+    """What ``ctx`` and ``ctx.storage`` ask of the object their instance lives in."""
+
+    generation: int  #: which instance is live; a handle of an older one is dead
+    object_id: DurableObjectId
+    db: SqlDatabase
+
+    def run_transaction_sync(self, fn: Callable[[], Any]) -> Any: ...
+
+    async def run_transaction(self, fn: Callable[[Any], Awaitable[Any]], txn: Any) -> Any: ...
+
+    def input_gate_closed(self) -> AbstractAsyncContextManager[None]: ...
+
+    def alarm_for_reading(self) -> float | None: ...
+
+    def stage_alarm(self, at_ms: float | None) -> None: ...
+
+    async def storage_round_trip(self) -> None: ...
+
+    async def flushed(self, since: int | None = None) -> None: ...
+
+    def spawn(self, awaitable: Awaitable[Any], *, background: bool = True) -> asyncio.Task: ...
+
+    def close_gate(self) -> None: ...
+
+    def open_gate(self, generation: int) -> None: ...
+
+    def evict(self, reason: str = ...) -> None: ...
 
 
 def _alarm_ms(when: Any) -> float:
@@ -70,12 +101,12 @@ class SqlStorage:
 class DurableObjectStorage:
     """``ctx.storage`` of a SQLite-backed Durable Object."""
 
-    def __init__(self, host: "ObjectHost", generation: int) -> None:
+    def __init__(self, host: StorageHost, generation: int) -> None:
         self._host = host
         self._generation = generation
         self.sql = SqlStorage(self)
 
-    def _live_host(self) -> "ObjectHost":
+    def _live_host(self) -> StorageHost:
         host = self._host
         if host.generation != self._generation:
             raise JsException(
@@ -131,7 +162,7 @@ class ExecutionContext:
 class DurableObjectState:
     """``ctx`` of a Durable Object instance (``DurableObjectState``)."""
 
-    def __init__(self, host: "ObjectHost", generation: int) -> None:
+    def __init__(self, host: StorageHost, generation: int) -> None:
         self._host = host
         self._generation = generation
         self.id = host.object_id
