@@ -247,7 +247,7 @@ class DurabilitySemaphoreQueue:
             self._wake(key, now)
         if self.store.admitted():
             self.scheduler.schedule_by(PARTICIPANT, ADMIT, now)
-        for key in {grant.key for grant in self.grants.grants() if self._report_due(grant)}:
+        for key in sorted({grant.key for grant in self.grants.grants() if self._report_due(grant)}):
             self.scheduler.schedule_by(PARTICIPANT, REPORT + key, now)  # what the holder may not have heard
         for lease in self.lease_book.leases():
             self._lease_report_due(lease.key, lease.lease_id, now)
@@ -768,7 +768,7 @@ class DurabilitySemaphoreQueue:
         await self._send_lease_reports([m for m in messages if "leaseId" in m.body])
 
     def _acknowledge(self, messages: list[OutboxMessage]) -> None:
-        for name in {m.channel for m in messages}:
+        for name in sorted({m.channel for m in messages}):
             self._channels[name].acknowledge([m for m in messages if m.channel == name])
 
     async def _send_reports(self, messages: list[OutboxMessage]) -> None:
