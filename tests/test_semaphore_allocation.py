@@ -9,6 +9,7 @@ retries that are never served twice, ownership, reclaim, blocked reasons).
 
 from __future__ import annotations
 
+import copy
 import itertools
 import math
 from dataclasses import replace
@@ -30,6 +31,7 @@ from durability.semaphore.allocation import (
     run_round,
     usage,
 )
+from durability.semaphore.leases import SETTLED_MEMORY_MS, Lease, LeaseIds, LeasePolicy
 from durability.semaphore.messages import (
     EXPIRED,
     GROUP_LIMIT,
@@ -43,6 +45,7 @@ from durability.semaphore.messages import (
     NOT_PERMITTED,
     OK,
     Demand,
+    LeaseReport,
     ProtocolError,
     Report,
     Request,
@@ -507,6 +510,43 @@ def test_a_reclaimed_grant_with_nothing_claimed_is_not_found_afterwards():
     second = run_round(book, [Request("c0", (), (Report("g", 1, 0),))], limits(5), T0 + 1, TIMEOUT_MS, id_maker())
     assert [(o.status, o.claimed) for o in second.outcomes["c0"].reports] == [(NOT_FOUND, 0)]
 
+
+
+def test_a_round_changes_nothing_it_was_given():
+    # A round in which every phase has work: reports (one request refused),
+    # a reclaim, a settled grant forgotten, leases retired past their ttl and
+    # under a lowered limit, grants, and a lease issued under a new id.
+    book = {
+        "due": Grant("due", "a", "g0", 3, 1, 0, T0 - 1),
+        "reported": Grant("reported", "a", "g0", 2, 0, 0, T0 + 5_000),
+        "forgotten": Grant("forgotten", "b", "g1", 2, 2, 2, T0 - SETTLED_MEMORY_MS - 1, reclaimed=True),
+    }
+    leases = {
+        "le-1": Lease("le-1", "a", "g0", 4, 1, 0, T0 + 60_000, False, 10),
+        "le-2": Lease("le-2", "b", "g1", 4, 0, 0, T0 - 1, False, 10),
+        "le-3": Lease("le-3", "c", "g2", 4, 4, 0, T0 + 60_000, False, 20),
+    }
+    lease_ids = LeaseIds("e", 3)
+    requests = [
+        Request("a", (Demand("g0", 5, T0),), (Report("reported", 2, 1),), leases=True, claims=True,
+                lease_reports=(LeaseReport("le-1", "g0", 4, 2, 1),)),
+        Request("b", (Demand("g1", 5, T0 - 1),), (), leases=True),
+        Request("c", (Demand("g2", 3, T0 - 2),), (), claims=True),
+        Request("d", (Demand("g0", 1, T0),), (Report("reported", 1, 0),)),  # a's grant: refused
+    ]
+    lim = limits(19)  # 14 charged: room for c's grant and a lease of 2 for b; below le-3's 20
+    given = (book, leases, lease_ids, requests, lim)
+    before = copy.deepcopy(given)
+    result = run_round(book, requests, lim, T0, TIMEOUT_MS, id_maker(), leases=leases,
+                       policy=LeasePolicy(permits_per_lease=4), lease_ids=lease_ids)
+    assert given == before
+    assert lease_ids.issued == 3  # the holder moves it on when it commits the round
+    # ... and the round did decide all of that, in what it returns:
+    assert result.changes.issued == 4
+    assert [lease.lease_id for lease in result.outcomes["b"].new_leases] == ["le-4"]
+    assert result.outcomes["c"].new_grants and list(result.errors) == [3]
+    assert {"due", "reported"} <= set(result.changes.written) and "forgotten" in result.changes.deleted
+    assert {"le-1", "le-2", "le-3"} <= set(result.changes.leases_written)
 
 # -- blocked reasons -----------------------------------------------------------------
 

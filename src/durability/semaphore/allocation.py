@@ -4,7 +4,10 @@ Lives here: the grant book (``Grant``), applying cumulative reports,
 reclaiming unclaimed permits past their deadline, and one allocation round
 from (book of grants and leases, requests, resolved limits, now) to
 (changes, per-client outcome): grants first, then leases from what is left
-(the lease rules themselves live in ``leases``).
+(the lease rules themselves live in ``leases``). A round runs in named
+phases over one ``RoundState``: reports, retirement, grants, leases,
+listing. It changes nothing it is given, the books and the ``LeaseIds``
+included: the new count of lease ids issued is in its changes.
 Must not know: storage, RPC, clocks or the user's callbacks; the holder
 reads the time, resolves the limits and persists the changes.
 
@@ -30,6 +33,7 @@ from typing import Any, Callable, Iterable
 
 from .leases import (
     SETTLED_MEMORY_MS,
+    Budgets,
     Lease,
     LeaseIds,
     LeasePolicy,
@@ -51,6 +55,7 @@ from .messages import (
     NOT_FOUND,
     NOT_PERMITTED,
     OK,
+    Demand,
     LeaseOutcome,
     LeaseReport,
     ProtocolError,
@@ -335,6 +340,10 @@ def news_for(request: Request, outcome: ClientOutcome) -> bool:
 
 @dataclass
 class RoundResult:
+    """What a round decided. The holder applies ``changes`` (the new count of
+    lease ids issued, ``changes.issued``, included): the round itself changed
+    nothing it was given."""
+
     changes: Changes
     outcomes: dict[str, ClientOutcome]
     errors: dict[int, ProtocolError]  #: request index -> why it was refused
@@ -343,6 +352,71 @@ class RoundResult:
 
 def usage(grants: Iterable[Grant]) -> tuple[int, dict[str, int]]:
     return tally((grant.group, grant.charged) for grant in grants)
+
+
+def _add(counts: dict[Any, int], key: Any, amount: int) -> None:
+    counts[key] = counts.get(key, 0) + amount
+
+
+def budgets_for(policy: LeasePolicy | None, total: int | ResolutionFailed) -> Budgets | None:
+    """What the round may hand out; None when the limit did not resolve."""
+    if not isinstance(total, int):
+        return None
+    return policy.budgets(total) if policy is not None else no_leases(total)
+
+
+@dataclass(frozen=True)
+class RoundTerms:
+    """What one round decides under, the same from its first phase to its last."""
+
+    limits: Limits
+    now: float
+    grant_timeout_ms: float
+    new_grant_id: Callable[[], str]
+    policy: LeasePolicy | None
+    lease_ids: LeaseIds  #: as the holder last committed them; the round's ids follow
+    budgets: Budgets | None  #: None: the limit did not resolve, nothing is handed out
+
+    @property
+    def ttl_ms(self) -> float | None:
+        return self.policy.ttl_ms if self.policy is not None else None
+
+
+@dataclass
+class RoundState:
+    """A round's decisions so far, added to phase by phase.
+
+    All of it is the round's own: ``Working`` keeps the changes apart from
+    the books it reads, and the count of lease ids issued is kept here, so
+    the books and the ``LeaseIds`` the round was given stay as they were.
+    """
+
+    working: Working
+    issued: int  #: lease ids issued, this round's included
+    outcomes: dict[str, ClientOutcome] = field(default_factory=dict)
+    errors: dict[int, ProtocolError] = field(default_factory=dict)  #: request index -> why it was refused
+    latest: dict[str, Request] = field(default_factory=dict)  #: the request each client is served by
+    arrival: dict[str, int] = field(default_factory=dict)  #: the index of each client's first request
+    granted: int = 0  #: permits charged to grants, this round's included
+    granted_groups: dict[str, int] = field(default_factory=dict)
+    leased: int = 0  #: lease footprint, this round's included
+    leased_groups: dict[str, int] = field(default_factory=dict)
+
+    def group_room(self, group: str, ceiling: int | None, room_total: int) -> int:
+        """Room under the group's own ceiling; with none, the room in the total."""
+        if ceiling is None:
+            return room_total
+        return ceiling - self.granted_groups.get(group, 0) - self.leased_groups.get(group, 0)
+
+
+@dataclass(frozen=True)
+class Wanted:
+    """One client's demand in one group, net of what it holds there already."""
+
+    client_id: str
+    group: str
+    want: int
+    ceiling: int | None | ResolutionFailed  #: the group's own limit (None: none)
 
 
 def run_round(book: dict[str, Grant], requests: list[Request], limits: Limits, now: float,
@@ -361,127 +435,171 @@ def run_round(book: dict[str, Grant], requests: list[Request], limits: Limits, n
     unclaimed in that group, so a request repeated after a lost reply is not
     served twice; every reply lists all of the client's open grants and the
     leases it may not know of, so the client learns of what a lost reply
-    carried.
+    carried. Nothing given is changed: the result says what the holder
+    must apply.
     """
-    working = Working(book, leases)
     lease_ids = lease_ids if lease_ids is not None else LeaseIds("", 0)
-    issued = lease_ids.issued  # the ids this round hands out follow; ``lease_ids`` is left as it was
-    ttl_ms = policy.ttl_ms if policy is not None else None
-    outcomes: dict[str, ClientOutcome] = {}
-    errors: dict[int, ProtocolError] = {}
-    latest: dict[str, Request] = {}
-    arrival: dict[str, int] = {}
+    terms = RoundTerms(limits, now, grant_timeout_ms, new_grant_id, policy, lease_ids,
+                       budgets_for(policy, limits.total))
+    state = RoundState(Working(book, leases), issued=lease_ids.issued)
+    apply_request_reports(state, terms, requests)
+    retire(state, terms)
+    candidates = serve_grants(state, terms)
+    serve_leases(state, terms, candidates)
+    list_for_replies(state)
+    return result_of(state, terms)
+
+
+def apply_request_reports(state: RoundState, terms: RoundTerms, requests: list[Request]) -> None:
+    """Phase 1, reports: each request's, in arrival order; a request that
+    reports on another client's grant or lease is refused alone."""
     for index, request in enumerate(requests):
         try:
             reported, lease_reported = apply_all_reports(
-                working, request.client_id, request.reports, request.lease_reports, lease_ids, now,
-                ttl_ms if request.heartbeat else None)
+                state.working, request.client_id, request.reports, request.lease_reports, terms.lease_ids,
+                terms.now, terms.ttl_ms if request.heartbeat else None)
         except ProtocolError as error:
-            errors[index] = error
+            state.errors[index] = error
             continue
-        outcome = outcomes.setdefault(request.client_id, ClientOutcome())
+        outcome = state.outcomes.setdefault(request.client_id, ClientOutcome())
         outcome.reports.extend(reported)
         outcome.lease_reports.extend(lease_reported)
-        latest[request.client_id] = request
-        arrival.setdefault(request.client_id, index)
-    reclaim(working, now)
-    retire_expired(working, now)
-    retire_ineligible(working, policy, limits.total, limits.groups, limits.permitted)
+        state.latest[request.client_id] = request
+        state.arrival.setdefault(request.client_id, index)
 
-    granted, granted_groups = usage(working.grants())
-    leased, leased_groups = lease_usage(working.leases())
-    # What each (client, group) holds that its demand already counts on:
-    # permits unclaimed, and claims made for it that it has not heard of yet.
-    unclaimed: dict[tuple[str, str], int] = {}
-    for grant in working.grants():
-        key = (grant.client_id, grant.group)
-        unclaimed[key] = unclaimed.get(key, 0) + grant.unclaimed
-    for client_id, request in latest.items():
-        for grant in unheard_grants(working, request):
-            key = (client_id, grant.group)
-            unclaimed[key] = unclaimed.get(key, 0) + grant.claimed - grant.released
-    drawable = {(lease.client_id, lease.group) for lease in working.leases() if lease.drawable > 0}
-    total = limits.total
-    budgets = None
-    if isinstance(total, int):
-        budgets = policy.budgets(total) if policy is not None else no_leases(total)
 
-    def group_room(group: str, ceiling: int | None, room_total: int) -> int:
-        if ceiling is None:
-            return room_total
-        return ceiling - granted_groups.get(group, 0) - leased_groups.get(group, 0)
+def retire(state: RoundState, terms: RoundTerms) -> None:
+    """Phase 2, retirement: unclaimed permits past their deadline come back;
+    leases past their ttl, under a lowered limit or no longer eligible are
+    retired. What is left is the usage the round hands out from."""
+    limits = terms.limits
+    reclaim(state.working, terms.now)
+    retire_expired(state.working, terms.now)
+    retire_ineligible(state.working, terms.policy, limits.total, limits.groups, limits.permitted)
+    state.granted, state.granted_groups = usage(state.working.grants())
+    state.leased, state.leased_groups = lease_usage(state.working.leases())
 
-    def grant(client_id: str, demand: Any, want: int, ceiling: int | None) -> None:
-        nonlocal granted
-        room_total = budgets.grant_room(granted, leased)
-        room_group = group_room(demand.group, ceiling, room_total)
-        give = max(0, min(want, room_total, room_group))
-        outcome = outcomes[client_id]
-        if give:
-            # A client that takes what it is granted gets it claimed: the
-            # reply is the confirmation, and no permit waits for a claim.
-            claimed = give if latest[client_id].claims else 0
-            new = Grant(new_grant_id(), client_id, demand.group, give, claimed, 0, now + grant_timeout_ms)
-            working.put(new)
-            outcome.new_grants.append(new)
-            granted += give
-            granted_groups[demand.group] = granted_groups.get(demand.group, 0) + give
-        if give < want:
-            # The group's own ceiling holds it back whenever it leaves no more
-            # room than the total does (a total below usage leaves none).
-            reason = GROUP_LIMIT if ceiling is not None and room_group <= max(room_total, 0) else LIMIT
-            outcome.blocked[demand.group] = (reason, want - give)
 
+def held_for_demand(state: RoundState) -> dict[tuple[str, str], int]:
+    """What each (client, group) holds that its demand already counts on:
+    permits unclaimed, and claims made for it that it has not heard of yet."""
+    held: dict[tuple[str, str], int] = {}
+    for grant in state.working.grants():
+        _add(held, (grant.client_id, grant.group), grant.unclaimed)
+    for client_id, request in state.latest.items():
+        for grant in unheard_grants(state.working, request):
+            _add(held, (client_id, grant.group), grant.claimed - grant.released)
+    return held
+
+
+def oldest_first(state: RoundState) -> list[tuple[str, Demand]]:
+    """Each client's demand, from its latest request, oldest first across all
+    clients; ties go to the client that asked first, then to request order."""
     entries = sorted(
-        (demand.oldest_at, arrival[client_id], position, client_id, demand)
-        for client_id, request in latest.items()
+        (demand.oldest_at, state.arrival[client_id], position, client_id, demand)
+        for client_id, request in state.latest.items()
         for position, demand in enumerate(request.demand)
     )
-    # Demand that can only take grants goes first; then leases, from what is
-    # left, to the (client, group)s that can draw them; then grants for what
-    # those leases leave uncovered (in "over", from the limit the leases do
-    # not use).
-    candidates: list[tuple[str, Any, int, int | None]] = []
-    for _, _, _, client_id, demand in entries:
-        want = demand.count - unclaimed.get((client_id, demand.group), 0)
+    return [(client_id, demand) for _, _, _, client_id, demand in entries]
+
+
+def refusal(terms: RoundTerms, wanted: Wanted) -> str | None:
+    """Why this demand gets nothing at all this round, if it does not."""
+    if terms.budgets is None or isinstance(wanted.ceiling, ResolutionFailed):
+        return LIMIT_RESOLUTION_ERROR
+    if not terms.limits.permitted.get((wanted.client_id, wanted.group), True):
+        return NOT_PERMITTED
+    return None
+
+
+def may_lease(state: RoundState, terms: RoundTerms, wanted: Wanted) -> bool:
+    """Does this demand go to the lease candidates rather than to grants?"""
+    policy = terms.policy
+    return bool(policy is not None and state.latest[wanted.client_id].leases
+                and policy.group_eligible(wanted.ceiling))
+
+
+def serve_grants(state: RoundState, terms: RoundTerms) -> list[Wanted]:
+    """Phase 3, grants: demand oldest first. Demand that can only take grants
+    is granted now; demand that may lease is set aside, in order, as the
+    lease candidates (unless it holds lease permits to draw there first)."""
+    held = held_for_demand(state)
+    drawable = {(lease.client_id, lease.group) for lease in state.working.leases() if lease.drawable > 0}
+    candidates: list[Wanted] = []
+    for client_id, demand in oldest_first(state):
+        want = demand.count - held.get((client_id, demand.group), 0)
         if want <= 0:
             continue
-        outcome = outcomes[client_id]
-        ceiling = limits.groups.get(demand.group)
-        if budgets is None or isinstance(ceiling, ResolutionFailed):
-            outcome.blocked[demand.group] = (LIMIT_RESOLUTION_ERROR, want)
-            continue
-        if not limits.permitted.get((client_id, demand.group), True):
-            outcome.blocked[demand.group] = (NOT_PERMITTED, want)
-            continue
-        if policy is not None and latest[client_id].leases and policy.group_eligible(ceiling):
-            if (client_id, demand.group) not in drawable:  # it draws what it holds first
-                candidates.append((client_id, demand, want, ceiling))
-            continue
-        grant(client_id, demand, want, ceiling)
+        wanted = Wanted(client_id, demand.group, want, terms.limits.groups.get(demand.group))
+        reason = refusal(terms, wanted)
+        if reason is not None:
+            state.outcomes[client_id].blocked[demand.group] = (reason, want)
+        elif not may_lease(state, terms, wanted):
+            issue_grant(state, terms, wanted)
+        elif (client_id, demand.group) not in drawable:
+            candidates.append(wanted)
+    return candidates
 
-    if candidates:
-        budget = max(0, budgets.lease_room(granted, leased))
-        sizes = share(budget, len(candidates), policy.permits_per_lease)
-        for (client_id, demand, want, ceiling), size in zip(candidates, sizes):
-            give = max(0, min(size, group_room(demand.group, ceiling, size)))
-            if give:
-                issued += 1
-                lease = Lease(lease_ids.nth(issued), client_id, demand.group, give, 0, 0,
-                              now + policy.ttl_ms, False, total)
-                working.put_lease(lease)
-                outcomes[client_id].new_leases.append(lease)
-                leased += give
-                leased_groups[demand.group] = leased_groups.get(demand.group, 0) + give
-        for (client_id, demand, want, ceiling), lease in zip(candidates, sizes):
-            covered = sum(x.permits for x in outcomes[client_id].new_leases if x.group == demand.group)
-            if want > covered:
-                grant(client_id, demand, want - covered, ceiling)
-    if issued != lease_ids.issued:
-        working.changes.issued = issued
 
-    contended = any(reason in (LIMIT, GROUP_LIMIT)
-                    for outcome in outcomes.values() for reason, _ in outcome.blocked.values())
+def issue_grant(state: RoundState, terms: RoundTerms, wanted: Wanted) -> None:
+    """Grant what room there is, up to the want; the rest waits, with why."""
+    room_total = terms.budgets.grant_room(state.granted, state.leased)
+    room_group = state.group_room(wanted.group, wanted.ceiling, room_total)
+    give = max(0, min(wanted.want, room_total, room_group))
+    outcome = state.outcomes[wanted.client_id]
+    if give:
+        # A client that takes what it is granted gets it claimed: the
+        # reply is the confirmation, and no permit waits for a claim.
+        claimed = give if state.latest[wanted.client_id].claims else 0
+        new = Grant(terms.new_grant_id(), wanted.client_id, wanted.group, give, claimed, 0,
+                    terms.now + terms.grant_timeout_ms)
+        state.working.put(new)
+        outcome.new_grants.append(new)
+        state.granted += give
+        _add(state.granted_groups, wanted.group, give)
+    if give < wanted.want:
+        # The group's own ceiling holds it back whenever it leaves no more
+        # room than the total does (a total below usage leaves none).
+        held_back = wanted.ceiling is not None and room_group <= max(room_total, 0)
+        outcome.blocked[wanted.group] = (GROUP_LIMIT if held_back else LIMIT, wanted.want - give)
+
+
+def serve_leases(state: RoundState, terms: RoundTerms, candidates: list[Wanted]) -> None:
+    """Phase 4, leases: the lease budget left after grants, shared among the
+    candidates oldest first; then grants for what those leases leave
+    uncovered (in "over", from the limit the leases do not use)."""
+    if not candidates:
+        return
+    budget = max(0, terms.budgets.lease_room(state.granted, state.leased))
+    sizes = share(budget, len(candidates), terms.policy.permits_per_lease)
+    for wanted, size in zip(candidates, sizes):
+        issue_lease(state, terms, wanted, size)
+    for wanted in candidates:
+        new_leases = state.outcomes[wanted.client_id].new_leases
+        covered = sum(lease.permits for lease in new_leases if lease.group == wanted.group)
+        if wanted.want > covered:
+            issue_grant(state, terms, replace(wanted, want=wanted.want - covered))
+
+
+def issue_lease(state: RoundState, terms: RoundTerms, wanted: Wanted, size: int) -> None:
+    """A lease of ``size`` permits, or fewer under the group's own ceiling."""
+    give = max(0, min(size, state.group_room(wanted.group, wanted.ceiling, size)))
+    if not give:
+        return
+    state.issued += 1
+    lease = Lease(terms.lease_ids.nth(state.issued), wanted.client_id, wanted.group, give, 0, 0,
+                  terms.now + terms.policy.ttl_ms, False, terms.limits.total)
+    state.working.put_lease(lease)
+    state.outcomes[wanted.client_id].new_leases.append(lease)
+    state.leased += give
+    _add(state.leased_groups, wanted.group, give)
+
+
+def list_for_replies(state: RoundState) -> None:
+    """Phase 5, listing: what each reply lists once the round has decided:
+    the client's grants with unclaimed permits, its held grants, and its
+    leases not settled, undrawn ones first (at most ``MAX_REPORTS``)."""
+    working, outcomes = state.working, state.outcomes
     for grant in working.grants():
         outcome = outcomes.get(grant.client_id)
         if outcome is not None and grant.unclaimed > 0:
@@ -492,4 +610,13 @@ def run_round(book: dict[str, Grant], requests: list[Request], limits: Limits, n
         outcome = outcomes.get(lease.client_id)
         if outcome is not None and not lease.settled and len(outcome.listed_leases) < MAX_REPORTS:
             outcome.listed_leases.append(lease)
-    return RoundResult(working.changes, outcomes, errors, contended)
+
+
+def result_of(state: RoundState, terms: RoundTerms) -> RoundResult:
+    """The round's changes, with the count of lease ids if it issued any."""
+    changes = state.working.changes
+    if state.issued != terms.lease_ids.issued:
+        changes.issued = state.issued
+    contended = any(reason in (LIMIT, GROUP_LIMIT)
+                    for outcome in state.outcomes.values() for reason, _ in outcome.blocked.values())
+    return RoundResult(changes, state.outcomes, state.errors, contended)
