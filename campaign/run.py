@@ -330,15 +330,16 @@ def _run_locks(scenario: Scenario) -> Outcome:
 
     async def one(index: int, hold) -> dict:
         await asyncio.sleep(hold.at_ms / 1000)
-        job = {"id": f"h{index}", "key": f"key{hold.key}", "limit": hold.limit, "ttl": "2s", "work_ms": hold.work_ms}
+        # ttl, wait and max_hold in seconds, as the semaphore takes them.
+        job = {"id": f"h{index}", "key": f"key{hold.key}", "limit": hold.limit, "ttl": 2, "work_ms": hold.work_ms}
         if hold.style == "try":
             job["try"] = True
         elif hold.style == "wait":
-            job["wait"] = "5s"
+            job["wait"] = 5
         if hold.stall_ms:
             job["stall_ms"] = hold.stall_ms
         if hold.max_hold:
-            job["max_hold"] = "2.5s"
+            job["max_hold"] = 2.5
         return await runtime.env.UPLOADER.getByName(f"uploader-{rng.randrange(scenario.shards)}").upload(job)
 
     async def drive() -> tuple[list, list]:

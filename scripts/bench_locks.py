@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
+from datetime import timedelta
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -35,12 +36,12 @@ def calls_since(runtime: Runtime, mark: int, end: int | None = None) -> list[str
 def measure(latency_ms: float, ttl_s: float) -> dict:
     faults = Faults(latency_ms=(latency_ms, latency_ms), external=True)
     with Runtime.from_wrangler(ROOT / "wrangler.toml", faults=faults) as runtime:
-        uploads = semaphore(runtime.env.UPLOAD_SLOTS, "uploads", limit=1, ttl=f"{ttl_s}s")
+        uploads = semaphore(runtime.env.UPLOAD_SLOTS, "uploads", limit=1, ttl=timedelta(seconds=ttl_s))
         figures: dict = {}
 
         async def warm_up(key: str) -> None:
             # A key's first hold creates its holder object's tables; measure the ones after.
-            await uploads.hold(key, lambda: None)
+            await uploads.run(key, asyncio.sleep, 0)
 
         async def uncontended() -> None:
             await warm_up("solo")
@@ -81,7 +82,7 @@ def measure(latency_ms: float, ttl_s: float) -> dict:
         async def a_minute() -> None:
             await warm_up("long")
             before, mark = runtime.totals(), len(runtime.trace)
-            await uploads.hold("long", lambda: asyncio.sleep(60))
+            await uploads.run("long", asyncio.sleep, 60)
             after = runtime.totals()
             names = calls_since(runtime, mark)
             figures["minute"] = {"renewals": names.count("semaphore_renew"), "calls": len(names),

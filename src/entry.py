@@ -313,7 +313,7 @@ MAX_UPLOAD_MS = 10 * 60_000
 def _uploads(env):
     # Opened per request: opening checks the options and makes no call.
     limit = int(getattr(env, "UPLOADS_PER_USER", "3"))
-    return semaphore(env.UPLOAD_SLOTS, "uploads", limit=limit, ttl="30s", wait="10s")
+    return semaphore(env.UPLOAD_SLOTS, "uploads", limit=limit, ttl=30, wait=10)  # seconds
 
 
 async def run_upload(user, work_ms, permit):

@@ -13,6 +13,7 @@ from durability.locks import (
     PlaceLost,
     Tried,
     WaitTimeout,
+    WouldBlock,
     semaphore,
 )
 from durability.testing import JsException
@@ -100,16 +101,39 @@ def test_an_uncontended_hold_costs_one_call_each_way_and_two_rows(runtime):
     assert store.inspect("SELECT count(*) AS n FROM durability_lock_places")[0]["n"] == 0
 
 
-def test_the_function_form_and_its_permit(runtime):
+def test_run_calls_the_function_with_its_arguments_inside_a_place(runtime):
     uploads = semaphore(runtime.env.SLOTS, "uploads", limit=1)
 
-    async def scenario():
-        plain = await uploads.hold("u", lambda: asyncio.sleep(0, result="done"))
-        seen = await uploads.hold("u", lambda permit: asyncio.sleep(0, result=permit.key))
-        tried = await uploads.try_hold("u", lambda: 7)
-        return plain, seen, tried
+    async def held_now(label):
+        return label, (await usage(runtime, "u"))["held"]
 
-    assert runtime.run(scenario()) == ("done", "u", Tried(True, 7))
+    async def scenario():
+        done = await uploads.run("u", held_now, "inside")
+        plain = await uploads.run("u", lambda: 7)  # a plain function's result is returned as it is
+        tried = await uploads.try_run("u", held_now, "tried")
+        return done, plain, tried, (await usage(runtime, "u"))["held"]
+
+    assert runtime.run(scenario()) == (("inside", 1), 7, Tried(True, ("tried", 1)), 0)
+
+
+def test_try_run_says_busy_without_calling_and_passes_the_functions_own_would_block_on(runtime):
+    uploads = semaphore(runtime.env.SLOTS, "uploads", limit=1)
+    others = semaphore(runtime.env.SLOTS, "others", limit=1)
+    called = []
+
+    async def nested_try():
+        async with others.try_hold("u"):  # full: this WouldBlock is the function's, not try_run's
+            called.append("never")
+
+    async def scenario():
+        async with uploads.hold("u"):
+            busy = await uploads.try_run("u", called.append, "busy")
+        async with others.hold("u"):
+            with pytest.raises(WouldBlock):
+                await uploads.try_run("u", nested_try)
+        return busy
+
+    assert runtime.run(scenario()) == Tried(False) and called == []
 
 
 def test_keys_have_their_own_places(runtime):
@@ -118,7 +142,7 @@ def test_keys_have_their_own_places(runtime):
     async def scenario():
         async with uploads.hold("u1"):
             async with uploads.try_hold("u2") as other:
-                return other is not None, (await usage(runtime, "u1"))["held"]
+                return other.key == "u2", (await usage(runtime, "u1"))["held"]
 
     assert runtime.run(scenario()) == (True, 1)
 
@@ -163,31 +187,36 @@ def test_try_hold_takes_the_same_line_as_hold(runtime):
 
     async def scenario():
         async with small.hold("u"):
-            waiter = asyncio.ensure_future(small.hold("u", lambda: runtime.now_ms()))
+            waiter = asyncio.ensure_future(small.run("u", runtime.now_ms))
             await asyncio.sleep(1)
             # Its own limit has room, but a waiter stands before it: a try never jumps the line.
-            async with large.try_hold("u") as blocked:
-                pass
+            with pytest.raises(WouldBlock):
+                async with large.try_hold("u"):
+                    pytest.fail("the block ran without a place")
             line = await usage(runtime, "u")
         await waiter
         async with large.try_hold("u") as free:
-            return blocked, line, free is not None
+            return line, free.key
 
-    blocked, line, free = runtime.run(scenario())
-    assert blocked is None and line == {"held": 1, "waiting": 1, "places": line["places"]} and free
+    line, free = runtime.run(scenario())
+    assert line == {"held": 1, "waiting": 1, "places": line["places"]} and free == "u"
 
 
-def test_try_hold_when_full_returns_none_and_changes_nothing(runtime):
+def test_try_hold_when_full_raises_would_block_runs_no_block_and_changes_nothing(runtime):
     uploads = semaphore(runtime.env.SLOTS, "uploads", limit=2)
+    ran = []
 
     async def scenario():
         async with uploads.hold("u"), uploads.hold("u"):
-            async with uploads.try_hold("u") as permit:
-                pass
-            return permit, await uploads.try_hold("u", lambda: "ran"), await usage(runtime, "u")
+            with pytest.raises(WouldBlock, match="uploads:u"):
+                async with uploads.try_hold("u"):
+                    ran.append("block")
+            return await uploads.try_run("u", ran.append, "fn"), await usage(runtime, "u")
 
-    permit, tried, seen = runtime.run(scenario())
-    assert permit is None and tried == Tried(False) and (seen["held"], seen["waiting"]) == (2, 0)
+    tried, seen = runtime.run(scenario())
+    assert ran == [] and tried == Tried(False) and (seen["held"], seen["waiting"]) == (2, 0)
+    # A try that failed frees nothing and leaves the line as it found it: the next try gets a place.
+    assert runtime.run(uploads.try_run("u", lambda: "ran")) == Tried(True, "ran")
 
 
 def test_wait_times_out_and_leaves_the_line(runtime):
@@ -200,8 +229,8 @@ def test_wait_times_out_and_leaves_the_line(runtime):
                 async with uploads.hold("u"):
                     pass
             waited = runtime.now_ms() - start
-            with pytest.raises(WaitTimeout):
-                await uploads.hold("u", lambda: None, wait=500)  # a call's own wait
+            with pytest.raises(WaitTimeout, match="within 0.5 s"):
+                await uploads.run("u", lambda: None, wait=0.5)  # a call's own wait, in seconds
             return waited, runtime.now_ms() - start - waited, await usage(runtime, "u")
 
     waited, waited_again, seen = runtime.run(scenario())
@@ -323,7 +352,7 @@ def test_a_cancelled_waiter_leaves_the_line(runtime):
 
     async def scenario():
         async with uploads.hold("u"):
-            waiter = asyncio.ensure_future(uploads.hold("u", lambda: "never"))
+            waiter = asyncio.ensure_future(uploads.run("u", lambda: "never"))
             await asyncio.sleep(1)
             waiting = (await usage(runtime, "u"))["waiting"]
             waiter.cancel()
@@ -339,11 +368,10 @@ def test_holder_eviction_and_restart_lose_no_place(runtime):
 
     async def scenario():
         async with uploads.hold("u") as a, uploads.hold("u") as b:
-            waiter = asyncio.ensure_future(uploads.hold("u", lambda: runtime.now_ms()))
+            waiter = asyncio.ensure_future(uploads.run("u", runtime.now_ms))
             await asyncio.sleep(1)
             runtime.evict(stub)  # the waiter's call fails; the places are in the table
-            async with uploads.try_hold("u") as extra:
-                pass
+            extra = await uploads.try_run("u", lambda: "a third place")
             await asyncio.sleep(0.5)  # the waiter calls again after a short backoff
             seen = await usage(runtime, "u")
             await asyncio.sleep(20)  # renewals reach the restarted holder
@@ -353,7 +381,7 @@ def test_holder_eviction_and_restart_lose_no_place(runtime):
         return extra, seen, still, await waiter, released
 
     extra, seen, still, admitted, released = runtime.run(scenario())
-    assert extra is None and seen["held"] == 2 and seen["waiting"] == 1  # the waiter called again
+    assert extra == Tried(False) and seen["held"] == 2 and seen["waiting"] == 1  # the waiter called again
     assert still == (False, False, 2)
     assert 0 <= admitted - released <= 200  # its call failed at each eviction; it called again soon after
     assert runtime.host_of(stub).stats.instances_created == 3

@@ -8,7 +8,14 @@ import pytest
 
 from durability.locks import messages as m
 from durability.locks.line import Line, NotHolder
-from durability.locks.options import InvalidOption, check_key, check_limit, check_name, parse_duration, parse_ttl
+from durability.locks.options import (
+    InvalidOption,
+    check_key,
+    check_limit,
+    check_name,
+    parse_duration_ms,
+    parse_ttl_ms,
+)
 
 TTL = 30_000
 
@@ -211,24 +218,24 @@ def test_random_operations_never_admit_beyond_the_waiters_limit(seed):
 
 # -- options -----------------------------------------------------------------------
 @pytest.mark.parametrize("text, ms", [("30s", 30_000), ("500ms", 500), ("2m", 120_000), ("1.5h", 5_400_000),
-                                      ("1d", 86_400_000), (" 2 s ", 2_000), (250, 250), (0.5, 0.5),
-                                      (timedelta(seconds=3), 3_000), ("0s", 0)])
-def test_durations(text, ms):
-    assert parse_duration(text, "wait") == ms
+                                      ("1d", 86_400_000), (" 2 s ", 2_000), (30, 30_000), (0.5, 500), (0, 0),
+                                      (99, 99_000), (timedelta(seconds=3), 3_000), ("0s", 0)])
+def test_durations_are_seconds_and_go_on_as_milliseconds(text, ms):
+    assert parse_duration_ms(text, "wait") == ms
 
 
 @pytest.mark.parametrize("bad", ["-1s", "30", "thirty seconds", "1e3s", "5 sec", "", -5, float("nan"),
-                                 float("inf"), True, None, [], "1y", timedelta(seconds=-1)])
+                                 float("inf"), True, None, [], "1y", timedelta(seconds=-1), 10**400, 100, 2_500.0])
 def test_bad_durations_are_clear_errors(bad):
     with pytest.raises(InvalidOption, match="wait"):
-        parse_duration(bad, "wait")
+        parse_duration_ms(bad, "wait")
 
 
 def test_ttl_bounds_and_limits_names_keys():
-    assert parse_ttl("100ms") == 100
-    for bad in (0, "50ms", "2d"):
+    assert parse_ttl_ms("100ms") == 100 and parse_ttl_ms(0.1) == 100 and parse_ttl_ms(30) == 30_000
+    for bad in (0, "50ms", 0.05, "2d"):
         with pytest.raises(InvalidOption, match="ttl"):
-            parse_ttl(bad)
+            parse_ttl_ms(bad)
     assert check_limit(1) == 1 and check_limit(1_000) == 1_000
     for bad in (0, 1_001, -3, 2.0, True, "3", None):
         with pytest.raises(InvalidOption, match="limit must be an integer from 1 to 1,000"):

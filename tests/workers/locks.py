@@ -11,7 +11,7 @@ import time
 
 from workers import DurableObject
 
-from durability.locks import PlaceLost, SemaphoreHolder, WaitTimeout, semaphore
+from durability.locks import PlaceLost, SemaphoreHolder, WaitTimeout, WouldBlock, semaphore
 
 WORLD = {"holds": [], "admitted_at": {}, "admission_seq": {}}
 
@@ -53,13 +53,11 @@ class Uploader(DurableObject):
 
     async def upload(self, job):
         uploads = semaphore(self.env.SLOTS, job.get("name", "uploads"), limit=job.get("limit", 3),
-                            ttl=job.get("ttl", "30s"), wait=job.get("wait"), max_hold=job.get("max_hold"))
+                            ttl=job.get("ttl", 30), wait=job.get("wait"), max_hold=job.get("max_hold"))
         held = uploads.try_hold(job["key"]) if job.get("try") else uploads.hold(job["key"])
         record = {"id": job["id"], "key": job["key"], "limit": uploads.options.limit, "asked": now_ms()}
         try:
             async with held as permit:
-                if permit is None:
-                    return {"id": job["id"], "status": "busy"}
                 record["start"] = now_ms()
                 record["token"] = permit._token  # to find when the holder admitted it
                 WORLD["holds"].append(record)
@@ -70,6 +68,8 @@ class Uploader(DurableObject):
                     record["end"] = min(now_ms(), permit.valid_until)
                     record["ran_until"] = now_ms()  # past "end": its code outran its lease
                     record["reason"] = permit.reason
+        except WouldBlock:
+            return {"id": job["id"], "status": "busy"}
         except WaitTimeout:
             return {"id": job["id"], "status": "timeout", "waited_ms": now_ms() - record["asked"]}
         except PlaceLost as error:

@@ -1,31 +1,50 @@
 """durability.locks: lock-style semaphores, at most ``limit`` holders per key, on Durable Objects.
 
 Lives here: the public names. ``semaphore(env.UPLOADS, "uploads", limit=3)``
-opens one; ``SemaphoreHolder`` is the Durable Object class a Worker
-subclasses and exports to hold its places (imported on first use, since it
-is the one name that needs the ``workers`` SDK, and left out of ``__all__``
-so that ``import *`` does not export the base class as a Durable Object).
+opens one; ``async with sem.hold(key) as permit:`` holds a place of a key;
+``await sem.run(key, fn)`` runs a function in one. ``SemaphoreHolder`` is
+the Durable Object class a Worker subclasses and exports to hold its
+places (imported on first use, since it is the one name that needs the
+``workers`` SDK, and left out of ``__all__`` so that ``import *`` does not
+export the base class as a Durable Object).
 Must not know: anything beyond re-exporting; the modules hold the logic.
 """
 
 from typing import Any
 
-from .client import EXPIRED, MAX_HOLD, RENEWAL_FAILED, REVOKED, Permit, Semaphore, Tried, semaphore
+from .client import (
+    EXPIRED,
+    FROM_OPEN,
+    MAX_HOLD,
+    RENEWAL_FAILED,
+    REVOKED,
+    CallDuration,
+    Hold,
+    LossReason,
+    Permit,
+    Semaphore,
+    semaphore,
+)
 from .holder import PlaceKeeper
 from .options import (
     MAX_LIMIT,
+    Duration,
     HolderRefused,
     InvalidOption,
     PlaceLost,
     SemaphoreError,
     WaitTimeout,
+    WouldBlock,
     parse_duration,
+    parse_seconds,
 )
+from .results import PlaceUsage, Tried, Usage
 
 __all__ = [
-    "EXPIRED", "MAX_HOLD", "MAX_LIMIT", "RENEWAL_FAILED", "REVOKED", "HolderRefused", "InvalidOption",
-    "Permit", "PlaceKeeper", "PlaceLost", "Semaphore", "SemaphoreError", "Tried",
-    "WaitTimeout", "parse_duration", "semaphore",
+    "EXPIRED", "FROM_OPEN", "MAX_HOLD", "MAX_LIMIT", "RENEWAL_FAILED", "REVOKED", "CallDuration", "Duration",
+    "Hold", "HolderRefused", "InvalidOption", "LossReason", "Permit", "PlaceKeeper", "PlaceLost", "PlaceUsage",
+    "Semaphore", "SemaphoreError", "Tried", "Usage", "WaitTimeout", "WouldBlock", "parse_duration",
+    "parse_seconds", "semaphore",
 ]
 
 

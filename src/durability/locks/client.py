@@ -1,36 +1,50 @@
-"""The semaphore as user code meets it: ``semaphore(...)``, ``hold``, ``try_hold`` and the permit.
+"""The semaphore as user code meets it: ``semaphore(...)``, ``hold``, ``try_hold``, ``run``, ``try_run``.
 
 Lives here: opening a semaphore (options checked before any call is made),
-acquiring a place from the key's holder object (long waits in bounded
-calls, retries under the same request id), the permit with its renewal
-task and its ``lost`` signal, and releasing. Must not know: the holder's
-rules or storage; it speaks only the messages of ``messages``.
+``Hold``, the async context manager that acquires a place from the key's
+holder object (long waits in bounded calls, retries under the same request
+id) and frees it, the permit with its renewal task and its ``lost`` signal,
+and the function form of the previous release (``hold(key, fn)``), kept
+for one more. Must not know: the holder's rules or storage; it speaks only
+the messages of ``messages``, in their milliseconds, and takes seconds from
+its callers (``options`` converts them).
 """
 
 from __future__ import annotations
 
 import asyncio
+import enum
 import inspect
 import logging
 import math
 import secrets
-from dataclasses import dataclass, replace
-from typing import Any, Callable
+import warnings
+from collections.abc import Awaitable, Callable, Coroutine
+from dataclasses import replace
+from types import TracebackType
+from typing import Any, Literal, TypeVar, TypeVarTuple, Union, Unpack, overload
 
 from .._clock import now_ms, sleep_until
 from . import messages as m
 from .options import (
+    Duration,
     HoldOptions,
     HolderRefused,
     InvalidOption,
     PlaceLost,
+    SemaphoreError,
     WaitTimeout,
+    WouldBlock,
     check_key,
     check_name,
-    parse_optional,
+    parse_optional_ms,
 )
+from .results import Tried, Usage
 
 log = logging.getLogger("durability.locks")
+
+T = TypeVar("T")
+Ts = TypeVarTuple("Ts")
 
 # A call may take this much longer than it asked to wait before the client
 # stops waiting for its reply and calls again under the same request id.
@@ -43,13 +57,22 @@ RETRY_MAX_MS = 2_000
 MIN_ATTEMPTS = 3
 RELEASE_ATTEMPTS = 3
 
-_SAME: Any = object()
+
+class _FromOpen(enum.Enum):
+    FROM_OPEN = "as the open says"
+
+
+#: The default of a call's ``wait`` and ``max_hold``: the value given to ``semaphore(...)``.
+FROM_OPEN = _FromOpen.FROM_OPEN
+#: A call's ``wait`` or ``max_hold``: a duration, None for no bound, or ``FROM_OPEN``.
+CallDuration = Union[Duration, None, Literal[_FromOpen.FROM_OPEN]]
 
 # Why a permit was lost.
-EXPIRED = "expired"  #: its lease ended with no renewal tried in time (the holder's code stalled)
-RENEWAL_FAILED = "renewal_failed"  #: renewals were tried and failed until the lease ended
-MAX_HOLD = "max_hold"  #: it reached max_hold
-REVOKED = "revoked"  #: the holder object no longer knows the place
+LossReason = Literal["expired", "renewal_failed", "max_hold", "revoked"]
+EXPIRED: LossReason = "expired"  #: its lease ended with no renewal tried in time (the holder's code stalled)
+RENEWAL_FAILED: LossReason = "renewal_failed"  #: renewals were tried and failed until the lease ended
+MAX_HOLD: LossReason = "max_hold"  #: it reached max_hold
+REVOKED: LossReason = "revoked"  #: the holder object no longer knows the place
 
 
 def _retryable(error: BaseException) -> bool:
@@ -66,23 +89,18 @@ def _backoff(attempt: int) -> float:
     return min(RETRY_MAX_MS, RETRY_FIRST_MS * 2 ** attempt)
 
 
-@dataclass(frozen=True)
-class Tried:
-    """What ``await sem.try_hold(key, fn)`` returns: whether a place was free, and ``fn``'s result."""
-
-    acquired: bool
-    value: Any = None
-
-
-def semaphore(namespace: Any, name: str, *, limit: int, ttl: Any = "30s", wait: Any = None,
-              max_hold: Any = None) -> "Semaphore":
+def semaphore(namespace: Any, name: str, *, limit: int, ttl: Duration = 30.0, wait: Duration | None = None,
+              max_hold: Duration | None = None) -> "Semaphore":
     """Open the semaphore ``name`` over the holder objects of ``namespace`` (e.g. ``env.UPLOADS``).
+
+    Durations are seconds (``30``, ``0.5``), a string with a unit (``"30s"``,
+    ``"500ms"``, ``"2m"``) or a ``timedelta``.
 
     Args:
         limit: how many may hold a key at once through this open, 1 to 1,000.
-        ttl: the lease of a place, renewed while its holder's code runs; a
-            holder that stops renewing loses its place this long after its
-            last renewal. "30s", "500ms", "2m", a number of ms or a timedelta.
+        ttl: the lease of a place, 0.1 s to 24 h, renewed while its holder's
+            code runs; a holder that stops renewing loses its place this long
+            after its last renewal.
         wait: the longest time ``hold`` stands in line (None: as long as it takes).
         max_hold: the longest time a place is kept (None: while the code runs).
     """
@@ -90,8 +108,10 @@ def semaphore(namespace: Any, name: str, *, limit: int, ttl: Any = "30s", wait: 
 
 
 class Semaphore:
-    def __init__(self, namespace: Any, name: str, *, limit: int, ttl: Any = "30s", wait: Any = None,
-                 max_hold: Any = None) -> None:
+    """The places of one semaphore name, per key, by this open's limit, ttl, wait and max_hold."""
+
+    def __init__(self, namespace: Any, name: str, *, limit: int, ttl: Duration = 30.0,
+                 wait: Duration | None = None, max_hold: Duration | None = None) -> None:
         if not callable(getattr(namespace, "getByName", None)):
             raise InvalidOption(f"a semaphore needs a Durable Object namespace such as env.UPLOADS, not {namespace!r}")
         self.namespace = namespace
@@ -102,38 +122,89 @@ class Semaphore:
         return f"semaphore({self.name!r}, limit={self.options.limit})"
 
     # -- the public calls --------------------------------------------------------
-    def hold(self, key: str, fn: Callable[..., Any] | None = None, *, wait: Any = _SAME,
-             max_hold: Any = _SAME) -> Any:
-        """``async with sem.hold(key) as permit:`` or ``await sem.hold(key, fn)``.
+    @overload
+    def hold(self, key: str, *, wait: CallDuration = FROM_OPEN, max_hold: CallDuration = FROM_OPEN) -> Hold: ...
 
-        Stands in line for a place of ``key`` (``WaitTimeout`` after ``wait``),
-        holds it while the block or ``fn`` runs, and frees it after. ``fn`` is
-        called with the permit if it takes an argument. If the place is lost
-        meanwhile, the permit says so at once and ``PlaceLost`` is raised
-        when the block ends (unless it raised something else).
+    @overload
+    def hold(self, key: str, fn: Callable[..., Any], *, wait: CallDuration = FROM_OPEN,
+             max_hold: CallDuration = FROM_OPEN) -> Coroutine[Any, Any, Any]: ...
+
+    def hold(self, key: str, fn: Callable[..., Any] | None = None, *, wait: CallDuration = FROM_OPEN,
+             max_hold: CallDuration = FROM_OPEN) -> Hold | Coroutine[Any, Any, Any]:
+        """``async with sem.hold(key) as permit:`` holds a place of ``key`` while the block runs.
+
+        Entering stands in line for the place (``WaitTimeout`` after
+        ``wait``); leaving frees it. If the place is lost meanwhile, the
+        permit says so at once and ``PlaceLost`` is raised when the block
+        ends (unless it raised something else). The key and options are
+        checked here, before any call. ``hold(key, fn)`` is the previous
+        release's function form, deprecated: use ``await sem.run(key, fn)``.
         """
-        hold = _Hold(self, check_key(key), self._options(wait, max_hold), trying=False)
-        return hold if fn is None else hold.run(fn)
+        hold = Hold(self, check_key(key), self._options(wait, max_hold), trying=False)
+        return hold if fn is None else _function_form(hold, fn, "hold", "run")
 
-    def try_hold(self, key: str, fn: Callable[..., Any] | None = None, *, max_hold: Any = _SAME) -> Any:
-        """Like ``hold`` without standing in line: the permit is None when every place is taken.
+    @overload
+    def try_hold(self, key: str, *, max_hold: CallDuration = FROM_OPEN) -> Hold: ...
 
-        ``await sem.try_hold(key, fn)`` returns a ``Tried(acquired, value)``.
+    @overload
+    def try_hold(self, key: str, fn: Callable[..., Any], *,
+                 max_hold: CallDuration = FROM_OPEN) -> Coroutine[Any, Any, Tried[Any]]: ...
+
+    def try_hold(self, key: str, fn: Callable[..., Any] | None = None, *,
+                 max_hold: CallDuration = FROM_OPEN) -> Hold | Coroutine[Any, Any, Tried[Any]]:
+        """``async with sem.try_hold(key) as permit:`` like ``hold``, without standing in line.
+
+        Entering raises ``WouldBlock`` when no place is free at once (every
+        place is taken, or a waiter stands in line first), so the block runs
+        only with a place. ``await sem.try_run(key, fn)`` says so by its
+        value instead. ``try_hold(key, fn)`` is deprecated: use ``try_run``.
         """
-        hold = _Hold(self, check_key(key), self._options(0, max_hold), trying=True)
-        return hold if fn is None else hold.run(fn)
+        hold = Hold(self, check_key(key), self._options(0, max_hold), trying=True)
+        return hold if fn is None else _function_form(hold, fn, "try_hold", "try_run")
 
-    async def usage(self, key: str) -> dict[str, Any]:
-        """What the key's holder object says: places held, calls waiting."""
-        return dict(await self._stub(check_key(key)).semaphore_usage())
+    @overload
+    async def run(self, key: str, fn: Callable[[Unpack[Ts]], Awaitable[T]], *args: Unpack[Ts],
+                  wait: CallDuration = FROM_OPEN, max_hold: CallDuration = FROM_OPEN) -> T: ...
+
+    @overload
+    async def run(self, key: str, fn: Callable[[Unpack[Ts]], T], *args: Unpack[Ts],
+                  wait: CallDuration = FROM_OPEN, max_hold: CallDuration = FROM_OPEN) -> T: ...
+
+    async def run(self, key: str, fn: Callable[[Unpack[Ts]], Any], *args: Unpack[Ts],
+                  wait: CallDuration = FROM_OPEN, max_hold: CallDuration = FROM_OPEN) -> Any:
+        """``await sem.run(key, fn, *args)``: ``fn(*args)`` inside a place of ``key``; returns its result.
+
+        As ``async with sem.hold(key)`` around the call, and awaits what
+        ``fn`` returns if it is awaitable. Code that needs the permit (to
+        check ``lost()`` before an effect) holds the place with ``hold``.
+        """
+        return await self.hold(key, wait=wait, max_hold=max_hold)._run(lambda _permit: fn(*args))
+
+    @overload
+    async def try_run(self, key: str, fn: Callable[[Unpack[Ts]], Awaitable[T]], *args: Unpack[Ts],
+                      max_hold: CallDuration = FROM_OPEN) -> Tried[T]: ...
+
+    @overload
+    async def try_run(self, key: str, fn: Callable[[Unpack[Ts]], T], *args: Unpack[Ts],
+                      max_hold: CallDuration = FROM_OPEN) -> Tried[T]: ...
+
+    async def try_run(self, key: str, fn: Callable[[Unpack[Ts]], Any], *args: Unpack[Ts],
+                      max_hold: CallDuration = FROM_OPEN) -> Tried[Any]:
+        """``await sem.try_run(key, fn, *args)``: ``Tried(True, result)``, or ``Tried(False)``
+        without calling ``fn`` when no place is free at once."""
+        return await self.try_hold(key, max_hold=max_hold)._try_run(lambda _permit: fn(*args))
+
+    async def usage(self, key: str) -> Usage:
+        """What the key's holder object says: places held (with seconds held and left), calls waiting."""
+        return Usage.from_reply(await self._stub(check_key(key)).semaphore_usage())
 
     # -- internals -------------------------------------------------------------------
-    def _options(self, wait: Any, max_hold: Any) -> HoldOptions:
+    def _options(self, wait: CallDuration, max_hold: CallDuration) -> HoldOptions:
         options = self.options
-        if wait is not _SAME:
-            options = replace(options, wait_ms=parse_optional(wait, "wait", allow_zero=True))
-        if max_hold is not _SAME:
-            options = replace(options, max_hold_ms=parse_optional(max_hold, "max_hold", allow_zero=False))
+        if wait is not FROM_OPEN:
+            options = replace(options, wait_ms=parse_optional_ms(wait, "wait", allow_zero=True))
+        if max_hold is not FROM_OPEN:
+            options = replace(options, max_hold_ms=parse_optional_ms(max_hold, "max_hold", allow_zero=False))
         return options
 
     def _stub(self, key: str) -> Any:
@@ -154,14 +225,14 @@ class Semaphore:
             while True:
                 sent = now_ms()
                 remaining = math.inf if deadline is None else max(0.0, deadline - sent)
+                call_wait_ms = min(remaining, m.MAX_CALL_WAIT_MS)
                 message = {
                     "v": m.VERSION, "requestId": request_id, "limit": options.limit, "ttlMs": options.ttl_ms,
-                    "waitMs": min(remaining, m.MAX_CALL_WAIT_MS), "more": remaining > m.MAX_CALL_WAIT_MS,
+                    "waitMs": call_wait_ms, "more": remaining > m.MAX_CALL_WAIT_MS,
                     "maxHoldMs": options.max_hold_ms,
                 }
                 try:
-                    reply = await self._call(key, "semaphore_acquire", message,
-                                             message["waitMs"] + CALL_SLACK_MS)
+                    reply = await self._call(key, "semaphore_acquire", message, call_wait_ms + CALL_SLACK_MS)
                 except Exception as error:
                     if not _retryable(error):
                         raise
@@ -222,7 +293,7 @@ class Permit:
                  options: HoldOptions) -> None:
         self.key = key
         self.signal = asyncio.Event()
-        self.reason: str | None = None
+        self.reason: LossReason | None = None
         self.valid_until = valid_until
         self._semaphore = semaphore
         self._token = token
@@ -245,9 +316,10 @@ class Permit:
     def check(self) -> None:
         """Raise ``PlaceLost`` if the place is lost: call it before an effect that needs the place."""
         if self.lost():
-            raise PlaceLost(f"the place of {self._semaphore.name}:{self.key} was lost ({self.reason})", self.reason)
+            raise PlaceLost(f"the place of {self._semaphore.name}:{self.key} was lost ({self.reason})",
+                            str(self.reason))
 
-    def _lose(self, reason: str) -> None:
+    def _lose(self, reason: LossReason) -> None:
         if self.reason is None:
             self.reason = reason
             self.signal.set()
@@ -296,43 +368,99 @@ class Permit:
         return lost
 
 
-class _Hold:
-    """The object ``hold`` / ``try_hold`` return: an async context manager, or ``run(fn)``."""
+class Hold:
+    """A place of one key, held around a block: ``async with sem.hold(key) as permit:``.
 
-    def __init__(self, semaphore: Semaphore, key: str, options: HoldOptions, trying: bool) -> None:
+    ``hold`` and ``try_hold`` make it, with the key and options checked.
+    Entering stands in line (``WaitTimeout`` after ``wait``) or, made by
+    ``try_hold``, takes a place free at once or raises ``WouldBlock``;
+    either way the block runs only with a place. Leaving frees the place,
+    and raises ``PlaceLost`` if it was lost meanwhile and the block raised
+    nothing else. One place at a time: enter it again only after leaving.
+    """
+
+    def __init__(self, semaphore: Semaphore, key: str, options: HoldOptions, *, trying: bool) -> None:
         self._semaphore = semaphore
         self._key = key
         self._options = options
         self._trying = trying
+        self._in_use = False
         self._permit: Permit | None = None
 
-    async def __aenter__(self) -> Permit | None:
-        if self._permit is not None:
-            raise RuntimeError("this hold is already in use; call hold() again for another place")
-        self._permit = await self._semaphore._acquire(self._key, self._options)
-        if self._permit is None and not self._trying:
-            raise WaitTimeout(f"no place of {self._semaphore.name}:{self._key} within "
-                              f"{self._options.wait_ms:g} ms")
-        return self._permit
+    def __repr__(self) -> str:
+        kind = "try_hold" if self._trying else "hold"
+        return f"<{kind} {self._semaphore.name}:{self._key}>"
 
-    async def __aexit__(self, kind: Any, error: Any, traceback: Any) -> bool:
-        permit = self._permit
+    async def __aenter__(self) -> Permit:
+        if self._in_use:
+            raise RuntimeError("this hold is already in use; call hold() again for another place")
+        self._in_use = True
+        try:
+            permit = await self._semaphore._acquire(self._key, self._options)
+        except BaseException:
+            self._in_use = False
+            raise
         if permit is None:
-            return False
+            self._in_use = False
+            raise self._no_place()
+        self._permit = permit
+        return permit
+
+    async def __aexit__(self, kind: type[BaseException] | None, error: BaseException | None,
+                        traceback: TracebackType | None) -> None:
+        permit, self._permit = self._permit, None
+        self._in_use = False
+        if permit is None:
+            return
         lost = await permit._end()
         if lost and kind is None:
             raise PlaceLost(f"the place of {self._semaphore.name}:{self._key} was lost while held "
-                            f"({permit.reason})", permit.reason)
-        return False
+                            f"({permit.reason})", str(permit.reason))
 
-    async def run(self, fn: Callable[..., Any]) -> Any:
+    def _no_place(self) -> SemaphoreError:
+        where = f"{self._semaphore.name}:{self._key}"
+        if self._trying:
+            return WouldBlock(f"no place of {where} is free now: every place is taken, or a call stands "
+                              "in line for one first")
+        return WaitTimeout(f"no place of {where} within {(self._options.wait_ms or 0) / 1_000:g} s")
+
+    async def _run(self, fn: Callable[[Permit], Any]) -> Any:
+        """``fn(permit)`` inside the place, its result awaited if it is awaitable."""
         async with self as permit:
-            if permit is None:
-                return Tried(False)
-            result = fn(permit) if _takes_argument(fn) else fn()
+            result = fn(permit)
             if inspect.isawaitable(result):
                 result = await result
-        return Tried(True, result) if self._trying else result
+        return result
+
+    async def _try_run(self, fn: Callable[[Permit], Any]) -> Tried[Any]:
+        entered = False
+
+        def inside(permit: Permit) -> Any:
+            nonlocal entered
+            entered = True
+            return fn(permit)
+
+        try:
+            value = await self._run(inside)
+        except WouldBlock:
+            if entered:  # raised by fn itself (a try_hold of its own): not this place's answer
+                raise
+            return Tried(False)
+        return Tried(True, value)
+
+
+def _function_form(hold: Hold, fn: Callable[..., Any], old: str, new: str) -> Coroutine[Any, Any, Any]:
+    """The previous release's ``hold(key, fn)`` / ``try_hold(key, fn)``, as they behaved then:
+    ``fn`` gets the permit if it takes an argument. Kept for one release."""
+    warnings.warn(f"sem.{old}(key, fn) is deprecated and goes in the next release: use await sem.{new}(key, fn, "
+                  f"*args), whose fn gets no permit; for the permit, use async with sem.{old}(key) as permit",
+                  DeprecationWarning, stacklevel=3)
+    with_permit = _takes_argument(fn)
+
+    def call(permit: Permit) -> Any:
+        return fn(permit) if with_permit else fn()
+
+    return hold._try_run(call) if hold._trying else hold._run(call)
 
 
 def _takes_argument(fn: Callable[..., Any]) -> bool:
