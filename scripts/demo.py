@@ -3,6 +3,7 @@
 
     uv run scripts/demo.py [--jobs N] [--accounts N] [--shards N] [--seed N]
                            [--fault-rate R] [--lost-releases R] [--leases strict|under|over] [--json]
+                           [--verbose]
 
 Jobs of random durations arrive in bursts for a few accounts with small
 limits; tens of shards queue them; each account's holder admits them oldest
@@ -14,13 +15,19 @@ it cost in the units Cloudflare bills. With ``--leases``, each account's
 holder also hands out leases (``ACCOUNT_LEASES``), which shards draw from
 without asking; ``over`` lets work reach limit + extra (half the limit,
 rounded down), and the check uses that ceiling.
+
+The terminal shows a progress bar and the summary; the faults injected and
+the retries they caused are counted there by kind and by cause.
+``--verbose`` also prints every warning the objects log as it happens.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import json
+import logging
 import random
 import sys
 import time
@@ -47,6 +54,28 @@ LEASE_TTL_MS = 10 * 60_000
 def ceiling(limit: int, leases: str | None) -> int:
     """What work may really reach: the limit, or limit + extra for leases "over"."""
     return limit + limit // 2 if leases == "over" else limit
+FAULT_EVENTS = ("lost request", "lost reply", "duplicate", "alarm failed")  #: runtime trace events
+
+
+class LogCounter(logging.Handler):
+    """Counts the warnings the objects log, by logger and message template,
+    instead of printing them: a run with faults logs thousands of retries."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.counts: collections.Counter[str] = collections.Counter()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        # The template up to the error it reports, then the error's type:
+        # "timer …/… failed (attempt …): ProtocolError".
+        template = str(record.msg).split("%r")[0]
+        for placeholder in ("%s", "%d"):
+            template = template.replace(placeholder, "…")
+        args = record.args if isinstance(record.args, tuple) else ()
+        errors = [type(a).__name__ for a in args if isinstance(a, BaseException)]
+        self.counts[f"{record.name}: {template.strip()} {''.join(errors[:1])}".strip()] += 1
+
+
 SETTLE_MS = 4 * 3_600_000  # give up waiting for jobs and permits after this much virtual time
 
 
@@ -171,6 +200,7 @@ def main() -> int:
     parser.add_argument("--leases", choices=sorted(PROVISIONING), default=None,
                         help="let holders hand out leases, provisioned this way")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--verbose", action="store_true", help="print the objects' warnings as they happen")
     args = parser.parse_args()
     if args.jobs < 1 or args.shards < 1 or not 1 <= args.accounts <= len(LIMITS):
         parser.error(f"--jobs and --shards must be at least 1, --accounts from 1 to {len(LIMITS)}")
@@ -182,6 +212,8 @@ def main() -> int:
     rate = args.fault_rate
     faults = Faults(lost_request=rate, lost_reply=rate, duplicate=rate, latency_ms=(1, 30),
                     evict=rate / 2, crash_before_commit=rate / 4, alarm_failure=rate) if rate else None
+    logs = LogCounter()
+    logging.getLogger().addHandler(logging.StreamHandler() if args.verbose else logs)
     started = time.perf_counter()
     runtime = Runtime.from_wrangler(
         ROOT / "wrangler.toml", seed=args.seed, faults=faults,
@@ -229,6 +261,8 @@ def main() -> int:
         "leaked_permits": sum(u["outstanding"] for u in usages.values())
         - sum(len(r) for r in ledger.running.values()),
         "evictions": totals["evictions"],
+        "faults": dict(collections.Counter(event for _, _, event, _ in runtime.trace if event in FAULT_EVENTS)),
+        "logged": dict(logs.counts.most_common()),  # empty with --verbose: printed instead
         "virtual_minutes": round(runtime.loop.time() / 60, 1),
         "real_seconds": round(time.perf_counter() - started, 1),
     }
@@ -272,6 +306,11 @@ def human(s: dict) -> str:
                  f"its outcome: {s['work_repeated_after_crash']}")
     lines.append(f"releases lost: {s['releases_lost']}, returned by the finished() sweep; "
                  f"leaked permits after the sweep: {s['leaked_permits']}; evictions: {s['evictions']}")
+    if s["faults"]:
+        lines.append("faults injected: " + ", ".join(f"{n} {kind}" for kind, n in sorted(s["faults"].items())))
+    if s["logged"]:
+        lines.append(f"warnings logged ({sum(s['logged'].values())}, printed with --verbose), by cause:")
+        lines += [f"  {n:6}  {cause}" for cause, n in s["logged"].items()]
     return "\n".join(lines)
 
 

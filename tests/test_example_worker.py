@@ -178,3 +178,20 @@ def test_the_main_demo_keeps_every_promise_on_a_small_workload():
     assert all(summary["max_running"][a] <= summary["limit"][a] for a in summary["limit"])
     assert summary["leaked_permits"] == 0 and summary["jobs_run_twice_at_once"] == 0
     assert summary["evictions"] > 0
+
+
+@pytest.mark.parametrize("verbose", [False, True])
+def test_the_main_demo_prints_its_progress_and_summary_only_and_the_log_with_verbose(verbose):
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "demo.py"), "--jobs", "60", "--shards", "4", "--seed", "3",
+         "--fault-rate", "0.05", *(["--verbose"] if verbose else [])],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    # stderr carries the progress bar, redrawn in place with \r, and with --verbose the log.
+    logged = [line for line in result.stderr.replace("\r", "\n").splitlines() if line and not line.startswith("[")]
+    assert "faults injected:" in result.stdout
+    if verbose:
+        assert any("failed" in line for line in logged) and "warnings logged" not in result.stdout
+    else:
+        assert logged == [] and "warnings logged" in result.stdout and "by cause:" in result.stdout
