@@ -1,7 +1,10 @@
 """Helpers shared by the tests: runtimes over the probe Worker and the example Worker."""
 
 import asyncio
+from functools import partial
 from pathlib import Path
+
+import pytest
 
 from durability.testing import Runtime, load_worker_module
 
@@ -53,3 +56,14 @@ async def released_then_evicted(runtime: Runtime, shard, measure, settle_s: floa
     runtime.evict(shard)
     await asyncio.sleep(settle_s)  # the alarm the old instance set wakes the new one
     return before, await measure()
+
+
+#: Virtual times may end a few microseconds past the moment waited for (see durability._clock).
+approx = partial(pytest.approx, abs=0.01)
+
+
+@pytest.fixture(name="runtime")
+def locks_runtime_fixture():
+    """A ``runtime`` fixture for the lock tests: the locks Worker, no faults."""
+    with locks_runtime() as rt:
+        yield rt

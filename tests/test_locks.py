@@ -1,7 +1,6 @@
 """Lock semaphores on the embedded runtime: admission, waiting, leases, losses, restarts, two opens."""
 
 import asyncio
-from functools import partial
 
 import pytest
 
@@ -18,16 +17,7 @@ from durability.locks import (
 )
 from durability.testing import JsException
 
-from support import locks_runtime
-
-# Virtual times may end a few microseconds past the moment waited for (see durability._clock).
-approx = partial(pytest.approx, abs=0.01)
-
-
-@pytest.fixture
-def runtime():
-    with locks_runtime() as rt:
-        yield rt
+from support import approx, locks_runtime_fixture  # noqa: F401  (the runtime fixture)
 
 
 class Lossy:

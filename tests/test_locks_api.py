@@ -7,7 +7,6 @@ import inspect
 import typing
 import warnings
 from datetime import timedelta
-from functools import partial
 
 import pytest
 
@@ -28,15 +27,7 @@ from durability.locks import (
     semaphore,
 )
 
-from support import locks_runtime
-
-approx = partial(pytest.approx, abs=0.01)
-
-
-@pytest.fixture
-def runtime():
-    with locks_runtime() as rt:
-        yield rt
+from support import approx, locks_runtime_fixture  # noqa: F401  (the runtime fixture)
 
 
 class Recording:
