@@ -31,7 +31,7 @@ class WriteBreakdown:
         self.counts: collections.Counter = collections.Counter()
         self._real = None
 
-    def __enter__(self) -> "WriteBreakdown":
+    def __enter__(self) -> WriteBreakdown:
         real = self._real = _sql.SqlDatabase._exec_one
         counts = self.counts
 

@@ -62,7 +62,7 @@ class LostReleases:
         """Jobs whose release was asked for and lost."""
         return sum(self.chosen.values())
 
-    def __enter__(self) -> "LostReleases":
+    def __enter__(self) -> LostReleases:
         real = self._real = self.queue_class.release
         chosen, rate, rng = self.chosen, self.rate, self.rng
 

@@ -200,7 +200,8 @@ class Truth:
             total, groups = counted
             ceiling = self.ceiling_now(key)
             if total > ceiling:
-                self.violations.add("issue", f"holder {key} counts {total} after handing out permits; ceiling {ceiling}")
+                self.violations.add(
+                    "issue", f"holder {key} counts {total} after handing out permits; ceiling {ceiling}")
             for group in issued:
                 limit = self.group_limits[key][group].now()
                 if isinstance(limit, int) and groups.get(group, 0) > limit:

@@ -14,9 +14,9 @@ import collections
 import contextlib
 import logging
 import random
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
 
 from durability.semaphore import allocation
 from durability.testing import Faults, Runtime, load_worker_module
@@ -44,7 +44,8 @@ class Outcome:
     steps: int
     virtual_ms: float
     violations: Violations = field(default_factory=Violations)
-    excused: collections.Counter = field(default_factory=collections.Counter)  #: what the spec or platform allows, counted
+    #: what the spec or platform allows, counted
+    excused: collections.Counter = field(default_factory=collections.Counter)
 
     @property
     def failed(self) -> bool:
@@ -102,7 +103,8 @@ def _run_budget(scenario: Scenario) -> Outcome:
     truth = Truth(scenario, runtime.now_ms)
     module = runtime.module
     module.TRUTH = truth
-    module.CONFIG.update(limits=list(scenario.limits), group_limits=[dict(scenario.group_limits) for _ in scenario.limits],
+    module.CONFIG.update(limits=list(scenario.limits),
+                         group_limits=[dict(scenario.group_limits) for _ in scenario.limits],
                          leases=lease_options(scenario), lose_releases=scenario.lose_releases, plant=scenario.plant,
                          keep_done=scenario.keep_done)
     start = runtime.now_ms()
@@ -344,10 +346,11 @@ def _run_locks(scenario: Scenario) -> Outcome:
 
     async def drive() -> tuple[list, list]:
         calls = asyncio.gather(*(one(i, hold) for i, hold in enumerate(scenario.holds)))
-        stop_faults = asyncio.ensure_future(_later(FAULTS_END_MS / 2, lambda: setattr(runtime.faults, "enabled", False)))
+        stop_faults = asyncio.ensure_future(
+            _later(FAULTS_END_MS / 2, lambda: setattr(runtime.faults, "enabled", False)))
         try:
             results = await asyncio.wait_for(calls, FAULTS_END_MS * 4 / 1000)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             violations.add("liveness", "a hold never ended")
             results = []
         await stop_faults

@@ -11,8 +11,8 @@ or the checks; a scenario is data.
 from __future__ import annotations
 
 import random
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, replace
-from typing import Iterator
 
 BUDGET_MODES = ("grants", "strict", "under", "over")
 MODES = BUDGET_MODES + ("locks",)

@@ -8,7 +8,7 @@ run is checked; ``fails`` decides.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from .scenario import Scenario, smaller
 

@@ -16,13 +16,12 @@ import time
 
 from workers import DurableObject
 
+from campaign.scenario import FINISHED_CHECK_MS, GRANT_TIMEOUT_MS, KEEP_DONE_MS, RETRY_MAX_MS
 from durability import Backoff, DurabilityScheduler
 from durability.semaphore import DurabilitySemaphore, DurabilitySemaphoreQueue
 from durability.semaphore.allocation import usage
 from durability.semaphore.leases import lease_usage
 from durability.testing import JsException
-
-from campaign.scenario import FINISHED_CHECK_MS, GRANT_TIMEOUT_MS, KEEP_DONE_MS, RETRY_MAX_MS
 
 CONFIG = {
     "limits": [],  # per key

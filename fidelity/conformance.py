@@ -15,9 +15,10 @@ import json
 import re
 import subprocess
 import tempfile
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from durability.testing import Runtime, load_worker_module
 from durability.testing._sql import SqlDatabase

@@ -48,8 +48,7 @@ from types import SimpleNamespace
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "src"))
 
-from durability.semaphore import holder as holder_module  # noqa: E402
-from durability.semaphore import store as store_module  # noqa: E402
+from durability.semaphore import holder as holder_module, store as store_module  # noqa: E402
 from durability.testing import Runtime, load_worker_module  # noqa: E402
 
 WORKER = Path(__file__).resolve().parent / "bench_workers" / "holder_bench.py"
@@ -327,7 +326,8 @@ def bench_leases(mode: str, clients: int, limit: int, minutes: float, seed: int,
     GROUND = Ground()
     rng = random.Random(seed)  # the same workload for every mode
     leases = LEASE_MODES[mode]
-    options = None if leases is None else {"provisioning": leases, "permits_per_lease": per_lease, "ttl_ms": 10 * 60_000}
+    options = (None if leases is None
+               else {"provisioning": leases, "permits_per_lease": per_lease, "ttl_ms": 10 * 60_000})
     runtime = Runtime(sys.modules[__name__], {"HOLDER": "LeaseBenchHolder", "CLIENT": "LeaseBenchClient"},
                       vars={"LIMIT": limit, "LEASES": options}, seed=seed)
     plan = []  # (at s, client, item id, group, ms): bursts arriving over 2 s, every 20-60 s
@@ -335,7 +335,7 @@ def bench_leases(mode: str, clients: int, limit: int, minutes: float, seed: int,
         at = rng.uniform(0, 30)
         while at < minutes * 60:
             group = "own-limit" if rng.random() < capped_share else "jobs"
-            for i in range(rng.randint(BURST[0], BURST[1])):
+            for _ in range(rng.randint(BURST[0], BURST[1])):
                 plan.append((at + rng.uniform(0, 2), f"client-{c:03d}", f"c{c}-{len(plan)}", group,
                              rng.randint(2_000, 8_000)))
             at += rng.uniform(20, 60)
@@ -492,8 +492,8 @@ def main() -> None:
         plan = {n: plan.get(n, 3 if args.quick else 6) for n in wanted}
 
     print(f"holder benchmark: seed {args.seed}; limit = 3 x clients; demand in 1-5 of {len(GROUPS)} groups, "
-          f"{len(LIMITED)} of them capped at {next(iter(LIMITED.values()))}; a burst of 1-{args.burst} items per group for "
-          "25% of clients each round; items run 2-8 s")
+          f"{len(LIMITED)} of them capped at {next(iter(LIMITED.values()))}; "
+          f"a burst of 1-{args.burst} items per group for 25% of clients each round; items run 2-8 s")
     print("rounds per scale: " + ", ".join(f"{n:,}: {r}" for n, r in plan.items())
           + ("  (--quick smoke run)" if args.quick else "  (the same at every scale, so rounds compare)"))
     print(f"{'clients':>8} {'rounds':>6} {'req/rnd':>7} {'admitted':>9} | {'round':>8} {'max':>7} {'alloc':>7} "
@@ -529,8 +529,8 @@ grants: grant rows open at the end""")
         growth = b["n"] / a["n"]
         nlogn = growth * math.log(b["n"]) / math.log(a["n"])
 
-        def ratio(key):
-            return b[key] / a[key] if a[key] else float("nan")
+        def ratio(key):  # called only in this iteration
+            return b[key] / a[key] if a[key] else float("nan")  # noqa: B023
 
         print(f"{b['n']:>6,} vs {a['n']:,} clients: round x{ratio('cpu_round_ms'):.1f}, "
               f"holder x{ratio('holder_ms'):.1f}, run_round x{ratio('cpu_alloc_ms'):.1f}, "

@@ -142,7 +142,8 @@ def run_system(system: str, args, work, limits: dict) -> dict:
         "makespan_s": round(span / 1000, 1), "makespan_bound_s": round(bound / 1000, 1),
         "over_limit": {a: ledger.max_running.get(a, 0) > ceilings[a] for a in limits},
         "run_twice_at_once": ledger.overlaps, "real_seconds": round(time.perf_counter() - started, 1),
-        "rows_written_by_table": [list(row) for row in writes.rows(jobs)] + [["setAlarm", "", round(alarms / max(jobs, 1), 2)]],
+        "rows_written_by_table": [list(row) for row in writes.rows(jobs)]
+                                 + [["setAlarm", "", round(alarms / max(jobs, 1), 2)]],
         "_timeline": timeline(ledger, ceilings),
     }
 

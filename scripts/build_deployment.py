@@ -39,6 +39,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from fidelity.pyodide_host import PyodideHostError, node_ready, run_host  # noqa: E402
+
 SDK = "workers-runtime-sdk"
 SDK_DIST = "workers_runtime_sdk"
 

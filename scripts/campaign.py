@@ -68,7 +68,8 @@ def summarize(results: list[dict], modes: list[str]) -> list[dict]:
         failing = sorted(r["seed"] for r in mine if r["violations"])
         summary.append({
             "mode": mode, "runs": len(mine), "steps_checked": sum(r["steps"] for r in mine),
-            "violations": sum(by_invariant.values()), "virtual_hours": round(sum(r["virtual_ms"] for r in mine) / 3.6e6, 2),
+            "violations": sum(by_invariant.values()),
+            "virtual_hours": round(sum(r["virtual_ms"] for r in mine) / 3.6e6, 2),
             "by_invariant": dict(by_invariant), "failing_seeds": failing[:20], "excused_runs": dict(excused),
         })
     return summary

@@ -38,7 +38,6 @@ sys.path[:0] = [str(ROOT / "src"), str(ROOT)]
 
 from bench import measure  # noqa: E402
 from bench.workload import LostReleases  # noqa: E402
-
 from durability.testing import Faults, JsException, Runtime  # noqa: E402
 
 LIMITS = [3, 5, 8, 4, 6, 2]

@@ -126,9 +126,11 @@ def main() -> int:
         print(f"{increments} increments from {args.counters} counters into {args.tallies} tallies, seed {args.seed}")
         print(f"faults injected: {summary['faults']}")
         print(f"tallies: {summary['tallies']}")
-        print(f"exact: {'yes' if summary['exact'] else 'NO'} (settled {summary['settled_after_virtual_ms']} ms of virtual time after the last add)")
+        print(f"exact: {'yes' if summary['exact'] else 'NO'} "
+              f"(settled {summary['settled_after_virtual_ms']} ms of virtual time after the last add)")
         per = summary["per_increment"]
-        print(f"per increment: {per['rows_written']} rows written, {per['rows_read']} rows read, {per['requests']} requests")
+        print(f"per increment: {per['rows_written']} rows written, {per['rows_read']} rows read, "
+              f"{per['requests']} requests")
         print(f"{summary['virtual_seconds']} s of virtual time in {summary['real_seconds']} s")
     return 0 if summary["exact"] else 1
 

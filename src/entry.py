@@ -34,8 +34,7 @@ import zlib
 
 from workers import DurableObject, Response, WorkerEntrypoint
 
-from durability import Backoff, Durability, DurabilityOutbox, DurabilityScheduler
-from durability import locks
+from durability import Backoff, Durability, DurabilityOutbox, DurabilityScheduler, locks
 from durability.locks import PlaceLost, WaitTimeout, semaphore
 from durability.semaphore import DurabilitySemaphore, DurabilitySemaphoreQueue
 from durability.transforms import timeout

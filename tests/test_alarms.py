@@ -5,7 +5,6 @@ import asyncio
 import pytest
 
 from durability.testing import ALARM_MAX_RETRIES, Faults
-
 from support import probe_runtime
 
 

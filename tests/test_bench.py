@@ -14,7 +14,7 @@ from support import ROOT
 def ledger(*jobs):
     """jobs: (id, account, work_ms, submitted, started, ended)."""
     book = Ledger()
-    for job_id, account, work, submitted, started, ended in jobs:
+    for job_id, account, work, submitted, _started, _ended in jobs:
         book.submitted(job_id, account, work, submitted)
     for job_id, _, _, _, started, ended in sorted(jobs, key=lambda j: j[4]):
         book.started(job_id, started)

@@ -11,11 +11,10 @@ import sys
 
 import pytest
 
-from durability._sql import GrowingCounter
-
 from campaign.run import run
 from campaign.scenario import MODES, Change, Job, Partition, Scenario, generate, with_plant
 from campaign.shrink import as_pytest_case, shrink
+from durability._sql import GrowingCounter
 from support import ROOT
 
 SAMPLE = 50

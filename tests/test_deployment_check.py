@@ -45,7 +45,8 @@ def test_a_sound_bundle_passes(tmp_path, capsys):
     (("import zlib\n", "import zlib\nimport ssl  # noqa: F401\n"), "No module named 'ssl'"),
     (("import zlib\n", "import zlib\nimport yaml  # noqa: F401\n"), "No module named 'yaml'"),
     (("class AccountLimit(", "class AccountLimits("), "lacks ['AccountLimit']"),
-    (("from durability import locks\n", "from durability import locks\nfrom durability.locks import SemaphoreHolder  # noqa: F401\n"),
+    (("from durability.locks import PlaceLost, WaitTimeout, semaphore\n",
+      "from durability.locks import PlaceLost, SemaphoreHolder, WaitTimeout, semaphore  # noqa: F401\n"),
      "does not bind: ['SemaphoreHolder']"),
 ])
 def test_a_bundle_that_cannot_run_fails(tmp_path, capsys, edit, why):

@@ -9,7 +9,6 @@ import sys
 import pytest
 
 from durability.testing import Faults, JsException
-
 from support import ROOT, example_runtime
 
 

@@ -5,7 +5,6 @@ import asyncio
 import pytest
 
 from durability.testing import Faults, JsException
-
 from support import probe_runtime
 
 

@@ -12,7 +12,6 @@ import asyncio
 import pytest
 
 from durability.locks import semaphore
-
 from support import holders_runtime, locks_runtime
 
 TTL = 60_000

@@ -18,8 +18,7 @@ from __future__ import annotations
 import asyncio
 import os
 
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 from hostile import Tally, arbitrary, mutated
 from support import locks_runtime

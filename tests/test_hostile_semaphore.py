@@ -18,11 +18,9 @@ from __future__ import annotations
 import asyncio
 import os
 
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 from durability.semaphore.messages import parse_reply
-
 from hostile import Tally, arbitrary, mutated
 from support import holders_runtime
 

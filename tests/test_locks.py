@@ -16,7 +16,6 @@ from durability.locks import (
     semaphore,
 )
 from durability.testing import JsException
-
 from support import approx, locks_runtime_fixture  # noqa: F401  (the runtime fixture)
 
 

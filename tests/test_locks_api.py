@@ -26,7 +26,6 @@ from durability.locks import (
     parse_seconds,
     semaphore,
 )
-
 from support import approx, locks_runtime_fixture  # noqa: F401  (the runtime fixture)
 
 
@@ -156,7 +155,8 @@ async def _await(value):
 
 
 def test_the_public_calls_have_precise_return_types():
-    hints = {name: [typing.get_type_hints(overload)["return"] for overload in typing.get_overloads(getattr(Semaphore, name))]
+    hints = {name: [typing.get_type_hints(overload)["return"]
+                    for overload in typing.get_overloads(getattr(Semaphore, name))]
              for name in ("hold", "try_hold", "run", "try_run")}
     assert hints["hold"][0] is Hold and hints["try_hold"][0] is Hold
     assert all(typing.get_origin(hint) is Tried for hint in hints["try_run"])

@@ -6,9 +6,8 @@ import random
 
 import pytest
 
-from durability.testing import Faults
-
 from campaign.checks import overlaps_beyond_limits
+from durability.testing import Faults
 from support import locks_runtime
 
 KEYS = ["alice", "bob", "carol"]

@@ -36,7 +36,7 @@ def granted_ids(settled):
 # -- admission -------------------------------------------------------------------
 def test_first_come_first_served_within_the_limit():
     line, new = Line(), tokens()
-    for i, name in enumerate("abcd"):
+    for name in "abcd":
         join(line, name, 0)
     settled = line.settle(0, new)
     assert granted_ids(settled) == ["a", "b"]

@@ -1,8 +1,7 @@
 """Retry decisions are pure: checked exhaustively and by property."""
 
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
+from hypothesis import given, strategies as st
 
 from durability.retry import Backoff, decide_retry
 
@@ -29,7 +28,8 @@ def test_attempt_limit():
     initial=st.floats(1, 10_000), multiplier=st.floats(1, 10), extra=st.floats(0, 1e6),
     jitter=st.floats(0, 1), failures=st.integers(1, 200), draw=st.floats(0, 1, exclude_max=True),
 )
-def test_a_delay_is_never_below_the_base_nor_above_the_jittered_ceiling(initial, multiplier, extra, jitter, failures, draw):
+def test_a_delay_is_never_below_the_base_nor_above_the_jittered_ceiling(initial, multiplier, extra, jitter, failures,
+                                                                         draw):
     policy = Backoff(initial_ms=initial, multiplier=multiplier, max_ms=initial + extra, jitter=jitter)
     delay = policy.delay_ms(failures, draw)
     assert min(initial, policy.max_ms) <= delay <= policy.max_ms * (1 + jitter)

@@ -5,7 +5,6 @@ import asyncio
 import pytest
 
 from durability.testing import JsDict, JsException
-
 from support import probe_runtime
 
 
@@ -89,7 +88,7 @@ def test_an_exception_crosses_as_an_error_carrying_its_message(probe):
 def test_private_and_missing_methods_are_not_callable(probe):
     stub = probe.env.PROBE.getByName("a")
     with pytest.raises(AttributeError):
-        stub._private
+        stub._private  # noqa: B018 (the access is what raises)
 
     async def scenario():
         with pytest.raises(JsException, match="Method nope does not exist"):

@@ -5,7 +5,6 @@ import asyncio
 import pytest
 
 from durability.testing import Faults, JsException
-
 from support import timers_runtime
 
 
@@ -236,7 +235,8 @@ def test_a_timer_that_comes_due_while_another_runs_starts_at_its_time(runtime):
 
     start, runs = runtime.run(scenario())
     # A wait ends a few microseconds past its moment (see durability._clock).
-    assert sorted((r["key"], round(r["at"] - start, 2)) for r in runs) == [("now", 1_200), ("quick", 1_500), ("slow", 1_000)]
+    assert sorted((r["key"], round(r["at"] - start, 2)) for r in runs) == [
+        ("now", 1_200), ("quick", 1_500), ("slow", 1_000)]
     assert runtime.hosts()[0].stats.alarm_invocations == 1  # one alarm dispatched all three
 
 

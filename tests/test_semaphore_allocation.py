@@ -15,8 +15,7 @@ import math
 from dataclasses import replace
 
 import pytest
-from hypothesis import HealthCheck, assume, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, assume, given, settings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 from durability.semaphore.allocation import (
@@ -587,7 +586,8 @@ def test_blocked_reasons(book, lim, expected):
 
 def test_a_failing_group_limit_blocks_only_its_group():
     request = Request("c0", (Demand("g0", 2, T0 - 1), Demand("g1", 3, T0)), ())
-    outcome = run_round({}, [request], limits(10, {"g0": FAILED, "g1": None}), T0, TIMEOUT_MS, id_maker()).outcomes["c0"]
+    result = run_round({}, [request], limits(10, {"g0": FAILED, "g1": None}), T0, TIMEOUT_MS, id_maker())
+    outcome = result.outcomes["c0"]
     assert outcome.blocked == {"g0": (LIMIT_RESOLUTION_ERROR, 2)}
     assert [(g.group, g.permits) for g in outcome.new_grants] == [("g1", 3)]
 

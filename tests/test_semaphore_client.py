@@ -6,7 +6,6 @@ import pytest
 
 from durability.semaphore import DurabilitySemaphore, SemaphoreClient
 from durability.transforms import timeout
-
 from support import holders_runtime
 
 

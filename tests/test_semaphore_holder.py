@@ -4,9 +4,8 @@ import asyncio
 
 import pytest
 
-from durability.testing import Faults, JsException
 from durability.semaphore.messages import MAX_WAIT_MS
-
+from durability.testing import Faults, JsException
 from support import holders_runtime
 
 

@@ -15,7 +15,6 @@ import asyncio
 import pytest
 
 from durability.testing import Faults
-
 from support import holders_runtime
 
 TTL_MS = 20_000
@@ -41,8 +40,8 @@ def test_leases_under_faults_keep_work_within_the_ceiling_and_settle(mode, seed)
     provisioning, extra = MODES[mode]
     runtime = holders_runtime(seed=seed, faults=NOISE)
     config, world = runtime.module.CONFIG, runtime.module.WORLD
-    config.update(limit=LIMIT, ceiling=LIMIT + extra, group_limits={"capped": 2}, lose_releases=0.1, keep_done_ms=3_600_000,
-                  finished_check_ms=10_000, grant_timeout_ms=5_000, lease_report_delay_ms=2_000,
+    config.update(limit=LIMIT, ceiling=LIMIT + extra, group_limits={"capped": 2}, lose_releases=0.1,
+                  keep_done_ms=3_600_000, finished_check_ms=10_000, grant_timeout_ms=5_000, lease_report_delay_ms=2_000,
                   leases={"provisioning": provisioning, "permits_per_lease": 3, "ttl_ms": TTL_MS})
     names = [f"shard-{i}" for i in range(4)]
     rng = runtime.rng

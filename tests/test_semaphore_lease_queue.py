@@ -6,7 +6,6 @@ import json
 import pytest
 
 from durability.testing import Faults
-
 from support import holders_runtime, queue_jobs as jobs, released_then_evicted
 
 TTL = 60_000

@@ -13,8 +13,7 @@ import itertools
 from dataclasses import replace
 
 import pytest
-from hypothesis import HealthCheck, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, settings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 from durability.semaphore.allocation import (
@@ -363,7 +362,8 @@ def test_bad_lease_fields_are_refused(bad):
 
 CLIENTS = ["c0", "c1", "c2"]
 GROUPS = ["g0", "g1"]
-MODES = [policy(per_lease=4), policy("under", per_lease=4, reserve=3), policy("over", per_lease=4, extra={"ratio": 0.5}),
+MODES = [policy(per_lease=4), policy("under", per_lease=4, reserve=3),
+         policy("over", per_lease=4, extra={"ratio": 0.5}),
          policy("over", per_lease=3, extra={"count": 2}, limited_groups="withinGroupLimit")]
 
 
@@ -452,7 +452,7 @@ class LeasingHolder(RuleBasedStateMachine):
     @invariant()
     def every_lease_is_counted_at_least_as_the_client_may_use_it(self):
         for client, local in self.local.items():
-            for lease_id, (group, permits, drawn, released, stopped) in local.items():
+            for lease_id, (_group, permits, drawn, released, stopped) in local.items():
                 may_use = (drawn if stopped else permits) - released
                 held = self.book.leases.get(lease_id)
                 if held is None:

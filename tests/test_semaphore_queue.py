@@ -5,7 +5,6 @@ import asyncio
 import pytest
 
 from durability.testing import Faults, JsException
-
 from support import holders_runtime, queue_jobs as jobs, released_then_evicted
 
 
@@ -134,7 +133,8 @@ def test_a_grant_comes_claimed_and_its_items_are_admitted_on_the_reply(runtime):
     async def scenario():
         await shard(runtime).submit(jobs("j", 4, ms=60_000))
         await asyncio.sleep(3)
-        return list(runtime.module.WORLD["messages"]), await shard(runtime).states(), await runtime.env.HOLDER.getByName("holder").usage()
+        holder = runtime.env.HOLDER.getByName("holder")
+        return list(runtime.module.WORLD["messages"]), await shard(runtime).states(), await holder.usage()
 
     calls, states, usage = runtime.run(scenario())
     assert states == {"j0": "admitted", "j1": "admitted", "j2": "admitted", "j3": "queued"}

@@ -8,7 +8,7 @@ the project's platform notes.
 import pytest
 
 from durability.testing import JsException
-from durability.testing._sql import SqlDatabase, TRANSACTION_REFUSED, split_statements
+from durability.testing._sql import TRANSACTION_REFUSED, SqlDatabase, split_statements
 
 
 @pytest.fixture

@@ -3,10 +3,9 @@
 import sys
 
 import pytest
-
 import workers
-from durability.testing import install_workers_standin
-from durability.testing import _workers_standin as standin
+
+from durability.testing import _workers_standin as standin, install_workers_standin
 
 
 def test_importing_durability_testing_makes_workers_importable():

@@ -24,8 +24,8 @@ class PyodideDriver:
 
     async def fetch(self, url, method="GET", headers=None, body=None):
         """An HTTP request to ``Default.fetch``: ``(status, body text)``."""
-        from pyodide.ffi import to_js
         from js import Object
+        from pyodide.ffi import to_js
 
         init = {"url": url, "method": method, "headers": headers or {}, "body": body}
         reply = await self._host.fetchEntrypoint(to_js(init, dict_converter=Object.fromEntries))

@@ -22,34 +22,34 @@ Why these rules:
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, TypeGuard
 
 MAX_SAFE_INTEGER = 2**53  #: beyond this a JS number no longer holds every integer
 
 
-def is_int(value: Any) -> bool:
+def is_int(value: Any) -> TypeGuard[int]:
     """An integer that is not a bool."""
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def is_number(value: Any) -> bool:
+def is_number(value: Any) -> TypeGuard[int | float]:
     """An int or a float (not a bool); possibly infinite or NaN."""
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
-def int_in(value: Any, low: int, high: int) -> bool:
+def int_in(value: Any, low: int, high: int) -> TypeGuard[int]:
     """An integer (not a bool) from ``low`` to ``high``."""
     return is_int(value) and low <= value <= high
 
 
-def number_in(value: Any, low: float, high: float) -> bool:
+def number_in(value: Any, low: float, high: float) -> TypeGuard[int | float]:
     """A finite int or float (not a bool) from ``low`` to ``high``; never raises."""
     if is_int(value):
         return low <= value <= high  # exact for ints of any size
     return isinstance(value, float) and math.isfinite(value) and low <= value <= high
 
 
-def storable_text(value: Any, max_length: int) -> bool:
+def storable_text(value: Any, max_length: int) -> TypeGuard[str]:
     """A string of 1 to ``max_length`` characters that has a UTF-8 form (no lone surrogates)."""
     if not isinstance(value, str) or not 0 < len(value) <= max_length:
         return False

@@ -82,4 +82,4 @@ def public_migrate(component: str, tables: Sequence[str], what: str) -> Callable
         drop(Sql(ctx), component, tables)
 
     migrate.__doc__ = f"``migrate(ctx, None)`` removes {what}."
-    return staticmethod(migrate)  # type: ignore[return-value]
+    return staticmethod(migrate)

@@ -10,7 +10,8 @@ Must not know: any primitive's tables or protocol.
 
 from __future__ import annotations
 
-from typing import Any, Callable, TypeVar
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 T = TypeVar("T")
 

@@ -49,14 +49,15 @@ import inspect
 import json
 import logging
 import random
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any, Callable, Mapping
+from typing import Any
 
+from ._clock import now_ms
 from ._schema import migrate, public_migrate
 from ._sql import Sql
 from .retry import Backoff, decide_retry
-from ._clock import now_ms
 from .scheduler import DurabilityScheduler, Timer
 
 PARTICIPANT = "durability.jobs"
@@ -143,7 +144,7 @@ def _json(value: Any) -> str:
 class JobRunner:
     """``durability.run``: call it to start a job; ``get_result(id)`` reads one."""
 
-    def __init__(self, durability: "Durability") -> None:
+    def __init__(self, durability: Durability) -> None:
         self._durability = durability
 
     async def __call__(self, id: str, payload: Any = None, handler: str | None = None) -> dict[str, Any]:
@@ -328,15 +329,17 @@ class Durability:
         settled = JobEvent(JobEventType.ATTEMPT_SETTLED, job_id, attempt, JobStatus.FAILED, error=error)
         if decision.retry:
             log.warning("job %s: attempt %d failed: %s; retrying", job_id, attempt, error)
+            at_ms = decision.at_ms
+            assert at_ms is not None  # a decision to retry always says when
 
             def retry() -> None:
                 self.sql.exec(
                     "UPDATE durability_jobs SET status = 'pending', error = ?, due_at = ? WHERE id = ?",
-                    error, decision.at_ms, job_id,
+                    error, at_ms, job_id,
                 )
                 # The timer is running, so this always moves it and the
                 # scheduler keeps it; its alarm() re-arms afterwards.
-                self.scheduler.schedule(PARTICIPANT, job_id, decision.at_ms)
+                self.scheduler.schedule(PARTICIPANT, job_id, at_ms)
 
             self.sql.transaction(retry)
             return [settled]

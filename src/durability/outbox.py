@@ -17,13 +17,14 @@ from __future__ import annotations
 import asyncio
 import json
 import random
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, Awaitable, Callable
+from typing import Any
 
+from ._clock import now_ms
 from ._schema import migrate, public_migrate
 from ._sql import GrowingCounter, Sql
 from .retry import Backoff
-from ._clock import now_ms
 from .scheduler import DurabilityScheduler, Timer
 
 PARTICIPANT = "durability.outbox"
@@ -63,7 +64,7 @@ Sender = Callable[[list[OutboxMessage]], Awaitable[None]]
 class OutboxChannel:
     """One named stream of outgoing messages with its sender."""
 
-    def __init__(self, outbox: "DurabilityOutbox", name: str, send: Sender,
+    def __init__(self, outbox: DurabilityOutbox, name: str, send: Sender,
                  batch_size: int, delay_ms: float) -> None:
         self.outbox = outbox
         self.name = name
@@ -178,7 +179,7 @@ class DurabilityOutbox:
         scheduler.register(PARTICIPANT, self._on_timer, backoff=backoff, durable=False)
 
     @classmethod
-    def of(cls, scheduler: DurabilityScheduler) -> "DurabilityOutbox":
+    def of(cls, scheduler: DurabilityScheduler) -> DurabilityOutbox:
         """The scheduler's outbox, created on first use: helpers share one per object."""
         existing = getattr(scheduler, "outbox", None)
         return existing if existing is not None else cls(scheduler)

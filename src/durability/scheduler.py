@@ -24,15 +24,16 @@ retried at once by the new instance.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import math
 import random
-import itertools
+from collections.abc import Awaitable, Callable, Container
 from dataclasses import dataclass
-from typing import Any, Awaitable, Callable, TypeVar
+from typing import Any, TypeVar
 
-from ._clock import now_ms, wait_s
 from ._checks import is_number
+from ._clock import now_ms, wait_s
 from ._schema import migrate, public_migrate
 from ._sql import GrowingCounter, Sql
 from .retry import Backoff, decide_retry
@@ -281,7 +282,7 @@ class DurabilityScheduler:
             # failure pays this one write; a healthy object never does.)
             self._armed = math.ceil(started + BACKSTOP_MS)
             await self.sql.set_alarm(self._armed)
-        running: dict[tuple[str, str], asyncio.Task] = {}
+        running: dict[tuple[str, str], asyncio.Task[None]] = {}
         self._dispatching = True
         self._starts_until = started + self.alarm_budget_ms * (1 - BUDGET_SPREAD * random.random())
         try:
@@ -322,7 +323,7 @@ class DurabilityScheduler:
             return None
         return max(0.0, self._starts_until - now_ms())
 
-    def _due(self, now: float, running: dict, limit: int) -> list[dict[str, Any]]:
+    def _due(self, now: float, running: Container[tuple[str, str]], limit: int) -> list[dict[str, Any]]:
         rows = self.sql.exec(
             "SELECT participant, key, due_at, attempt, version FROM durability_timers "
             "WHERE due_at <= ? ORDER BY due_at",
@@ -339,7 +340,7 @@ class DurabilityScheduler:
                 chosen[key] = row
         return list(chosen.values())[:limit]
 
-    def _next_due(self, running: dict) -> float | None:
+    def _next_due(self, running: Container[tuple[str, str]]) -> float | None:
         rows = self.sql.exec("SELECT participant, key, due_at FROM durability_timers ORDER BY due_at")
         due = [r["due_at"] for r in rows if (r["participant"], r["key"]) not in running][:1]
         due += [t["due_at"] for k, t in self._memory.items() if k not in running]

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import math
-from typing import Any, Awaitable, Callable
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 from ._checks import number_in
 

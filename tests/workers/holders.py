@@ -143,7 +143,8 @@ class SimClient(DurableObject):
         await self.scheduler.sync()
 
     async def status(self):
-        return {"want": self._get("want", 0), "running": len(self.ctx.storage.sql.exec("SELECT item FROM work").toArray())}
+        running = self.ctx.storage.sql.exec("SELECT item FROM work").toArray()
+        return {"want": self._get("want", 0), "running": len(running)}
 
     async def _tick(self, timer):
         sql = self.ctx.storage.sql
@@ -205,7 +206,8 @@ class SimClient(DurableObject):
                     sql.exec("DELETE FROM grants WHERE grant_id = ? AND released = claimed", report["grantId"])
         for grant in reply["grants"]:
             sql.exec(
-                "INSERT INTO grants VALUES (?, ?, 0, 0, 0) ON CONFLICT (grant_id) DO UPDATE SET permits = excluded.permits",
+                "INSERT INTO grants VALUES (?, ?, 0, 0, 0) "
+                "ON CONFLICT (grant_id) DO UPDATE SET permits = excluded.permits",
                 grant["grantId"], grant["permits"],
             )
 

@@ -16,7 +16,8 @@ class Timers(DurableObject):
         self.outbox = DurabilityOutbox(self.scheduler)
         self.events = self.outbox.channel("events", self._send_events, batch_size=3)
         sql = ctx.storage.sql
-        sql.exec("CREATE TABLE IF NOT EXISTS runs (seq INTEGER PRIMARY KEY AUTOINCREMENT, key TEXT, at REAL, attempt INTEGER)")
+        sql.exec("CREATE TABLE IF NOT EXISTS runs "
+                 "(seq INTEGER PRIMARY KEY AUTOINCREMENT, key TEXT, at REAL, attempt INTEGER)")
         sql.exec("CREATE TABLE IF NOT EXISTS failing (key TEXT PRIMARY KEY, times INTEGER)")
         sql.exec("CREATE TABLE IF NOT EXISTS state (k TEXT PRIMARY KEY, v INTEGER) WITHOUT ROWID")
         # A participant whose timers live in memory: the "planned" rows say

@@ -10,7 +10,7 @@ export the base class as a Durable Object).
 Must not know: anything beyond re-exporting; the modules hold the logic.
 """
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .client import (
     EXPIRED,
@@ -39,6 +39,9 @@ from .options import (
     parse_seconds,
 )
 from .results import PlaceUsage, Tried, Usage
+
+if TYPE_CHECKING:  # type checkers see the class; at run time __getattr__ imports it on first use
+    from .holder_object import SemaphoreHolder as SemaphoreHolder
 
 __all__ = [
     "EXPIRED", "FROM_OPEN", "MAX_HOLD", "MAX_LIMIT", "RENEWAL_FAILED", "REVOKED", "CallDuration", "Duration",

@@ -22,14 +22,14 @@ import warnings
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import replace
 from types import TracebackType
-from typing import Any, Literal, TypeVar, TypeVarTuple, Union, Unpack, overload
+from typing import Any, Literal, TypeVar, TypeVarTuple, Unpack, overload
 
 from .._clock import now_ms, sleep_until
 from . import messages as m
 from .options import (
     Duration,
-    HoldOptions,
     HolderRefused,
+    HoldOptions,
     InvalidOption,
     PlaceLost,
     SemaphoreError,
@@ -65,7 +65,7 @@ class _FromOpen(enum.Enum):
 #: The default of a call's ``wait`` and ``max_hold``: the value given to ``semaphore(...)``.
 FROM_OPEN = _FromOpen.FROM_OPEN
 #: A call's ``wait`` or ``max_hold``: a duration, None for no bound, or ``FROM_OPEN``.
-CallDuration = Union[Duration, None, Literal[_FromOpen.FROM_OPEN]]
+CallDuration = Duration | None | Literal[_FromOpen.FROM_OPEN]
 
 # Why a permit was lost.
 LossReason = Literal["expired", "renewal_failed", "max_hold", "revoked"]
@@ -86,11 +86,12 @@ def _retryable(error: BaseException) -> bool:
 
 
 def _backoff(attempt: int) -> float:
-    return min(RETRY_MAX_MS, RETRY_FIRST_MS * 2 ** attempt)
+    doubling: int = 2 ** attempt  # attempt >= 0: an int (typeshed cannot tell int ** int from a float)
+    return min(RETRY_MAX_MS, RETRY_FIRST_MS * doubling)
 
 
 def semaphore(namespace: Any, name: str, *, limit: int, ttl: Duration = 30.0, wait: Duration | None = None,
-              max_hold: Duration | None = None) -> "Semaphore":
+              max_hold: Duration | None = None) -> Semaphore:
     """Open the semaphore ``name`` over the holder objects of ``namespace`` (e.g. ``env.UPLOADS``).
 
     Durations are seconds (``30``, ``0.5``), a string with a unit (``"30s"``,
@@ -211,12 +212,12 @@ class Semaphore:
         # A fresh stub per call: a stub is broken once a call on it fails.
         return self.namespace.getByName(f"{self.name}:{key}")
 
-    async def _call(self, key: str, method: str, message: dict, timeout_ms: float | None) -> dict:
+    async def _call(self, key: str, method: str, message: dict[str, Any], timeout_ms: float | None) -> dict[str, Any]:
         call = getattr(self._stub(key), method)(message)
         reply = await (call if timeout_ms is None else asyncio.wait_for(call, timeout_ms / 1000))
         return dict(reply)
 
-    async def _acquire(self, key: str, options: HoldOptions) -> "Permit | None":
+    async def _acquire(self, key: str, options: HoldOptions) -> Permit | None:
         """A place, or None when the wait ran out; raises ``HolderRefused`` on a refused message."""
         request_id = secrets.token_hex(16)
         deadline = None if options.wait_ms is None else now_ms() + options.wait_ms

@@ -12,11 +12,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
-from .._sql import Sql
 from .._clock import now_ms, sleep_until
+from .._sql import Sql
 from . import messages as m
 from .line import Line, NotHolder, Place
 from .store import PlaceStore
@@ -49,8 +49,8 @@ class PlaceKeeper:
         self.sql = Sql(ctx)
         self.store = PlaceStore(self.sql)
         self._line: Line | None = None
-        self._calls: dict[str, list[asyncio.Future]] = {}  # request id -> calls waiting for it
-        self._timer: asyncio.Task | None = None
+        self._calls: dict[str, list[asyncio.Future[Place | None]]] = {}  # request id -> calls waiting for it
+        self._timer: asyncio.Task[None] | None = None
         self._timer_at: float | None = None
 
     @staticmethod
@@ -79,9 +79,10 @@ class PlaceKeeper:
             leave_at = arrived + request.wait_ms + (REJOIN_GRACE_MS if request.more else 0)
             self.line.join(request.request_id, limit=request.limit, ttl_ms=request.ttl_ms,
                            max_hold_ms=request.max_hold_ms, now=arrived, leave_at=leave_at)
-            place = await self._wait_for_place(request, arrived)
-            if isinstance(place, dict):
-                return place
+            waited = await self._wait_for_place(request, arrived)
+            if isinstance(waited, dict):
+                return waited
+            place = waited
         return m.granted(place.token, place.expires_at - arrived, place.final)
 
     async def renew(self, message: Any) -> dict[str, Any]:
@@ -134,7 +135,7 @@ class PlaceKeeper:
 
     # -- the line -------------------------------------------------------------------
     async def _wait_for_place(self, request: m.Acquire, arrived: float) -> Place | dict[str, Any]:
-        future = asyncio.get_running_loop().create_future()
+        future: asyncio.Future[Place | None] = asyncio.get_running_loop().create_future()
         self._calls.setdefault(request.request_id, []).append(future)
         try:
             self._settle(arrived)  # admits it now if it is first and a place is free
@@ -144,7 +145,7 @@ class PlaceKeeper:
                 place = await asyncio.wait_for(asyncio.shield(future), request.wait_ms / 1000)
             else:
                 place = await future  # the line lets it go at its time, if not admitted before
-        except asyncio.TimeoutError:
+        except TimeoutError:
             return m.status(m.PENDING)
         finally:
             calls = self._calls.get(request.request_id, [])
@@ -156,7 +157,7 @@ class PlaceKeeper:
             return m.status(m.TIMEOUT, held=self.line.held(), waiting=len(self.line.waiters))
         return place
 
-    def _settle(self, now: float, freed: list[Place] = ()) -> None:
+    def _settle(self, now: float, freed: Sequence[Place] = ()) -> None:
         """Bring the line to ``now``, write what changed in one transaction, then tell the calls."""
         settled = self.line.settle(now, _new_token)
         gone = [*freed, *settled.expired]

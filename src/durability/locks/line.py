@@ -129,7 +129,7 @@ class Line:
         self.waiters.append(waiter)
         return waiter
 
-    def settle(self, now: float, new_token: Callable[[], str]) -> "Settled":
+    def settle(self, now: float, new_token: Callable[[], str]) -> Settled:
         """Bring the key up to ``now``: end expired leases, admit from the head, let waiters go.
 
         Waiters whose time ran out before ``now`` leave first; then the head

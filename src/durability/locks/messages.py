@@ -60,16 +60,17 @@ class Acquire:
     max_hold_ms: float | None
 
 
-def _object(value: Any) -> dict:
+def _object(value: Any) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise ProtocolError(INVALID_MESSAGE, "a message must be an object")
     version = value.get("v")
     if version != VERSION or isinstance(version, bool):
-        raise ProtocolError(UNSUPPORTED, f"protocol version {version!r} is not supported (this holder speaks {VERSION})")
+        raise ProtocolError(UNSUPPORTED,
+                            f"protocol version {version!r} is not supported (this holder speaks {VERSION})")
     return value
 
 
-def _identifier(message: dict, name: str) -> str:
+def _identifier(message: dict[str, Any], name: str) -> str:
     value = message.get(name)
     if not storable_text(value, MAX_ID_LENGTH):
         raise ProtocolError(INVALID_MESSAGE,
@@ -77,13 +78,15 @@ def _identifier(message: dict, name: str) -> str:
     return value
 
 
-def _ms(message: dict, name: str, low: float, high: float, *, optional: bool = False) -> float | None:
+def _ms(message: dict[str, Any], name: str, low: float, high: float) -> float:
     value = message.get(name)
-    if value is None and optional:
-        return None
     if not number_in(value, low, high):
         raise ProtocolError(INVALID_MESSAGE, f"{name} must be a number of ms from {low:g} to {high:g}")
     return float(value)
+
+
+def _optional_ms(message: dict[str, Any], name: str, low: float, high: float) -> float | None:
+    return None if message.get(name) is None else _ms(message, name, low, high)
 
 
 def parse_acquire(message: Any) -> Acquire:
@@ -97,7 +100,7 @@ def parse_acquire(message: Any) -> Acquire:
     more = message.get("more", False)
     if not isinstance(more, bool):
         raise ProtocolError(INVALID_MESSAGE, "more must be true or false")
-    max_hold_ms = _ms(message, "maxHoldMs", 0, MAX_DURATION_MS, optional=True)
+    max_hold_ms = _optional_ms(message, "maxHoldMs", 0, MAX_DURATION_MS)
     if max_hold_ms == 0:
         raise ProtocolError(INVALID_MESSAGE, "maxHoldMs must be longer than 0")
     return Acquire(request_id, limit, ttl_ms, wait_ms, more, max_hold_ms)

@@ -19,13 +19,13 @@ import re
 import warnings
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, Union
+from typing import Any
 
 from .._checks import is_int
 
 #: What a duration may be written as: seconds (an int or a float), a string
 #: with a unit ("500ms", "30s", "2m", "1.5h", "1d") or a ``timedelta``.
-Duration = Union[str, float, timedelta]
+Duration = str | float | timedelta
 
 MIN_LIMIT = 1
 MAX_LIMIT = 1_000
@@ -164,7 +164,7 @@ def parse_optional_ms(value: Any, what: str, *, allow_zero: bool) -> float | Non
 
 # -- limits, names, keys ------------------------------------------------------------------
 
-def check_limit(value: Any) -> int:
+def check_limit(value: object) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not MIN_LIMIT <= value <= MAX_LIMIT:
         raise InvalidOption(f"limit must be an integer from {MIN_LIMIT} to {MAX_LIMIT:,}, not {value!r}")
     return value
@@ -195,6 +195,6 @@ class HoldOptions:
     max_hold_ms: float | None  #: None: keep the place while the code runs
 
     @classmethod
-    def parse(cls, *, limit: Any, ttl: Any, wait: Any, max_hold: Any) -> "HoldOptions":
+    def parse(cls, *, limit: Any, ttl: Any, wait: Any, max_hold: Any) -> HoldOptions:
         return cls(check_limit(limit), parse_ttl_ms(ttl), parse_optional_ms(wait, "wait", allow_zero=True),
                    parse_optional_ms(max_hold, "max_hold", allow_zero=False))

@@ -42,7 +42,7 @@ class Usage:
     _reply: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
-    def from_reply(cls, reply: Any) -> "Usage":
+    def from_reply(cls, reply: Any) -> Usage:
         """From the holder's ``semaphore_usage`` reply (ms on the wire, seconds here)."""
         reply = dict(reply)
         places = tuple(PlaceUsage(int(p["limit"]), float(p["heldMs"]) / 1_000, float(p["leaseMs"]) / 1_000)

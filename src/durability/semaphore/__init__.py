@@ -7,10 +7,9 @@ work, and reaches the holder through a ``SemaphoreClient`` (made by
 """
 
 from .allocation import Grant
-from .leases import Lease, LeasePolicy
 from .client import SemaphoreClient, SemaphoreClientFactory
 from .holder import DurabilitySemaphore
-from .queue import AdmittedItem, DurabilitySemaphoreQueue, QueueEvent
+from .leases import Lease, LeasePolicy
 from .messages import (
     EXPIRED,
     GROUP_LIMIT,
@@ -29,6 +28,7 @@ from .messages import (
     Request,
     Sync,
 )
+from .queue import AdmittedItem, DurabilitySemaphoreQueue, QueueEvent
 
 __all__ = [
     "EXPIRED", "GROUP_LIMIT", "LIMIT", "LIMIT_RESOLUTION_ERROR", "NOT_FOUND", "NOT_PERMITTED", "OK",

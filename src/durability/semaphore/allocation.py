@@ -28,8 +28,9 @@ is kept for grants on which nothing was claimed).
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Iterable
+from typing import Any
 
 from .leases import (
     SETTLED_MEMORY_MS,
@@ -301,7 +302,7 @@ class ClientOutcome:
     listed_leases: list[Lease] = field(default_factory=list)
 
 
-def held_grants(working: "Working", client_id: str) -> list[Grant]:
+def held_grants(working: Working, client_id: str) -> list[Grant]:
     """The client's grants fully claimed and not all released, newest first (at
     most ``MAX_REPORTS``). Listing them costs the holder no row; a client that
     knows them ignores them (they are never news), and one that lost its
@@ -311,7 +312,7 @@ def held_grants(working: "Working", client_id: str) -> list[Grant]:
     return held[:MAX_REPORTS]
 
 
-def unheard_grants(working: "Working", request: Request) -> list[Grant]:
+def unheard_grants(working: Working, request: Request) -> list[Grant]:
     """The requesting client's claimed grants made after the last it says it
     heard of (a reply lost, or an instance gone since): the reply lists them,
     and they serve its demand already. Only a client that takes what it is
@@ -543,6 +544,8 @@ def serve_grants(state: RoundState, terms: RoundTerms) -> list[Wanted]:
 
 def issue_grant(state: RoundState, terms: RoundTerms, wanted: Wanted) -> None:
     """Grant what room there is, up to the want; the rest waits, with why."""
+    # Only demand that refusal() let through gets here: its limits resolved.
+    assert terms.budgets is not None and not isinstance(wanted.ceiling, ResolutionFailed)
     room_total = terms.budgets.grant_room(state.granted, state.leased)
     room_group = state.group_room(wanted.group, wanted.ceiling, room_total)
     give = max(0, min(wanted.want, room_total, room_group))
@@ -570,6 +573,8 @@ def serve_leases(state: RoundState, terms: RoundTerms, candidates: list[Wanted])
     uncovered (in "over", from the limit the leases do not use)."""
     if not candidates:
         return
+    # Candidates passed refusal() and may_lease(): the limit resolved, and leases are on.
+    assert terms.budgets is not None and terms.policy is not None
     budget = max(0, terms.budgets.lease_room(state.granted, state.leased))
     sizes = share(budget, len(candidates), terms.policy.permits_per_lease)
     for wanted, size in zip(candidates, sizes):
@@ -583,6 +588,9 @@ def serve_leases(state: RoundState, terms: RoundTerms, candidates: list[Wanted])
 
 def issue_lease(state: RoundState, terms: RoundTerms, wanted: Wanted, size: int) -> None:
     """A lease of ``size`` permits, or fewer under the group's own ceiling."""
+    # As in serve_leases: every limit resolved, and leases are on.
+    assert terms.policy is not None and isinstance(terms.limits.total, int)
+    assert not isinstance(wanted.ceiling, ResolutionFailed)
     give = max(0, min(size, state.group_room(wanted.group, wanted.ceiling, size)))
     if not give:
         return

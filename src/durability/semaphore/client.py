@@ -9,11 +9,13 @@ Must not know: the holder's rules or storage.
 
 from __future__ import annotations
 
-from typing import Any, Awaitable, Callable
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 from .._checks import MAX_SAFE_INTEGER, number_in
 
-Send = Callable[[str, dict], Awaitable[dict]]
+Message = dict[str, Any]  #: a message or a reply, as the wire format spells it
+Send = Callable[[str, Message], Awaitable[Message]]
 Transform = Callable[..., Awaitable[Any]]  # (call, *args) -> result of call(), transformed
 
 
@@ -33,7 +35,7 @@ class SemaphoreClient:
         new instance); a later time the holder gave is kept."""
         self._next_request_at[key] = max(at_ms, self._next_request_at.get(key, at_ms))
 
-    async def request(self, key: str, message: dict) -> dict:
+    async def request(self, key: str, message: Message) -> Message:
         reply = await self._send(key, message)
         if isinstance(reply, dict) and reply.get("type") == "grants":
             next_at = reply.get("nextRequestAt")
@@ -41,12 +43,13 @@ class SemaphoreClient:
                 self._next_request_at[key] = float(next_at)
         return reply
 
-    async def sync(self, key: str, message: dict) -> dict:
+    async def sync(self, key: str, message: Message) -> Message:
         return await self._send(key, message)
 
 
-def _default_invoke(stub: Any, message: dict) -> Awaitable[dict]:
-    return stub.permits(message)
+def _default_invoke(stub: Any, message: Message) -> Awaitable[Message]:
+    reply: Awaitable[Message] = stub.permits(message)  # an RPC stub: the holder's reply
+    return reply
 
 
 class SemaphoreClientFactory:
@@ -61,8 +64,8 @@ class SemaphoreClientFactory:
 
     def __init__(self, *, binding: str | None = None,
                  namespace: Callable[[Any], Any] | None = None,
-                 invoke: Callable[[Any, dict], Awaitable[dict]] = _default_invoke,
-                 transforms: tuple[tuple[Transform, tuple], ...] = ()) -> None:
+                 invoke: Callable[[Any, Message], Awaitable[Message]] = _default_invoke,
+                 transforms: tuple[tuple[Transform, tuple[Any, ...]], ...] = ()) -> None:
         if (binding is None) == (namespace is None):
             raise ValueError("give exactly one of binding= (a name in env) or namespace= (env -> namespace)")
         if binding is not None and (not isinstance(binding, str) or not binding):
@@ -72,28 +75,35 @@ class SemaphoreClientFactory:
         self.invoke = invoke
         self.transforms = transforms
 
-    def with_(self, transform: Transform, *args: Any) -> "SemaphoreClientFactory":
+    def with_(self, transform: Transform, *args: Any) -> SemaphoreClientFactory:
         """A factory whose every call goes through ``transform(call, *args)`` too."""
         return SemaphoreClientFactory(binding=self.binding, namespace=self.namespace, invoke=self.invoke,
                                       transforms=self.transforms + ((transform, args),))
 
     def bind(self, env: Any) -> SemaphoreClient:
         """A client that reaches holders through ``env``."""
-        namespace = self.namespace(env) if self.namespace else getattr(env, self.binding)
+        if self.namespace is not None:
+            namespace = self.namespace(env)
+        else:
+            assert self.binding is not None  # the constructor took exactly one of the two
+            namespace = getattr(env, self.binding)
 
-        async def send(key: str, message: dict) -> dict:
-            async def call() -> dict:
+        async def send(key: str, message: Message) -> Message:
+            async def direct() -> Message:
                 # A fresh stub per call: a stub is broken once a call on it fails.
                 return await self.invoke(namespace.getByName(key), message)
 
+            call: Callable[[], Awaitable[Any]] = direct
             for transform, args in self.transforms:
                 call = _wrap(transform, call, args)
-            return await call()
+            reply: Message = await call()  # a transform hands on the reply of the call it wraps
+            return reply
 
         return SemaphoreClient(send)
 
 
-def _wrap(transform: Transform, inner: Callable[[], Awaitable[Any]], args: tuple) -> Callable[[], Awaitable[Any]]:
+def _wrap(transform: Transform, inner: Callable[[], Awaitable[Any]],
+          args: tuple[Any, ...]) -> Callable[[], Awaitable[Any]]:
     async def call() -> Any:
         return await transform(inner, *args)
 

@@ -103,7 +103,12 @@ class GrantBook:
 
     def _joined(self, grant_id: str, counts: Counts | None) -> LocalGrant:
         terms = self._terms.get(grant_id)
-        key, group, by_state = counts[:3] if counts is not None else (terms.key, terms.group, {})
+        by_state: dict[str, int]
+        if counts is not None:
+            key, group, by_state = counts[:3]
+        else:
+            assert terms is not None  # a grant is known from its items, from a reply, or from both
+            key, group, by_state = terms.key, terms.group, {}
         extra = terms.extra if terms is not None else 0
         released = by_state.get(RELEASED, 0) + extra
         confirmed = by_state.get(ADMITTED, 0) + by_state.get(RELEASED, 0) + extra

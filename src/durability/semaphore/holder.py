@@ -14,14 +14,17 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+from collections.abc import Callable
 from dataclasses import replace
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Literal, overload
 
 from .._checks import is_int, is_number
 from .._clock import now_ms, sleep_until
+from .._schema import public_migrate
 from ..scheduler import DurabilityScheduler, Timer
 from .allocation import (
     Changes,
+    ClientOutcome,
     Grant,
     Limits,
     ResolutionFailed,
@@ -40,8 +43,10 @@ from .allocation import (
 )
 from .leases import Lease, LeaseIds, LeasePolicy, lease_usage, needs_row, retire_expired, retire_ineligible
 from .messages import MAX_REPORTS, VERSION, ProtocolError, Request, Sync, parse
-from .._schema import public_migrate
 from .store import COMPONENT as HOLDER_COMPONENT, TABLES as HOLDER_TABLES, HolderStore
+
+if TYPE_CHECKING:
+    from .client import SemaphoreClientFactory
 
 log = logging.getLogger("durability.semaphore")
 PARTICIPANT = "durability.semaphore"
@@ -93,7 +98,7 @@ class DurabilitySemaphore:
                  group_limit: Callable[[str], int | None] | None = None,
                  can_grant: Callable[[str, str], bool] | None = None,
                  round_wait_ms: float = 1_000, round_period_ms: float = 2_000,
-                 grant_timeout_ms: float = 10_000, leases: dict | None = None) -> None:
+                 grant_timeout_ms: float = 10_000, leases: dict[str, Any] | None = None) -> None:
         if not callable(limit):
             _non_negative_int(limit, "limit")
         self.scheduler = scheduler
@@ -112,8 +117,8 @@ class DurabilitySemaphore:
         self._lease_book: dict[str, Lease] | None = None
         self._ids: LeaseIds | None = None
         # Requests waiting for a round: (request, reply future, hold-until ms).
-        self._waiting: list[tuple[Request, asyncio.Future, float]] = []
-        self._round: asyncio.Task | None = None
+        self._waiting: list[tuple[Request, asyncio.Future[dict[str, Any]], float]] = []
+        self._round: asyncio.Task[None] | None = None
         self._last_round_at: float | None = None
         self._contended = False  #: the last round left demand waiting for capacity
         # Grants in the books that have no row yet: nothing was claimed on
@@ -126,7 +131,7 @@ class DurabilitySemaphore:
     migrate = public_migrate(HOLDER_COMPONENT, HOLDER_TABLES, "the holder's tables")
 
     @staticmethod
-    def client(**options: Any):
+    def client(**options: Any) -> SemaphoreClientFactory:
         """A factory of clients for this holder; see ``durability.semaphore.client``."""
         from .client import SemaphoreClientFactory
 
@@ -243,7 +248,7 @@ class DurabilitySemaphore:
             return error.reply()
         if isinstance(parsed, Sync):
             return await self._sync(parsed)
-        waiter = asyncio.get_running_loop().create_future()
+        waiter: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
         self._waiting.append((parsed, waiter, now_ms() + parsed.wait_ms))
         self._ensure_round()
         return await waiter
@@ -302,7 +307,7 @@ class DurabilitySemaphore:
         if self._waiting:
             self._ensure_round()
 
-    def _run_round(self, batch: list[tuple[Request, asyncio.Future, float]]) -> None:
+    def _run_round(self, batch: list[tuple[Request, asyncio.Future[dict[str, Any]], float]]) -> None:
         now = now_ms()
         self._last_round_at = now
         requests = [request for request, _, _ in batch]
@@ -364,6 +369,14 @@ class DurabilitySemaphore:
                     log.exception("can_grant raised for %s; refusing", key)
                     permitted[key] = False
         return Limits(total, groups, permitted)
+
+    @overload
+    @staticmethod
+    def _resolve(fn: Callable[..., Any], *args: Any, optional: Literal[False] = False) -> int | ResolutionFailed: ...
+
+    @overload
+    @staticmethod
+    def _resolve(fn: Callable[..., Any], *args: Any, optional: bool) -> int | None | ResolutionFailed: ...
 
     @staticmethod
     def _resolve(fn: Callable[..., Any], *args: Any, optional: bool = False) -> int | None | ResolutionFailed:
@@ -452,7 +465,8 @@ def _grant_json(grant: Grant) -> dict[str, Any]:
             "released": grant.released, "claimDeadline": grant.claim_deadline}
 
 
-def _grants_reply(outcome, next_request_at: float, contended: bool = False, ttl_ms: float = 0) -> dict[str, Any]:
+def _grants_reply(outcome: ClientOutcome, next_request_at: float, contended: bool = False,
+                  ttl_ms: float = 0) -> dict[str, Any]:
     new = {lease.lease_id for lease in outcome.new_leases}
     return {
         "type": "grants",

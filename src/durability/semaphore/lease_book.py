@@ -134,6 +134,7 @@ class LeaseBook:
         drawn_here = max(running + by_state.get(RELEASED, 0), counts.last_draw if counts is not None else 0)
         terms = self._terms.get(lease_id)
         if terms is None:  # known from its items only (a new instance): stopped, reported at once
+            assert counts is not None  # a lease is known from its items, from a reply, or from both
             return LocalLease(lease_id, counts.key, counts.group, drawn_here, drawn_here, drawn_here - running, True,
                               RECOVERED_TTL_MS, 0.0, None)
         drawn = max(terms.drawn, drawn_here)

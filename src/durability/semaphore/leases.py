@@ -23,13 +23,13 @@ settled and leaves the book.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from enum import StrEnum
-from typing import Any, Iterable
+from typing import Any
 
 from .._checks import is_int, number_in
 from .messages import OK, RETIRED, SETTLED, LeaseOutcome, LeaseReport
-
 
 
 class Provisioning(StrEnum):
@@ -174,7 +174,7 @@ class LeasePolicy:
     limited_groups: str | None = None
 
     @classmethod
-    def from_options(cls, options: Any) -> "LeasePolicy":
+    def from_options(cls, options: Any) -> LeasePolicy:
         if not isinstance(options, dict):
             raise ValueError(f"leases must be a dict of options, not {options!r}")
         known = {"provisioning", "permits_per_lease", "ttl_ms", "limited_groups"}
@@ -214,7 +214,10 @@ class LeasePolicy:
     def extra(self, limit: int) -> int:
         if self.mode != OVER:
             return 0
-        return self.extra_count if self.extra_count is not None else math.floor(limit * self.extra_ratio)
+        if self.extra_count is not None:
+            return self.extra_count
+        assert self.extra_ratio is not None  # "over" takes a count or a ratio (see from_options)
+        return math.floor(limit * self.extra_ratio)
 
     def budgets(self, limit: int) -> Budgets:
         if self.mode == UNDER:
@@ -238,7 +241,8 @@ def no_leases(limit: int) -> Budgets:
 
 def tally(amounts: Iterable[tuple[str, int]]) -> tuple[int, dict[str, int]]:
     """Sum (group, amount) pairs: the total and the sum per group."""
-    total, groups = 0, {}
+    total = 0
+    groups: dict[str, int] = {}
     for group, amount in amounts:
         total += amount
         groups[group] = groups.get(group, 0) + amount

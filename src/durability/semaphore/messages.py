@@ -10,11 +10,15 @@ whole with an ``error`` reply and changes nothing.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from enum import StrEnum
-from typing import Any, Callable
+from typing import Any, TypeVar
 
 from .._checks import MAX_SAFE_INTEGER, int_in, number_in, storable_text
+
+E = TypeVar("E")  # an entry of a reply, as parsed
+V = TypeVar("V")  # a field of an entry, as checked
 
 VERSION = 1
 MAX_ID_LENGTH = 256  # clientId, group, grantId
@@ -128,7 +132,7 @@ class Sync:
     lease_reports: tuple[LeaseReport, ...] = ()
 
 
-def _field(message: dict, name: str, where: str) -> Any:
+def _field(message: dict[str, Any], name: str, where: str) -> Any:
     if name not in message:
         raise ProtocolError("invalid_message", f"{where}: missing field {name!r}")
     return message[name]
@@ -154,7 +158,7 @@ def _time(value: Any, what: str) -> float:
     return float(value)
 
 
-def _list(value: Any, what: str, most: int) -> list:
+def _list(value: Any, what: str, most: int) -> list[Any]:
     if not isinstance(value, list):
         raise ProtocolError("invalid_message", f"{what} must be a list")
     if len(value) > most:
@@ -162,13 +166,13 @@ def _list(value: Any, what: str, most: int) -> list:
     return value
 
 
-def _object(value: Any, what: str) -> dict:
+def _object(value: Any, what: str) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise ProtocolError("invalid_message", f"{what} must be an object")
     return value
 
 
-def _reports(message: dict) -> tuple[Report, ...]:
+def _reports(message: dict[str, Any]) -> tuple[Report, ...]:
     reports, seen = [], set()
     for i, raw in enumerate(_list(message.get("grants", []), "grants", MAX_REPORTS)):
         entry = _object(raw, f"grants[{i}]")
@@ -184,7 +188,7 @@ def _reports(message: dict) -> tuple[Report, ...]:
     return tuple(reports)
 
 
-def _lease_reports(message: dict) -> tuple[LeaseReport, ...]:
+def _lease_reports(message: dict[str, Any]) -> tuple[LeaseReport, ...]:
     reports, seen = [], set()
     for i, raw in enumerate(_list(message.get("leaseReports", []), "leaseReports", MAX_REPORTS)):
         where = f"leaseReports[{i}]"
@@ -206,7 +210,7 @@ def _lease_reports(message: dict) -> tuple[LeaseReport, ...]:
     return tuple(reports)
 
 
-def _demand(message: dict) -> tuple[Demand, ...]:
+def _demand(message: dict[str, Any]) -> tuple[Demand, ...]:
     demand, seen = [], set()
     for i, raw in enumerate(_list(message.get("demand", []), "demand", MAX_DEMAND_ENTRIES)):
         entry = _object(raw, f"demand[{i}]")
@@ -228,7 +232,8 @@ def parse(message: Any) -> Request | Sync:
         raise ProtocolError("unsupported", f"unknown message type {kind!r}")
     version = message.get("v")
     if version != VERSION or isinstance(version, bool):
-        raise ProtocolError("unsupported", f"protocol version {version!r} is not supported (this holder speaks {VERSION})")
+        raise ProtocolError("unsupported",
+                            f"protocol version {version!r} is not supported (this holder speaks {VERSION})")
     client_id = _identifier(_field(message, "clientId", "message"), "clientId")
     reports = _reports(message)
     lease_reports = _lease_reports(message)
@@ -337,7 +342,7 @@ class Reply:
     all_leases_listed: bool = False
 
 
-def _flag(entry: dict, name: str, where: str, default: bool = False) -> bool:
+def _flag(entry: dict[str, Any], name: str, where: str, default: bool = False) -> bool:
     value = entry.get(name, default)
     if not isinstance(value, bool):
         raise ProtocolError("malformed_reply", f"{where}.{name} must be true or false")
@@ -353,7 +358,7 @@ def _one_of(value: Any, allowed: tuple[str, ...], what: str) -> str:
 MAX_REPLY_ENTRIES = 10_000  # a sanity bound: a reply lists what one client holds and reported
 
 
-def _entries(reply: dict, name: str, parse_entry: Callable[[dict, str], Any]) -> tuple:
+def _entries(reply: dict[str, Any], name: str, parse_entry: Callable[[dict[str, Any], str], E]) -> tuple[E, ...]:
     raw = reply.get(name, [])
     if not isinstance(raw, list) or len(raw) > MAX_REPLY_ENTRIES:
         raise ProtocolError("malformed_reply", f"{name} must be a list of at most {MAX_REPLY_ENTRIES} entries")
@@ -366,45 +371,47 @@ def _entries(reply: dict, name: str, parse_entry: Callable[[dict, str], Any]) ->
     return tuple(entries)
 
 
-def _reply_field(entry: dict, name: str, where: str, check: Callable[[Any, str], Any]) -> Any:
+def _reply_field(entry: dict[str, Any], name: str, where: str, check: Callable[[Any, str], V]) -> V:
     try:
         return check(_field(entry, name, where), f"{where}.{name}")
     except ProtocolError as error:
         raise ProtocolError("malformed_reply", str(error)) from None
 
 
-def _grant_entry(entry: dict, where: str) -> GrantEntry:
+def _grant_entry(entry: dict[str, Any], where: str) -> GrantEntry:
     released = _reply_field(entry, "released", where, _count) if "released" in entry else 0
-    return GrantEntry(_reply_field(entry, "grantId", where, _identifier), _reply_field(entry, "group", where, _identifier),
-                      _reply_field(entry, "permits", where, _count), _reply_field(entry, "claimed", where, _count),
-                      _reply_field(entry, "claimDeadline", where, _time), released)
+    return GrantEntry(_reply_field(entry, "grantId", where, _identifier),
+                      _reply_field(entry, "group", where, _identifier), _reply_field(entry, "permits", where, _count),
+                      _reply_field(entry, "claimed", where, _count), _reply_field(entry, "claimDeadline", where, _time),
+                      released)
 
 
-def _report_outcome(entry: dict, where: str) -> ReportOutcome:
+def _report_outcome(entry: dict[str, Any], where: str) -> ReportOutcome:
     return ReportOutcome(_reply_field(entry, "grantId", where, _identifier),
                          _one_of(entry.get("status"), REPORT_STATUSES, f"{where}.status"),
                          _reply_field(entry, "claimed", where, _count), _reply_field(entry, "released", where, _count),
                          _reply_field(entry, "permits", where, _count))
 
 
-def _lease_entry(entry: dict, where: str) -> LeaseEntry:
+def _lease_entry(entry: dict[str, Any], where: str) -> LeaseEntry:
     ttl = entry.get("ttlMs") or 0
     if not number_in(ttl, 0, MAX_SAFE_INTEGER):
         raise ProtocolError("malformed_reply", f"{where}.ttlMs must be a number of ms")
-    return LeaseEntry(_reply_field(entry, "leaseId", where, _identifier), _reply_field(entry, "group", where, _identifier),
-                      _reply_field(entry, "permits", where, _count), _count(entry.get("drawn", 0), f"{where}.drawn"),
-                      float(ttl), _reply_field(entry, "expiresAt", where, _time), _flag(entry, "retired", where),
+    return LeaseEntry(_reply_field(entry, "leaseId", where, _identifier),
+                      _reply_field(entry, "group", where, _identifier), _reply_field(entry, "permits", where, _count),
+                      _count(entry.get("drawn", 0), f"{where}.drawn"), float(ttl),
+                      _reply_field(entry, "expiresAt", where, _time), _flag(entry, "retired", where),
                       _flag(entry, "new", where))
 
 
-def _lease_outcome(entry: dict, where: str) -> LeaseOutcome:
+def _lease_outcome(entry: dict[str, Any], where: str) -> LeaseOutcome:
     return LeaseOutcome(_reply_field(entry, "leaseId", where, _identifier),
                         _one_of(entry.get("status"), LEASE_STATUSES, f"{where}.status"),
                         _reply_field(entry, "drawn", where, _count), _reply_field(entry, "released", where, _count),
                         _reply_field(entry, "permits", where, _count))
 
 
-def _blocked(entry: dict, where: str) -> Blocked:
+def _blocked(entry: dict[str, Any], where: str) -> Blocked:
     return Blocked(_reply_field(entry, "group", where, _identifier),
                    _one_of(entry.get("reason"), BLOCKED_REASONS, f"{where}.reason"),
                    _reply_field(entry, "waiting", where, _count))

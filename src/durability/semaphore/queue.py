@@ -35,15 +35,19 @@ import inspect
 import itertools
 import json
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Any, Callable
+from typing import Any
 
-from ..outbox import DurabilityOutbox, OutboxMessage
-from ..retry import Backoff
 from .._checks import storable_text
 from .._clock import now_ms
+from .._schema import public_migrate
+from ..outbox import DurabilityOutbox, OutboxMessage
+from ..retry import Backoff
 from ..scheduler import DurabilityScheduler, Timer
 from .client import SemaphoreClient
+from .grant_book import GrantBook
+from .lease_book import LeaseBook
 from .messages import (
     MAX_DEMAND_ENTRIES,
     MAX_ID_LENGTH,
@@ -60,12 +64,21 @@ from .messages import (
     ReportOutcome,
     parse_reply,
 )
-from .grant_book import GrantBook
-from .lease_book import LeaseBook
 from .queue_core import move, pacing_interval, report_due, settle
-from .._schema import public_migrate
-from .queue_store import COMPONENT as QUEUE_COMPONENT, TABLES as QUEUE_TABLES
-from .queue_store import ADMITTED, CANCELLED, CLAIMING, QUEUED, RELEASED, Item, LocalGrant, LocalLease, QueueStore, Via
+from .queue_store import (
+    ADMITTED,
+    CANCELLED,
+    CLAIMING,
+    COMPONENT as QUEUE_COMPONENT,
+    QUEUED,
+    RELEASED,
+    TABLES as QUEUE_TABLES,
+    Item,
+    LocalGrant,
+    LocalLease,
+    QueueStore,
+    Via,
+)
 
 log = logging.getLogger("durability.semaphore.queue")
 PARTICIPANT = "durability.semaphore-queue"
@@ -100,7 +113,7 @@ class QueueEvent:
     type: str  #: "admitted", "released", "blocked"
     key: str
     ids: tuple[str, ...] = ()
-    blocked: dict | None = None  #: group -> {"reason", "waiting"}, for "blocked"
+    blocked: dict[str, dict[str, Any]] | None = None  #: group -> {"reason", "waiting"}, for "blocked"
 
 
 def _identifier(value: Any, what: str) -> str:
@@ -260,7 +273,7 @@ class DurabilitySemaphoreQueue:
     migrate = public_migrate(QUEUE_COMPONENT, QUEUE_TABLES, "the queue's tables")
 
     # -- the public surface ---------------------------------------------------
-    async def enqueue(self, items: list[dict]) -> list[Item]:
+    async def enqueue(self, items: list[dict[str, Any]]) -> list[Item]:
         """Queue items ``{id, key, group, body}``; an id already known is a no-op
         that returns the existing item."""
         if not isinstance(items, list) or not items:
@@ -291,7 +304,12 @@ class DurabilitySemaphoreQueue:
                 self._draw(key, now)
                 if self._demand(key):
                     self._wake(key, now)
-            return [self.store.item(item_id) for item_id in checked]
+            return [stored_item(item_id) for item_id in checked]
+
+        def stored_item(item_id: str) -> Item:
+            item = self.store.item(item_id)
+            assert item is not None  # found or inserted above, in this transaction
+            return item
 
         stored = self.scheduler.transaction(change)
         await self.scheduler.sync()
@@ -344,7 +362,7 @@ class DurabilitySemaphoreQueue:
             raise KeyError(f"no item {item_id!r}")
         return item
 
-    def status(self, item_id: str) -> dict | None:
+    def status(self, item_id: str) -> dict[str, Any] | None:
         item = self.store.item(item_id)
         if item is None:
             return None
@@ -481,8 +499,10 @@ class DurabilitySemaphoreQueue:
 
     def _release(self, item: Item) -> None:
         self._returned.pop(item.id, None)
-        grant = self.grants.grant(item.grant_id) if item.via == Via.GRANT else None
-        lease = self.lease_book.lease(item.grant_id) if item.via == Via.LEASE else None
+        grant_id = item.grant_id
+        assert grant_id is not None  # an admitted item came through a grant or a lease
+        grant = self.grants.grant(grant_id) if item.via == Via.GRANT else None
+        lease = self.lease_book.lease(grant_id) if item.via == Via.LEASE else None
         if self.keep_done_ms == 0 and grant is not None:
             # Not kept: its row goes now, one write instead of two, and its
             # grant counts it as a claim with no item, released. An instance
@@ -500,7 +520,7 @@ class DurabilitySemaphoreQueue:
         else:
             self._move(item, RELEASED, item.grant_id, item.via, item.draw)
         if item.via == Via.LEASE:  # its released count is its items released: report it
-            self._lease_report_due(item.key, item.grant_id, now_ms() + self.lease_report_delay_ms)
+            self._lease_report_due(item.key, grant_id, now_ms() + self.lease_report_delay_ms)
             return
         # The item's released state is the release's durable report (see _report).
         if item.key in self._contended:
@@ -578,7 +598,7 @@ class DurabilitySemaphoreQueue:
         await self.scheduler.sync()
         await self._after_reply(key, reply)
 
-    def _request_message(self, key: str, demand: list[tuple[str, int, float]], claims: dict[str, dict],
+    def _request_message(self, key: str, demand: list[tuple[str, int, float]], claims: dict[str, dict[str, Any]],
                          leases: list[LocalLease], wait: float) -> dict[str, Any]:
         return {
             "type": "request", "v": VERSION, "clientId": self.client_id,
@@ -591,7 +611,7 @@ class DurabilitySemaphoreQueue:
             "leaseReports": [_lease_report_of(lease) for lease in leases],
         }
 
-    def _apply_grants_reply(self, key: str, reply: Reply, sent: dict[str, dict]) -> None:
+    def _apply_grants_reply(self, key: str, reply: Reply, sent: dict[str, dict[str, Any]]) -> None:
         now = now_ms()
         self._apply_outcomes(reply.reports, sent)
         self._apply_lease_outcomes(reply.lease_reports, now)
@@ -660,7 +680,8 @@ class DurabilitySemaphoreQueue:
             await self._report_all_leases()  # the holder is short, or must hear a stop: now
         await self._admit_pending_safely()
 
-    def _apply_outcomes(self, outcomes: tuple[ReportOutcome, ...], sent: dict[str, dict] | None = None) -> None:
+    def _apply_outcomes(self, outcomes: tuple[ReportOutcome, ...],
+                        sent: dict[str, dict[str, Any]] | None = None) -> None:
         """Confirmed claims admit their items; claims the holder refused go back in line.
 
         ``sent``: the reports the answer is to, by grant id: whatever the
@@ -725,7 +746,7 @@ class DurabilitySemaphoreQueue:
     def _report_due(self, grant: LocalGrant) -> bool:
         return report_due(grant, self._acked.get(grant.grant_id, 0))
 
-    def _due_reports(self, key: str) -> dict[str, dict]:
+    def _due_reports(self, key: str) -> dict[str, dict[str, Any]]:
         """The key's grant reports the holder may not have heard, by grant id."""
         grants = [g for g in self.grants.grants(key) if self._report_due(g)][:MAX_REPORTS]
         return {g.grant_id: {"grantId": g.grant_id, "claimed": g.claimed, "released": g.released} for g in grants}
@@ -786,7 +807,8 @@ class DurabilitySemaphoreQueue:
 
         await self._sync_per_key(messages, lambda batch: {"grants": [_report_of(m) for m in batch]}, on_reply)
 
-    async def _sync_per_key(self, messages: list[OutboxMessage], fields: Callable[[list[OutboxMessage]], dict],
+    async def _sync_per_key(self, messages: list[OutboxMessage],
+                            fields: Callable[[list[OutboxMessage]], dict[str, Any]],
                             on_reply: Callable[[str, Reply, list[OutboxMessage]], None]) -> None:
         """Send one ``sync`` per key carrying ``fields(batch)``, and apply each
         answer in its own transaction with ``on_reply(key, reply, batch)``.
@@ -807,7 +829,7 @@ class DurabilitySemaphoreQueue:
             except Exception as error:
                 failure = failure or error
                 continue
-            self.scheduler.transaction(lambda: on_reply(key, reply, batch))
+            self.scheduler.transaction(lambda: on_reply(key, reply, batch))  # noqa: B023 (it runs here and now)
             await self.scheduler.sync()
         if failure is not None:
             raise failure
@@ -1003,7 +1025,7 @@ class DurabilitySemaphoreQueue:
         if gone:  # settled since: nothing left to say
             self._acknowledge(gone)
 
-        def fields(batch: list[OutboxMessage]) -> dict:
+        def fields(batch: list[OutboxMessage]) -> dict[str, Any]:
             return {"leaseReports": [_lease_report_of(current[(m.channel, m.id)]) for m in batch]}
 
         def on_reply(key: str, reply: Reply, batch: list[OutboxMessage]) -> None:
@@ -1068,7 +1090,7 @@ class DurabilitySemaphoreQueue:
             done = await result if inspect.isawaitable(result) else result
             finished_items = [asked[i] for i in done if i in asked]
             if finished_items:
-                def release_all(finished_items=finished_items) -> None:
+                def release_all(finished_items: list[Item] = finished_items) -> None:
                     for item in finished_items:
                         current = self.store.item(item.id)
                         if current is not None and current.state == ADMITTED:
@@ -1110,7 +1132,7 @@ class DurabilitySemaphoreQueue:
             log.exception("queue lifecycle listener failed on %s", event.type)
 
 
-def _report_of(message: OutboxMessage) -> dict:
+def _report_of(message: OutboxMessage) -> dict[str, Any]:
     body = message.body
     return {"grantId": body["grantId"], "claimed": body["claimed"], "released": body["released"]}
 
@@ -1127,7 +1149,7 @@ def _with_heard_draws(lease: LocalLease, heard_drawn: int) -> LocalLease:
                    released=heard_drawn - lease.in_use)
 
 
-def _lease_report_of(lease: LocalLease) -> dict:
+def _lease_report_of(lease: LocalLease) -> dict[str, Any]:
     return {"leaseId": lease.lease_id, "group": lease.group, "permits": lease.permits, "drawn": lease.drawn,
             "released": lease.released, "stopped": lease.stopped}
 

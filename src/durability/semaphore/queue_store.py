@@ -39,6 +39,7 @@ answered and count as claimed too.
 from __future__ import annotations
 
 import json
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, NamedTuple
@@ -206,17 +207,17 @@ _ITEM_COLUMNS = "id, key, grp, body, seq, enqueued_at, state, grant_id, via, adm
 _GRANT_COLUMNS = "grant_id, key, grp, permits, claimed, confirmed, released, claim_deadline"
 
 
-def _item(row: dict) -> Item:
+def _item(row: dict[str, Any]) -> Item:
     return Item(row["id"], row["key"], row["grp"], json.loads(row["body"]), row["seq"],
                 row["enqueued_at"], row["state"], row["grant_id"], row["via"], row["admitted_at"], row["draw"])
 
 
-def _legacy_grant(row: dict) -> LocalGrant:
+def _legacy_grant(row: dict[str, Any]) -> LocalGrant:
     return LocalGrant(row["grant_id"], row["key"], row["grp"], row["permits"], row["claimed"], 0, 0,
                       row["claim_deadline"])
 
 
-def _lease(row: dict, counts: dict[str, Counts]) -> LocalLease:
+def _lease(row: dict[str, Any], counts: dict[str, Counts]) -> LocalLease:
     # Drawn and released are the lease's items admitted or released (see the
     # module's docstring); the row's own counts hold for versions before 4.
     by_state = counts[row["lease_id"]].by_state if row["lease_id"] in counts else {}
@@ -270,7 +271,8 @@ class QueueStore:
     def has_items(self, key: str) -> bool:
         # (A count, not LIMIT 1: with no index both scan the table, and the
         # embedded runtime bills a scan's reads as workerd does only in full.)
-        return self.sql.one(f"SELECT count(*) AS n FROM {ITEMS} WHERE key = ?", key)["n"] > 0
+        count: int = self.sql.exec(f"SELECT count(*) AS n FROM {ITEMS} WHERE key = ?", key)[0]["n"]  # always one row
+        return count > 0
 
     # -- items ----------------------------------------------------------------
     def item(self, item_id: str) -> Item | None:
@@ -303,7 +305,7 @@ class QueueStore:
         first: queued items past the first ``reserved[group]`` of each group."""
         rows = self.sql.exec(
             f"SELECT grp, enqueued_at FROM {ITEMS} WHERE key = ? AND state = ? ORDER BY seq", key, QUEUED)
-        waiting: dict[str, list] = {}
+        waiting: dict[str, list[Any]] = {}  # group -> [count, oldest enqueue time]
         for row in rows:
             entry = waiting.setdefault(row["grp"], [0, None])
             if entry[0] >= reserved.get(row["grp"], 0) and entry[1] is None:
@@ -349,8 +351,8 @@ class QueueStore:
         One write per such item, once per object."""
         self.sql.exec(f"UPDATE {ITEMS} SET done_at = ? WHERE state IN (?, ?) AND done_at IS NULL", now, *DONE)
 
-    def purge_done(self, before: float, limit: int, held: set[str] = frozenset(),
-                   held_keys: set[str] = frozenset()) -> bool:
+    def purge_done(self, before: float, limit: int, held: AbstractSet[str] = frozenset(),
+                   held_keys: AbstractSet[str] = frozenset()) -> bool:
         """Delete up to ``limit`` items done at ``before`` or earlier, except those whose
         counts a grant (``held``) or lease still held here is made of (they go
         once it is settled), and those of ``held_keys``. True if more are due."""

@@ -19,7 +19,14 @@ import asyncio
 import contextlib
 import selectors
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
+from contextvars import Context
+from typing import TYPE_CHECKING, Any, TypeVarTuple, Unpack
+
+if TYPE_CHECKING:
+    from _typeshed import FileDescriptorLike
+
+_Ts = TypeVarTuple("_Ts")  # a callback's arguments, as asyncio's call_at types them
 
 # 2026-01-01T00:00:00Z: a fixed epoch so that every run sees the same dates.
 DEFAULT_EPOCH_MS = 1_767_225_600_000
@@ -34,18 +41,18 @@ class _VirtualSelector(selectors.BaseSelector):
     """A selector with no file descriptors: waiting means advancing the clock."""
 
     def __init__(self) -> None:
-        self._map: dict[object, selectors.SelectorKey] = {}
+        self._map: dict[FileDescriptorLike, selectors.SelectorKey] = {}
         self.loop: VirtualClockLoop | None = None
 
-    def register(self, fileobj, events, data=None):
+    def register(self, fileobj: FileDescriptorLike, events: int, data: Any = None) -> selectors.SelectorKey:
         key = selectors.SelectorKey(fileobj, id(fileobj), events, data)
         self._map[fileobj] = key
         return key
 
-    def unregister(self, fileobj):
+    def unregister(self, fileobj: FileDescriptorLike) -> selectors.SelectorKey:
         return self._map.pop(fileobj)
 
-    def select(self, timeout=None):
+    def select(self, timeout: float | None = None) -> list[tuple[selectors.SelectorKey, int]]:
         loop = self.loop
         assert loop is not None
         if timeout is None:
@@ -54,10 +61,12 @@ class _VirtualSelector(selectors.BaseSelector):
             )
         if timeout > 0:
             # Jump exactly to the earliest timer (its handle is at the heap head).
-            loop._virtual_now = max(loop._virtual_now, loop._scheduled[0]._when)
+            # (``_scheduled`` is asyncio's private heap of TimerHandles: typeshed leaves it out.)
+            earliest: asyncio.TimerHandle = loop._scheduled[0]  # type: ignore[attr-defined]
+            loop._virtual_now = max(loop._virtual_now, earliest.when())
         return []
 
-    def get_map(self):
+    def get_map(self) -> Mapping[FileDescriptorLike, selectors.SelectorKey]:
         return self._map
 
     def close(self) -> None:
@@ -77,7 +86,12 @@ class VirtualClockLoop(asyncio.SelectorEventLoop):
     def time(self) -> float:
         return self._virtual_now
 
-    def call_at(self, when, callback, *args, context=None):
+    # A callback run at once gets a plain Handle, not the TimerHandle the base
+    # class promises; asyncio's own callers (call_later, timeouts) only cancel it.
+    def call_at(  # type: ignore[override]
+        self, when: float, callback: Callable[[Unpack[_Ts]], object], *args: Unpack[_Ts],
+        context: Context | None = None,
+    ) -> asyncio.Handle:
         # Pyodide's scheduleCallback runs a callback due within 2 ms at once.
         # (call_later goes through here; so do asyncio.timeout and wait_for.)
         if when - self.time() <= PYODIDE_IMMEDIATE_S:
@@ -86,15 +100,22 @@ class VirtualClockLoop(asyncio.SelectorEventLoop):
 
     # The runtime's own timers (an alarm's delivery, a call's time on the
     # network, an eviction) are workerd's, not Pyodide's: they fire at their time.
-    def call_at_exact(self, when, callback, *args, context=None):
+    def call_at_exact(self, when: float, callback: Callable[[Unpack[_Ts]], object], *args: Unpack[_Ts],
+                      context: Context | None = None) -> asyncio.TimerHandle:
         return super().call_at(when, callback, *args, context=context)
 
-    def call_later_exact(self, delay, callback, *args, context=None):
+    def call_later_exact(self, delay: float, callback: Callable[[Unpack[_Ts]], object], *args: Unpack[_Ts],
+                         context: Context | None = None) -> asyncio.TimerHandle:
         return super().call_at(self.time() + delay, callback, *args, context=context)
 
     async def sleep_exact(self, seconds: float) -> None:
-        done = self.create_future()
-        handle = self.call_later_exact(seconds, lambda: done.done() or done.set_result(None))
+        done: asyncio.Future[None] = self.create_future()
+
+        def wake() -> None:
+            if not done.done():
+                done.set_result(None)
+
+        handle = self.call_later_exact(seconds, wake)
         try:
             await done
         finally:

@@ -19,8 +19,9 @@ import contextvars
 import inspect
 import random
 import traceback
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Awaitable, Callable, Protocol
+from typing import Any, Protocol
 
 from ._clock import VirtualClockLoop
 from ._sql import SqlDatabase
@@ -37,7 +38,7 @@ ALARM_JITTER = 0.25
 RESET_MESSAGE = "Network connection lost."
 
 # The object whose code is running now (None for the test driving the runtime).
-current_host: contextvars.ContextVar["ObjectHost | None"] = contextvars.ContextVar(
+current_host: contextvars.ContextVar[ObjectHost | None] = contextvars.ContextVar(
     "durability_current_host", default=None
 )
 
@@ -94,9 +95,9 @@ class HostServices:
     rng: random.Random  #: the runtime's one seeded source, so a seed replays alarm jitter too
     env: Any  #: handed to each new instance's constructor
     faults: ObjectFaultPolicy
-    spawn_system: Callable[[Awaitable[Any]], asyncio.Task]  #: work outside any instance
-    log_event: Callable[["ObjectHost", str, str], None]
-    report_background_error: Callable[["ObjectHost", BaseException], None]
+    spawn_system: Callable[[Awaitable[Any]], asyncio.Task[Any]]  #: work outside any instance
+    log_event: Callable[[ObjectHost, str, str], None]
+    report_background_error: Callable[[ObjectHost, BaseException], None]
 
 
 class ObjectHost:
@@ -115,13 +116,13 @@ class ObjectHost:
         self.instance: Any = None
         # A dict, not a set: eviction cancels in creation order, so a seed
         # replays the same run whatever the tasks' addresses in memory.
-        self._tasks: dict[asyncio.Task, None] = {}
+        self._tasks: dict[asyncio.Task[Any], None] = {}
         self._gate_depth = 0
-        self._gate_waiters: list[asyncio.Future] = []
+        self._gate_waiters: list[asyncio.Future[None]] = []
         self._commit_handle: asyncio.Handle | None = None
         self._batches_opened = 0
         self._last_lost_batch = 0
-        self._commit_waiters: list[asyncio.Future] = []
+        self._commit_waiters: list[asyncio.Future[None]] = []
         # The alarm: committed value, the value staged in the open batch, and
         # the timer that will deliver it.
         self.alarm_at: float | None = None
@@ -139,7 +140,7 @@ class ObjectHost:
         return self._services.rng
 
     # -- tasks that belong to the live instance ------------------------
-    def spawn(self, awaitable: Awaitable[Any], *, background: bool = True) -> asyncio.Task:
+    def spawn(self, awaitable: Awaitable[Any], *, background: bool = True) -> asyncio.Task[Any]:
         """Run ``awaitable`` as this instance's work: eviction cancels it.
 
         A background task's failure (``waitUntil``) is reported to the
@@ -155,18 +156,20 @@ class ObjectHost:
         task.add_done_callback(self._report if background else _silence)
         return task
 
-    def adopt(self, task: asyncio.Task, generation: int) -> None:
+    def adopt(self, task: asyncio.Task[Any], generation: int) -> None:
         """A task the instance's own code created: it dies with the instance."""
         if generation == self.generation:
             self._tasks[task] = None
             task.add_done_callback(self._forget)
 
-    def _forget(self, task: asyncio.Task) -> None:
+    def _forget(self, task: asyncio.Task[Any]) -> None:
         self._tasks.pop(task, None)
 
-    def _report(self, task: asyncio.Task) -> None:
-        if not task.cancelled() and task.exception() is not None:
-            self._services.report_background_error(self, task.exception())
+    def _report(self, task: asyncio.Task[Any]) -> None:
+        if not task.cancelled():
+            error = task.exception()
+            if error is not None:
+                self._services.report_background_error(self, error)
 
     async def run_event(self, awaitable: Awaitable[Any]) -> Any:
         """Run one event's code on the instance; eviction fails it with a reset."""
@@ -248,7 +251,7 @@ class ObjectHost:
                 waiter.set_result(None)
 
     @contextlib.asynccontextmanager
-    async def input_gate_closed(self):
+    async def input_gate_closed(self) -> AsyncIterator[None]:
         """A storage operation: no other event is delivered until it is done."""
         generation = self.generation
         self.close_gate()
@@ -403,7 +406,7 @@ class ObjectHost:
         """Deliver one RPC call and return the reply as the caller receives it."""
         self.stats.requests += 1
 
-        async def event():
+        async def event() -> Any:
             instance = await self.admit_event()
             target = None if method.startswith("_") else getattr(type(instance), method, None)
             if target is None or not callable(target):
@@ -443,6 +446,7 @@ async def _as_coroutine(awaitable: Awaitable[Any]) -> Any:
 
 async def _call_alarm(handler: Callable[..., Any], info: JsDict) -> None:
     # workerd calls alarm() with relaxed arity: ``def alarm(self)`` works too.
+    parameters: Mapping[str, object]
     try:
         parameters = inspect.signature(handler).parameters
     except (TypeError, ValueError):
@@ -452,6 +456,6 @@ async def _call_alarm(handler: Callable[..., Any], info: JsDict) -> None:
         await result
 
 
-def _silence(task: asyncio.Task) -> None:
+def _silence(task: asyncio.Task[Any]) -> None:
     if not task.cancelled():
         task.exception()

@@ -17,9 +17,10 @@ import os
 import random
 import sys
 import tomllib
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Awaitable, Iterator
+from typing import Any
 
 from ._clock import DEFAULT_EPOCH_MS, VirtualClockLoop, patched_wall_clock
 from ._faults import FaultPlanner, Faults
@@ -42,7 +43,7 @@ _HEX_DIGITS = set("0123456789abcdef")
 class DurableObjectNamespace:
     """``env.BINDING`` for a Durable Object class."""
 
-    def __init__(self, runtime: "Runtime", class_name: str, cls: type) -> None:
+    def __init__(self, runtime: Runtime, class_name: str, cls: type) -> None:
         self._runtime = runtime
         self.class_name = class_name
         self.cls = cls
@@ -58,15 +59,15 @@ class DurableObjectNamespace:
         return DurableObjectId(self.class_name, None, hex_id)
 
     def newUniqueId(self, options: Any = None) -> DurableObjectId:
-        hex_id = "%064x" % self._runtime.rng.getrandbits(256)
+        hex_id = f"{self._runtime.rng.getrandbits(256):064x}"
         return DurableObjectId(self.class_name, None, hex_id)
 
-    def get(self, object_id: DurableObjectId, options: Any = None) -> "DurableObjectStub":
+    def get(self, object_id: DurableObjectId, options: Any = None) -> DurableObjectStub:
         if not isinstance(object_id, DurableObjectId):
             raise JsException("get() takes a DurableObjectId", name="TypeError")
         return DurableObjectStub(self._runtime, self, object_id)
 
-    def getByName(self, name: str, options: Any = None) -> "DurableObjectStub":
+    def getByName(self, name: str, options: Any = None) -> DurableObjectStub:
         return self.get(self.idFromName(name))
 
 
@@ -79,7 +80,7 @@ class DurableObjectStub:
     stub after every error is right in every case.
     """
 
-    def __init__(self, runtime: "Runtime", namespace: DurableObjectNamespace,
+    def __init__(self, runtime: Runtime, namespace: DurableObjectNamespace,
                  object_id: DurableObjectId) -> None:
         self._runtime = runtime
         self._namespace = namespace
@@ -87,7 +88,7 @@ class DurableObjectStub:
         self.name = object_id.name
         self._broken: JsException | None = None
 
-    def __getattr__(self, method: str):
+    def __getattr__(self, method: str) -> Callable[..., Awaitable[Any]]:
         if method.startswith("_"):
             raise AttributeError(method)
 
@@ -133,9 +134,9 @@ class Runtime:
         self.loop.set_task_factory(_task_factory)
         self.faults = FaultPlanner(faults, self.rng)
         self.errors: list[tuple[str, BaseException]] = []
-        self.trace: list[tuple] = []
+        self.trace: list[tuple[float, str, str, str]] = []  #: (ms, object, event, detail)
         self._hosts: dict[tuple[str, str], ObjectHost] = {}
-        self._system_tasks: set[asyncio.Task] = set()
+        self._system_tasks: set[asyncio.Task[Any]] = set()
         self._entrypoint = getattr(module, entrypoint, None)
         bindings: dict[str, Any] = {}
         for binding, class_name in durable_objects.items():
@@ -153,8 +154,8 @@ class Runtime:
         )
 
     @classmethod
-    def from_wrangler(cls, config: str | os.PathLike = "wrangler.toml", *,
-                      vars: dict[str, Any] | None = None, **options: Any) -> "Runtime":
+    def from_wrangler(cls, config: str | os.PathLike[str] = "wrangler.toml", *,
+                      vars: dict[str, Any] | None = None, **options: Any) -> Runtime:
         path = Path(config).resolve()
         with open(path, "rb") as f:
             settings = tomllib.load(f)
@@ -205,7 +206,7 @@ class Runtime:
                 self.loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
         self.loop.close()
 
-    def __enter__(self) -> "Runtime":
+    def __enter__(self) -> Runtime:
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -243,7 +244,7 @@ class Runtime:
             totals["evictions"] += host.stats.evictions
         return totals
 
-    def spawn_system(self, coroutine: Awaitable[Any]) -> asyncio.Task:
+    def spawn_system(self, coroutine: Awaitable[Any]) -> asyncio.Task[Any]:
         """Work of the runtime itself (alarm delivery), outside any object."""
         task = self.loop.create_task(_await(coroutine), context=contextvars.Context())
         self._system_tasks.add(task)
@@ -330,14 +331,15 @@ class Runtime:
 
 
 def _task_factory(loop: asyncio.AbstractEventLoop, coroutine: Any,
-                  context: contextvars.Context | None = None) -> asyncio.Task:
+                  context: contextvars.Context | None = None) -> asyncio.Task[Any]:
     """Every task an object's code starts belongs to that object's instance,
     so that eviction stops it, as it stops everything in production."""
     task = asyncio.Task(coroutine, loop=loop, context=context)
     source = context if context is not None else contextvars.copy_context()
     host = source.get(current_host)
     if host is not None:
-        host.adopt(task, source.get(current_generation))
+        # Context.get ignores the variable's own default; that default, -1, is no instance's.
+        host.adopt(task, source.get(current_generation, -1))
     return task
 
 

@@ -36,10 +36,14 @@ from __future__ import annotations
 
 import re
 import sqlite3
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, TypeVar
 
 from ._values import JsDict, JsException, sql_binding, sql_value
+
+T = TypeVar("T")
+Row = tuple[Any, ...]  #: a row as sqlite3 returns it
 
 # workerd's limits for one statement (see shared platform notes).
 MAX_BOUND_PARAMETERS = 100
@@ -137,7 +141,7 @@ class SqlCursor:
     cursor, or they stay frozen at a partial value.
     """
 
-    def __init__(self, columns: list[str], rows: list[tuple], rows_read: int,
+    def __init__(self, columns: list[str], rows: list[Row], rows_read: int,
                  rows_written: int) -> None:
         self._columns = columns
         self._rows = rows
@@ -147,12 +151,12 @@ class SqlCursor:
         self._frozen: dict[str, Any] = {}
 
     # -- consumption --------------------------------------------------
-    def _take_rest(self) -> list[tuple]:
+    def _take_rest(self) -> list[Row]:
         rest = self._rows[self._position:]
         self._position = len(self._rows)
         return rest
 
-    def _as_dict(self, row: tuple) -> JsDict:
+    def _as_dict(self, row: Row) -> JsDict:
         return JsDict(zip(self._columns, row))
 
     def toArray(self) -> list[JsDict]:
@@ -168,7 +172,7 @@ class SqlCursor:
             )
         return self._as_dict(rest[0])
 
-    def raw(self):
+    def raw(self) -> Iterator[list[Any]]:
         for row in self._take_rest():
             yield list(row)
 
@@ -179,17 +183,18 @@ class SqlCursor:
         self._position += 1
         return JsDict(done=False, value=self._as_dict(row))
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[JsDict]:
         while self._position < len(self._rows):
             row = self._rows[self._position]
             self._position += 1
             yield self._as_dict(row)
 
     # -- attributes frozen on first read, as the SDK's wrapper does ------
-    def _frozen_value(self, name: str, current: Any) -> Any:
+    def _frozen_value(self, name: str, current: T) -> T:
         if name not in self._frozen:
             self._frozen[name] = current
-        return self._frozen[name]
+        frozen: T = self._frozen[name]  # each name only ever holds what its property reads
+        return frozen
 
     @property
     def columnNames(self) -> list[str]:
@@ -226,7 +231,8 @@ class SqlDatabase:
         self.on_batch_open = on_batch_open
 
     # -- the authorizer: refusals, and what a statement touches ----------
-    def _authorize(self, action, arg1, arg2, _db, _source):
+    def _authorize(self, action: int, arg1: str | None, arg2: str | None, _db: str | None,
+                   _source: str | None) -> int:
         if self._learning is None:  # one of our own statements
             return sqlite3.SQLITE_OK
         shape = self._learning
@@ -243,11 +249,11 @@ class SqlDatabase:
             return sqlite3.SQLITE_DENY
         if action == sqlite3.SQLITE_INSERT and shape.inserts is None:
             shape.inserts = table
-        elif action == sqlite3.SQLITE_UPDATE and not table.startswith("sqlite_"):
+        elif action == sqlite3.SQLITE_UPDATE and table and arg2 and not table.startswith("sqlite_"):
             shape.updates = shape.updates or table
             if arg2 not in shape.update_columns:
                 shape.update_columns.append(arg2)
-        elif action == sqlite3.SQLITE_DELETE and not table.startswith("sqlite_"):
+        elif action == sqlite3.SQLITE_DELETE and table and not table.startswith("sqlite_"):
             shape.deletes = shape.deletes or table
         elif action in _DDL_ACTIONS:
             shape.is_ddl = True
@@ -302,7 +308,7 @@ class SqlDatabase:
         return result
 
     # -- statements ---------------------------------------------------------
-    def exec(self, query: str, bindings: tuple) -> SqlCursor:
+    def exec(self, query: str, bindings: tuple[Any, ...]) -> SqlCursor:
         if not isinstance(query, str):
             raise JsException("SQL query must be a string", name="TypeError")
         statements = split_statements(query)
@@ -326,7 +332,7 @@ class SqlDatabase:
         assert cursor is not None
         return cursor
 
-    def _shape_of(self, statement: str, values: list) -> _Shape:
+    def _shape_of(self, statement: str, values: list[Any]) -> _Shape:
         shape = self._shapes.get(statement)
         if shape is not None:
             return shape
@@ -352,7 +358,7 @@ class SqlDatabase:
             self._shapes[statement] = shape
         return shape
 
-    def _exec_one(self, statement: str, values: list) -> SqlCursor:
+    def _exec_one(self, statement: str, values: list[Any]) -> SqlCursor:
         shape = self._shape_of(statement, values)
         scanned = sum(self._count_rows(table) for table in shape.full_scans)
         target = shape.inserts if shape.is_upsert else None
@@ -454,7 +460,7 @@ class SqlDatabase:
             return 1 + sequence, schema_rows_added + 1 + sequence
         return 0, max(schema_rows_added, 0)
 
-    def _searched_rows(self, statement: str, values: list,
+    def _searched_rows(self, statement: str, values: list[Any],
                        search: tuple[str, list[tuple[str, str]]]) -> int | None:
         """Rows a search finds through its key terms, from the values bound to them."""
         table, terms = search
@@ -477,10 +483,11 @@ class SqlDatabase:
                 bound.append(match.group(2).replace("''", "'") if match.group(2) is not None
                              else float(match.group(3)))
         condition = " AND ".join(f'"{column}" {operator} ?' for column, operator in terms)
-        return self._conn.execute(_INTERNAL + f'SELECT count(*) FROM "{table}" WHERE {condition}',
-                                  bound).fetchone()[0]
+        count: int = self._conn.execute(_INTERNAL + f'SELECT count(*) FROM "{table}" WHERE {condition}',
+                                        bound).fetchone()[0]
+        return count
 
-    def _sorted_rows(self, statement: str, values: list, kind: str) -> int:
+    def _sorted_rows(self, statement: str, values: list[Any], kind: str) -> int:
         """Rows put into one sorter: those grouped, or those the statement yields before its LIMIT."""
         if "GROUP BY" in kind:
             match = re.match(r"\s*SELECT\s+(.*?)\s+FROM\s+(.*?)\s+GROUP\s+BY\b", statement, re.IGNORECASE | re.DOTALL)
@@ -496,11 +503,12 @@ class SqlDatabase:
             return 0
         return self._count_of(body, kept)
 
-    def _count_of(self, query: str, values: list) -> int:
+    def _count_of(self, query: str, values: list[Any]) -> int:
         try:
-            return self._conn.execute(_INTERNAL + f"SELECT count(*) FROM ({query})", values).fetchone()[0]
+            count: int = self._conn.execute(_INTERNAL + f"SELECT count(*) FROM ({query})", values).fetchone()[0]
         except sqlite3.Error:
             return 0
+        return count
 
     # -- schema knowledge for the model ----------------------------------
     def _table(self, name: str) -> _TableInfo:
@@ -541,7 +549,8 @@ class SqlDatabase:
 
     def _count_rows(self, table: str) -> int:
         quoted = table.replace('"', '""')
-        return self._conn.execute(_INTERNAL + f'SELECT count(*) FROM "{quoted}"').fetchone()[0]
+        count: int = self._conn.execute(_INTERNAL + f'SELECT count(*) FROM "{quoted}"').fetchone()[0]
+        return count
 
     def inspect(self, query: str, *bindings: Any) -> list[dict[str, Any]]:
         """Read state for a test or a demo: not billed, not refused, not in any batch."""
@@ -550,8 +559,8 @@ class SqlDatabase:
         return [dict(zip(columns, row)) for row in cursor.fetchall()]
 
     def database_size(self) -> int:
-        pages = self._conn.execute(_INTERNAL + "PRAGMA page_count").fetchone()[0]
-        size = self._conn.execute(_INTERNAL + "PRAGMA page_size").fetchone()[0]
+        pages: int = self._conn.execute(_INTERNAL + "PRAGMA page_count").fetchone()[0]
+        size: int = self._conn.execute(_INTERNAL + "PRAGMA page_size").fetchone()[0]
         return pages * size
 
     def close(self) -> None:
@@ -574,7 +583,7 @@ def split_statements(query: str) -> list[str]:
     return statements
 
 
-def _equality_search(plan: list[tuple]) -> tuple[str, list[tuple[str, str]]] | None:
+def _equality_search(plan: list[Row]) -> tuple[str, list[tuple[str, str]]] | None:
     """The table and key terms (column, operator) of a plan's one search: ``a=? AND b>?``."""
     searches = [m for row in plan if (m := _SEARCH.match(row[-1]))]
     if len(searches) != 1:
@@ -589,7 +598,7 @@ def _equality_search(plan: list[tuple]) -> tuple[str, list[tuple[str, str]]] | N
     return table, found
 
 
-def _full_scans(plan: list[tuple]) -> list[str]:
+def _full_scans(plan: list[Row]) -> list[str]:
     """Tables a plan scans whole: ``SCAN t`` (with or without an index), or a
     ``SEARCH`` of the primary key with no key terms (an aggregate over a
     WITHOUT ROWID table), which steps through every row. A search of an

@@ -13,8 +13,9 @@ from __future__ import annotations
 import asyncio
 import datetime
 import hashlib
+from collections.abc import Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
-from typing import Any, Awaitable, Callable, Protocol
+from typing import Any, Protocol
 
 from ._sql import SqlCursor, SqlDatabase
 from ._values import JsException, number_from_js
@@ -30,7 +31,7 @@ class DurableObjectId:
     def toString(self) -> str:
         return self._hex
 
-    def equals(self, other: "DurableObjectId") -> bool:
+    def equals(self, other: DurableObjectId) -> bool:
         return isinstance(other, DurableObjectId) and other._hex == self._hex
 
     def __str__(self) -> str:
@@ -61,7 +62,7 @@ class StorageHost(Protocol):
 
     async def flushed(self, since: int | None = None) -> None: ...
 
-    def spawn(self, awaitable: Awaitable[Any], *, background: bool = True) -> asyncio.Task: ...
+    def spawn(self, awaitable: Awaitable[Any], *, background: bool = True) -> asyncio.Task[Any]: ...
 
     def close_gate(self) -> None: ...
 
@@ -73,7 +74,7 @@ class StorageHost(Protocol):
 def _alarm_ms(when: Any) -> float:
     if isinstance(when, datetime.datetime):
         if when.tzinfo is None:
-            when = when.replace(tzinfo=datetime.timezone.utc)
+            when = when.replace(tzinfo=datetime.UTC)
         return float(int(when.timestamp() * 1000))
     if isinstance(when, bool) or not isinstance(when, (int, float)):
         raise JsException(
@@ -86,7 +87,7 @@ def _alarm_ms(when: Any) -> float:
 class SqlStorage:
     """``ctx.storage.sql``."""
 
-    def __init__(self, storage: "DurableObjectStorage") -> None:
+    def __init__(self, storage: DurableObjectStorage) -> None:
         self._storage = storage
 
     def exec(self, query: str, *bindings: Any) -> SqlCursor:
@@ -178,7 +179,7 @@ class DurableObjectState:
         generation = host.generation
         host.close_gate()
 
-        async def run():
+        async def run() -> Any:
             try:
                 return await fn()
             finally:

@@ -18,21 +18,22 @@ from __future__ import annotations
 import datetime
 import inspect
 import math
+from typing import Any
 
 # JavaScript numbers hold integers exactly up to 2**53 - 1 (Number.MAX_SAFE_INTEGER).
 MAX_SAFE_INTEGER = 2**53 - 1
 
 
-class JsDict(dict):
+class JsDict(dict[str, Any]):
     """A dict that also allows ``row.column``, as the workers SDK returns."""
 
-    def __getattr__(self, name):
+    def __getattr__(self, name: str) -> Any:
         try:
             return self[name]
         except KeyError:
             raise AttributeError(name) from None
 
-    def __setattr__(self, name, value):
+    def __setattr__(self, name: str, value: Any) -> None:
         self[name] = value
 
 
@@ -42,6 +43,10 @@ class JsException(Exception):
     ``name`` is the JavaScript error's name (``Error``, ``TypeError``...),
     ``message`` its message; ``str()`` reads ``"<name>: <message>"``.
     """
+
+    # Set only on some errors, as workerd sets them: read with getattr(error, name, False).
+    durableObjectReset: bool  #: the object was reset under the call
+    retryable: bool  #: the call may be tried again
 
     def __init__(self, message: str, name: str = "Error") -> None:
         super().__init__(f"{name}: {message}")
@@ -122,9 +127,9 @@ def _rpc_key(key: object) -> str:
 
 def _utc_naive(moment: datetime.datetime) -> datetime.datetime:
     if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=datetime.timezone.utc)
+        moment = moment.replace(tzinfo=datetime.UTC)
     millis = math.floor(moment.timestamp() * 1000)  # a JS Date holds whole ms
-    utc = datetime.datetime.fromtimestamp(millis / 1000, tz=datetime.timezone.utc)
+    utc = datetime.datetime.fromtimestamp(millis / 1000, tz=datetime.UTC)
     return utc.replace(tzinfo=None)
 
 

@@ -13,13 +13,16 @@ import http.client
 import json as _json
 import sys
 import types
+from collections.abc import Callable
 from http import HTTPStatus
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 from ._values import JsDict, JsException, rpc_copy
 
 MODULE_NAME = "workers"
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 
 class DurableObject:
@@ -91,7 +94,10 @@ class _Body:
 class Request(_Body):
     """An HTTP request: ``url``, ``method``, ``headers`` and the body readers."""
 
-    def __init__(self, input: "str | Request", method: str = "GET", headers: Any = None,
+    url: str
+    method: str
+
+    def __init__(self, input: str | Request, method: str = "GET", headers: Any = None,
                  body: Any = None, **_options: Any) -> None:
         if isinstance(input, Request):
             url, method = input.url, method or input.method
@@ -141,20 +147,21 @@ class Response(_Body):
         super().__init__(body, headers)
         code = status.value if isinstance(status, HTTPStatus) else (status or 200)
         if not 200 <= code <= 599:
-            raise ValueError(f"Responses may only be constructed with status codes in the range 200 to 599, inclusive; got {code}")
+            raise ValueError("Responses may only be constructed with status codes in the range 200 to 599, "
+                             f"inclusive; got {code}")
         self.status = code
         self.status_text = status_text
         self.ok = 200 <= code < 300
 
     @staticmethod
     def from_json(data: Any, status: HTTPStatus | int = HTTPStatus.OK, status_text: str = "",
-                  headers: Any = None) -> "Response":
+                  headers: Any = None) -> Response:
         merged = dict(headers.items() if hasattr(headers, "items") else (headers or []))
         if not any(key.lower() == "content-type" for key in merged):
             merged["content-type"] = "application/json"
         return Response(_json.dumps(data), status=status, status_text=status_text, headers=merged)
 
-    def json(self, *args: Any, **kwargs: Any):  # type: ignore[override]
+    def json(self, *args: Any, **kwargs: Any) -> Any:
         # Like the SDK: on an instance it reads the body, on the class it builds one.
         if isinstance(self, Response):
             return super().json()
@@ -164,7 +171,7 @@ class Response(_Body):
         return f"Response(status={self.status})"
 
 
-def handler(func):
+def handler(func: F) -> F:
     """The SDK's argument-converting decorator; arguments are already Python here."""
     return func
 
@@ -191,7 +198,7 @@ def _build_module() -> types.ModuleType:
                  "Response", "handler", "fetch", "import_from_javascript",
                  "python_to_rpc", "python_from_rpc", "JsDict"):
         setattr(module, name, globals()[name] if name != "JsDict" else JsDict)
-    module.__durability_standin__ = True
+    module.__durability_standin__ = True  # type: ignore[attr-defined]  # a mark of our own, not in ModuleType
     return module
 
 
