@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given, strategies as st
 
 from durability.semaphore.messages import NOT_FOUND, OK, ReportOutcome
-from durability.semaphore.queue_core import TRANSITIONS, move, pacing_interval, report_due, settle
+from durability.semaphore.queue_core import TRANSITIONS, may_leave_line, move, pacing_interval, report_due, settle
 from durability.semaphore.queue_store import ADMITTED, CANCELLED, CLAIMING, QUEUED, RELEASED, LocalGrant
 
 STATES = [QUEUED, CLAIMING, ADMITTED, RELEASED, CANCELLED]
@@ -76,3 +76,17 @@ def test_a_report_is_due_for_unconfirmed_claims_or_unheard_releases():
 
 def test_pacing_is_kept_in_whole_seconds_rounded_up():
     assert [pacing_interval(ms) for ms in (-5, 0, 1, 1_999.5, 2_000, 2_000.2)] == [0, 0, 1_000, 2_000, 2_000, 3_000]
+
+
+@pytest.mark.parametrize("line, left, leaves", [
+    ({"g": 100.0}, {"g": 150.0}, True),  # behind the mark: others' work comes first
+    ({"g": 100.0}, {"g": 100.0}, True),  # as old as the mark: a tie is no one's turn before another's
+    ({"g": 100.0}, {"g": 99.0}, False),  # older than the mark: its turn may come before its release
+    ({"g": 100.0}, {"g": 150.0, "h": 150.0}, False),  # a group with no mark keeps the key in line
+    ({"g": 100.0, "h": 200.0}, {"g": 150.0, "h": 150.0}, False),
+    ({"g": 100.0, "h": 100.0}, {"g": 150.0, "h": 150.0}, True),
+    ({}, {"g": 150.0}, False),  # an older holder sends no line
+    ({"g": 100.0}, {}, False),  # nothing left waiting: nothing to ask for either way
+])
+def test_a_served_key_leaves_the_line_only_behind_the_mark_in_every_group(line, left, leaves):
+    assert may_leave_line(line, left) is leaves

@@ -25,6 +25,7 @@ from durability.semaphore.allocation import (
     ResolutionFailed,
     Working,
     apply_reports,
+    line_ahead,
     merged,
     reclaim,
     run_round,
@@ -719,3 +720,19 @@ def test_parse_never_fails_with_anything_but_a_protocol_error(value):
         assert error.code in {"invalid_message", "unsupported", "too_large"}
     else:
         assert isinstance(parsed, (Request, Sync))
+
+
+def held(client_id, *demand):
+    return Request(client_id, tuple(Demand(group, 1, at) for group, at in demand), ())
+
+
+def test_the_line_mark_is_the_kth_oldest_other_request_held_k_the_permits_a_group_may_use():
+    line = [held("c1", ("g0", 30.0)), held("c2", ("g0", 10.0), ("g1", 5.0)), held("c3", ("g0", 20.0)),
+            held("c0", ("g0", 1.0), ("g1", 1.0))]
+    # c0 is the served client: its own requests are not ahead of it.
+    assert line_ahead("c0", line, limits(2)) == {"g0": 20.0}  # g1: one other request, fewer than 2
+    assert line_ahead("c0", line, limits(1)) == {"g0": 10.0, "g1": 5.0}
+    assert line_ahead("c0", line, limits(3, {"g0": 1})) == {"g0": 10.0}  # its own limit is lower
+    assert line_ahead("c0", line, limits(4)) == {}
+    assert line_ahead("c0", line, limits(ResolutionFailed(RuntimeError("x")))) == {}
+    assert line_ahead("c0", line, limits(1, {"g0": ResolutionFailed(RuntimeError("x")), "g1": 0})) == {}

@@ -410,10 +410,12 @@ def _grants_reply(**change):
         _grants_reply(blocked=[{"group": "g", "reason": "tired", "waiting": 1}]),
         _grants_reply(contended="yes"),
         _grants_reply(leaseReports="none"),
+        _grants_reply(line={"g": "soon"}),
+        _grants_reply(line=[1]),
     )
 ], ids=["huge-permits", "negative-permits", "bool-permits", "text-deadline", "nan-deadline", "surrogate-id",
         "no-group", "text-next-request", "unknown-status", "huge-lease", "unknown-reason", "text-contended",
-        "lease-reports-not-a-list"])
+        "lease-reports-not-a-list", "text-line-mark", "line-not-an-object"])
 def test_a_reply_that_breaks_the_format_anywhere_admits_nothing_and_loses_nothing(runtime, reply):
     runtime.module.CONFIG["fake_reply"] = reply
 
@@ -443,6 +445,53 @@ def test_a_blocked_key_waits_at_the_holder_instead_of_asking_every_round(runtime
     # (about 12 s in), instead of one every round period.
     assert len(asked) == 1
     assert 11_000 <= world["started"]["w0"] - start <= 16_000
+
+
+def test_a_key_served_behind_the_line_asks_again_with_its_release_not_before():
+    runtime = holders_runtime(seed=1)
+    runtime.module.CONFIG["limit"] = 1
+    world = runtime.module.WORLD
+
+    async def scenario():
+        await shard(runtime, "a").submit(jobs("a", 1, ms=5_000))
+        await asyncio.sleep(0.1)
+        for name in ("b", "c"):
+            await shard(runtime, name).submit(jobs(name, 2, ms=1_000))
+        await asyncio.sleep(0.1)
+        await shard(runtime, "a").submit(jobs("a1-", 1, ms=1_000))  # younger than what b and c wait with
+        await asyncio.sleep(60)
+
+    runtime.run(scenario())
+    runtime.close()
+    asked = [t for t, client in world["requests"] if client == "a"]
+    released_at = world["started"]["a0"] + 5_000
+    # Its first request was served (a0); b and c held older work in line, so
+    # it held no request while a0 ran: the next went with a0's release, and
+    # carried the report: a's only sync is a1-0's release, with nothing left to ask for.
+    assert len(asked) == 2 and asked[1] >= released_at
+    assert [t > world["started"]["a1-0"] for t, client in world["syncs"] if client == "a"] == [True]
+    assert world["started"]["a1-0"] > max(world["started"][j] for j in ("b0", "b1", "c0", "c1"))
+    assert len(world["completed"]) == 6 and world["violations"] == []
+
+
+def test_a_key_served_ahead_of_the_line_keeps_its_place():
+    runtime = holders_runtime(seed=1)
+    runtime.module.CONFIG["limit"] = 1
+    world = runtime.module.WORLD
+
+    async def scenario():
+        await shard(runtime, "a").submit(jobs("a", 2, ms=5_000))
+        await asyncio.sleep(0.1)
+        await shard(runtime, "b").submit(jobs("b", 2, ms=1_000))
+        await asyncio.sleep(30)
+
+    runtime.run(scenario())
+    runtime.close()
+    asked = [t for t, client in world["requests"] if client == "a"]
+    # a1 is older than anything b waits with: a asks again at once to keep
+    # its place, and a1 runs next.
+    assert len(asked) >= 2 and asked[1] < world["started"]["a0"] + 5_000
+    assert world["started"]["a1"] < world["started"]["b0"]
 
 
 def test_requests_are_paced_by_next_request_at():

@@ -42,7 +42,7 @@ CONFIG = {
     "two_phase": False,  # the shard's requests reach the holder as a version that grants unclaimed permits
 }
 WORLD = {"running": {}, "violations": [], "max_running": 0, "completed": set(), "admit_calls": 0,
-         "started": {}, "starts": {}, "events": [], "requests": [], "finished_asks": [], "messages": []}
+         "started": {}, "starts": {}, "events": [], "requests": [], "syncs": [], "finished_asks": [], "messages": []}
 
 
 def _start(item):
@@ -81,8 +81,8 @@ class Holder(DurableObject):
         return CONFIG["group_limits"].get(group)
 
     async def permits(self, message):
-        if isinstance(message, dict) and message.get("type") == "request":
-            WORLD["requests"].append((time.time() * 1000, message.get("clientId")))
+        if isinstance(message, dict) and message.get("type") in ("request", "sync"):
+            WORLD[message["type"] + "s"].append((time.time() * 1000, message.get("clientId")))
         WORLD["messages"].append(message.get("type") if isinstance(message, dict) else None)
         return await self.semaphore.handle(message)
 

@@ -628,3 +628,37 @@ def result_of(state: RoundState, terms: RoundTerms) -> RoundResult:
     contended = any(reason in (LIMIT, GROUP_LIMIT)
                     for outcome in state.outcomes.values() for reason, _ in outcome.blocked.values())
     return RoundResult(changes, state.outcomes, state.errors, contended)
+
+
+def line_ahead(client_id: str, held: Iterable[Request], limits: Limits) -> dict[str, float]:
+    """Per group, how far back the line stands behind a served client: the
+    oldest-item time of the k-th oldest request of other clients held over,
+    where k is the permits the group may use at once (the total, or its own
+    limit if lower); groups with fewer than k such requests are left out.
+
+    A client whose next item is no older than that has at least k items of
+    others ahead of it: about one job's length of releases (every permit
+    turning over once) before its turn. It may wait for its own next release
+    to ask again, instead of holding a request the whole time
+    (``queue_core.rejoin_after_ms``).
+    """
+    times: dict[str, list[float]] = {}
+    for request in held:
+        if request.client_id != client_id:
+            for demand in request.demand:
+                times.setdefault(demand.group, []).append(demand.oldest_at)
+    line = {}
+    for group, oldest in times.items():
+        k = _permits_at_once(group, limits)
+        if 0 < k <= len(oldest):
+            line[group] = sorted(oldest)[k - 1]
+    return line
+
+
+def _permits_at_once(group: str, limits: Limits) -> int:
+    if isinstance(limits.total, ResolutionFailed):
+        return 0
+    own = limits.groups.get(group)
+    if isinstance(own, ResolutionFailed):
+        return 0
+    return limits.total if own is None else min(limits.total, own)

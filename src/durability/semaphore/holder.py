@@ -33,6 +33,7 @@ from .allocation import (
     apply_all_reports,
     apply_reports,
     held_grants,
+    line_ahead,
     merged,
     merged_leases,
     news_for,
@@ -325,7 +326,7 @@ class DurabilitySemaphore:
         # message delivered twice, waits with it: one of them is answered to
         # the client.)
         latest = {request.client_id: request for request, _, _ in batch}
-        held = []
+        held, answered = [], []
         for index, (request, waiter, hold_until) in enumerate(batch):
             if waiter.done():
                 continue  # its caller is gone
@@ -342,12 +343,16 @@ class DurabilitySemaphore:
                 # on a request whose client may be gone since.
                 held.append((replace(request, heartbeat=False), waiter, hold_until))
             else:
-                ttl_ms = self.lease_policy.ttl_ms if self.lease_policy is not None else 0
-                # A client handed permits may ask again at once: its request is
-                # held for the next round anyway, and is then present in it,
-                # instead of arriving just after it and waiting a period more.
-                ask_at = now if outcome.new_grants or outcome.new_leases else next_request_at
-                waiter.set_result(_grants_reply(outcome, ask_at, result.contended, ttl_ms))
+                answered.append((request, waiter, outcome))
+        ttl_ms = self.lease_policy.ttl_ms if self.lease_policy is not None else 0
+        for request, waiter, outcome in answered:
+            # A client handed permits may ask again at once: its request is
+            # held for the next round anyway, and is then present in it,
+            # instead of arriving just after it and waiting a period more.
+            served = bool(outcome.new_grants or outcome.new_leases)
+            line = line_ahead(request.client_id, (r for r, _, _ in held), limits) if served else {}
+            ask_at = now if served else next_request_at
+            waiter.set_result(_grants_reply(outcome, ask_at, result.contended, ttl_ms, line))
         self._waiting = held + self._waiting
 
     def _resolve_limits(self, requests: list[Request]) -> Limits:
@@ -466,7 +471,7 @@ def _grant_json(grant: Grant) -> dict[str, Any]:
 
 
 def _grants_reply(outcome: ClientOutcome, next_request_at: float, contended: bool = False,
-                  ttl_ms: float = 0) -> dict[str, Any]:
+                  ttl_ms: float = 0, line: dict[str, float] | None = None) -> dict[str, Any]:
     new = {lease.lease_id for lease in outcome.new_leases}
     return {
         "type": "grants",
@@ -482,4 +487,5 @@ def _grants_reply(outcome: ClientOutcome, next_request_at: float, contended: boo
         ],
         "contended": contended,
         "nextRequestAt": next_request_at,
+        "line": line or {},
     }

@@ -11,7 +11,7 @@ whole with an ``error`` reply and changes nothing.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any, TypeVar
 
@@ -340,6 +340,9 @@ class Reply:
     #: ``leases`` names every lease of the client not settled, drawn from or
     #: not, and marks those new (older holders list only undrawn ones)
     all_leases_listed: bool = False
+    #: per group, the oldest-item time at which the holder's line stands
+    #: behind a client it just served (``allocation.line_ahead``)
+    line: dict[str, float] = field(default_factory=dict)
 
 
 def _flag(entry: dict[str, Any], name: str, where: str, default: bool = False) -> bool:
@@ -448,4 +451,14 @@ def parse_reply(reply: Any, kind: str) -> Reply:
         raise ProtocolError("malformed_reply", "nextRequestAt must be an epoch time in ms")
     return replace(parsed, grants=_entries(reply, "grants", _grant_entry), blocked=_entries(reply, "blocked", _blocked),
                    next_request_at=None if next_at is None else float(next_at),
-                   all_leases_listed=_flag(reply, "allLeasesListed", "reply"))
+                   all_leases_listed=_flag(reply, "allLeasesListed", "reply"), line=_line(reply.get("line", {})))
+
+
+def _line(line: Any) -> dict[str, float]:
+    """A grants reply's ``line`` (optional: older holders send none)."""
+    if not isinstance(line, dict) or len(line) > MAX_REPLY_ENTRIES:
+        raise ProtocolError("malformed_reply", "line must be an object of groups to epoch times in ms")
+    for group, at in line.items():
+        if not storable_text(group, MAX_ID_LENGTH) or not number_in(at, 0, MAX_SAFE_INTEGER):
+            raise ProtocolError("malformed_reply", "line must be an object of groups to epoch times in ms")
+    return {group: float(at) for group, at in line.items()}

@@ -64,7 +64,7 @@ from .messages import (
     ReportOutcome,
     parse_reply,
 )
-from .queue_core import move, pacing_interval, report_due, settle
+from .queue_core import move, pacing_interval, may_leave_line, report_due, settle
 from .queue_store import (
     ADMITTED,
     CANCELLED,
@@ -249,6 +249,9 @@ class DurabilitySemaphoreQueue:
         #: (a released drawn item's row may then go at once)
         self._all_listed: set[str] = set()
         self._report_now: set[str] = set()  #: keys with releases to report at once (contended)
+        #: keys served while contended that hold no request (queue_core.may_leave_line):
+        #: their next release rides on a request instead of a sync
+        self._away: set[str] = set()
 
     def _derive_timers(self) -> None:
         """Set again, in a new instance, the timers its rows imply."""
@@ -519,6 +522,14 @@ class DurabilitySemaphoreQueue:
             self.lease_book.keep(lease)
         else:
             self._move(item, RELEASED, item.grant_id, item.via, item.draw)
+        if item.key in self._away and self._demand(item.key):
+            # Back in line now. A grant's report rides on the request (its
+            # claims and releases, _due_reports): one call instead of a sync
+            # and a request; if it fails, the pump's retries carry it.
+            self._away.discard(item.key)
+            self.scheduler.schedule(PARTICIPANT, PUMP + item.key, now_ms())
+            if item.via == Via.GRANT:
+                return
         if item.via == Via.LEASE:  # its released count is its items released: report it
             self._lease_report_due(item.key, grant_id, now_ms() + self.lease_report_delay_ms)
             return
@@ -529,6 +540,7 @@ class DurabilitySemaphoreQueue:
             self.scheduler.schedule_by(PARTICIPANT, REPORT + item.key, now_ms() + self.report_delay_ms)
 
     async def _pump(self, key: str) -> None:
+        self._away.discard(key)
         self.scheduler.transaction(lambda: self._claim_local(key, now_ms()))
         demand = self._demand(key)[:MAX_DEMAND_ENTRIES]
         wait = self._request_wait(key, demand)
@@ -627,8 +639,15 @@ class DurabilitySemaphoreQueue:
         if interval > 0:  # "ask at once" (a reply with permits) is not pacing to keep
             self.store.set_pacing(key, interval)
         self._claim_local(key, now)
-        if self._demand(key):
-            self.scheduler.schedule(PARTICIPANT, PUMP + key, max(now, reply.next_request_at or now))
+        left = self._demand(key)
+        if left:
+            at = max(now, reply.next_request_at or now)
+            if reply.contended and may_leave_line(reply.line, {group: oldest for group, _, oldest in left}):
+                # Back in line with its next release, or after a long poll's
+                # length if none comes: a held request would wait that long.
+                self._away.add(key)
+                at = max(at, now + self.request_wait_ms)
+            self.scheduler.schedule(PARTICIPANT, PUMP + key, at)
 
     def _learn_grants(self, key: str, entries: tuple[GrantEntry, ...]) -> None:
         """Keep what the holder lists of the key's grants (new grants, their

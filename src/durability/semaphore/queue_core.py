@@ -3,8 +3,9 @@
 Lives here: the item life cycle as a transition table (``move``), the
 settlement of a grant's claims and releases by one report outcome
 (``settle``), which grant reports the holder may not have heard
-(``report_due``), and the pacing interval kept in SQL
-(``pacing_interval``). Must not know: storage, timers, RPC or the clock;
+(``report_due``), the pacing interval kept in SQL
+(``pacing_interval``), and whether a served key may leave its holder's
+line until its next release (``may_leave_line``). Must not know: storage, timers, RPC or the clock;
 ``queue.py`` reads the rows, calls these, and writes what they return.
 """
 
@@ -79,3 +80,19 @@ def pacing_interval(ms: float) -> float:
     it is written once per key rather than on every reply (replies arrive a
     few ms apart from the holder's clock) and a new instance never asks early."""
     return max(0.0, math.ceil(ms / 1000) * 1000)
+
+
+
+def may_leave_line(line: dict[str, float], left: dict[str, float]) -> bool:
+    """May a key just served leave its holder's line until its next release?
+
+    ``left``: per group, the oldest item still waiting here; ``line``: per
+    group, the mark the holder's answer gave (``allocation.line_ahead``):
+    at least as many items of other clients as the group has permits are
+    that old or older, so about a job's length of releases comes before
+    this key's turn. A held request is how a key keeps its place, and each
+    one is billed: a key behind the mark in every group it waits in asks
+    again with its next release (the request carries the report, see
+    ``queue.py``) instead of at once.
+    """
+    return bool(left) and all(group in line and oldest >= line[group] for group, oldest in left.items())
