@@ -64,7 +64,7 @@ from .messages import (
     ReportOutcome,
     parse_reply,
 )
-from .queue_core import move, pacing_interval, may_leave_line, report_due, settle
+from .queue_core import may_leave_line, move, pacing_interval, report_due, settle
 from .queue_store import (
     ADMITTED,
     CANCELLED,
