@@ -6,7 +6,9 @@ page, may sit beside it:
 
 - ``<!-- setup`` ... ``-->`` just before the opening fence: code run first
   in the block's module (imports, or stand-ins for what the page leaves to
-  the reader);
+  the reader). ``include(page, text)`` there runs the setup and code of
+  another block (the first of ``page`` containing ``text``) in this
+  module, for a block that builds on one shown before it;
 - ``<!-- check`` ... ``-->`` just after the closing fence: code run last in
   the same module, with ``worker`` bound to that module, which drives what
   the block defined (its Durable Objects through a ``Runtime``) and asserts
@@ -25,6 +27,7 @@ import re
 import sys
 import textwrap
 import types
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -120,11 +123,25 @@ def _exec(source: str, first_line: int, path: Path, namespace: dict) -> None:
     exec(compile("\n" * (first_line - 1) + source, str(path), "exec"), namespace)
 
 
+def _include(namespace: dict) -> Callable[[str, str], None]:
+    def include(page: str, text: str) -> None:
+        """Run, in this module, the setup and code of the first block of ``page`` containing ``text``."""
+        found = [block for block in blocks(ROOT / page) if text in block.code]
+        if not found:
+            raise LookupError(f"no python block of {page} contains {text!r}")
+        if found[0].setup:
+            _exec(found[0].setup, found[0].setup_line, found[0].path, namespace)
+        _exec(found[0].code, found[0].code_line, found[0].path, namespace)
+
+    return include
+
+
 def run_block(block: Block) -> types.ModuleType:
     """Run a block's setup, code and check in one fresh module; return the module."""
     name = "docs_" + re.sub(r"\W", "_", f"{block.path.stem}_{block.line}")
     module = types.ModuleType(name)
     module.__file__ = str(block.path)
+    module.__dict__["include"] = _include(module.__dict__)
     sys.modules[name] = module  # dataclasses and pickling look classes up there
     try:
         if block.setup:
