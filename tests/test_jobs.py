@@ -322,3 +322,23 @@ def test_current_job_outside_a_handler_raises():
 
     with pytest.raises(LookupError, match="job handler"):
         current_job()
+
+
+def test_a_retry_costs_three_rows_written(runtime):
+    stub = runtime.env.PLAIN.getByName("p")
+
+    async def scenario():
+        await stub.submit("warm", "x", "echo")  # schema, first alarm
+        await asyncio.sleep(1)
+        host = runtime.host_of(stub)
+        written = []
+        for job_id, payload in (("once", {}), ("twice", {"fail_first": True})):
+            before = host.db.rows_written + host.stats.alarm_writes
+            await stub.submit(job_id, payload, "whoami")
+            await asyncio.sleep(5)
+            written.append(host.db.rows_written + host.stats.alarm_writes - before)
+        return written, await stub.result("twice")
+
+    written, result = runtime.run(scenario())
+    assert result["result"]["attempt"] == 2
+    assert written == [3, 6]  # the retry: its failure, the alarm set for it, the next attempt's start
