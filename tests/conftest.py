@@ -20,8 +20,8 @@ def example():
 def pytest_terminal_summary(terminalreporter):
     """The hostile-message property tests' counts (refused, accepted, crashed),
     and the docs' Python blocks run and marked not run."""
+    from docs_blocks import census_lines
     from hostile import Tally
-    from test_docs import census_lines
 
     for title, lines in (("hostile messages", Tally.lines()), ("docs", census_lines())):
         if lines:
