@@ -18,11 +18,13 @@ def example():
 
 
 def pytest_terminal_summary(terminalreporter):
-    """The hostile-message property tests' counts: refused, accepted, crashed."""
+    """The hostile-message property tests' counts (refused, accepted, crashed),
+    and the docs' Python blocks run and marked not run."""
+    from docs_blocks import census_lines
     from hostile import Tally
 
-    lines = Tally.lines()
-    if lines:
-        terminalreporter.section("hostile messages")
-        for line in lines:
-            terminalreporter.write_line(line)
+    for title, lines in (("hostile messages", Tally.lines()), ("docs", census_lines())):
+        if lines:
+            terminalreporter.section(title)
+            for line in lines:
+                terminalreporter.write_line(line)

@@ -298,3 +298,47 @@ def test_a_job_that_succeeds_first_time_costs_three_rows_written(runtime):
     assert result == {"status": "completed", "result": {"n": 1}}
     written, read = after[0] - before[0], after[1] - before[1]
     assert (written, read) == (3, 11)  # job with its first attempt, alarm; outcome (its timer lives in memory)
+
+
+def test_a_handler_learns_its_job_from_current_job(runtime):
+    stub = runtime.env.PLAIN.getByName("p")
+
+    async def scenario():
+        # Two jobs whose handlers overlap in time, and one whose first attempt fails.
+        await stub.submit("slow", {"sleep": 2}, "whoami")
+        await stub.submit("quick", {"sleep": 1}, "whoami")
+        await stub.submit("again", {"fail_first": True}, "whoami")
+        await asyncio.sleep(5)
+        return [await stub.result(job_id) for job_id in ("slow", "quick", "again")]
+
+    slow, quick, again = runtime.run(scenario())
+    assert slow["result"] == {"id": "slow", "attempt": 1, "handler": "whoami", "same": True}
+    assert quick["result"] == {"id": "quick", "attempt": 1, "handler": "whoami", "same": True}
+    assert again["result"] == {"id": "again", "attempt": 2, "handler": "whoami", "same": True}
+
+
+def test_current_job_outside_a_handler_raises():
+    from durability import current_job
+
+    with pytest.raises(LookupError, match="job handler"):
+        current_job()
+
+
+def test_a_retry_costs_three_rows_written(runtime):
+    stub = runtime.env.PLAIN.getByName("p")
+
+    async def scenario():
+        await stub.submit("warm", "x", "echo")  # schema, first alarm
+        await asyncio.sleep(1)
+        host = runtime.host_of(stub)
+        written = []
+        for job_id, payload in (("once", {}), ("twice", {"fail_first": True})):
+            before = host.db.rows_written + host.stats.alarm_writes
+            await stub.submit(job_id, payload, "whoami")
+            await asyncio.sleep(5)
+            written.append(host.db.rows_written + host.stats.alarm_writes - before)
+        return written, await stub.result("twice")
+
+    written, result = runtime.run(scenario())
+    assert result["result"]["attempt"] == 2
+    assert written == [3, 6]  # the retry: its failure, the alarm set for it, the next attempt's start

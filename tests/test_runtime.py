@@ -149,6 +149,8 @@ def test_eviction_drops_memory_keeps_storage_and_fails_waiting_calls(probe):
     assert memory == []  # a new instance starts with empty memory
     host = probe.host_of(probe.env.PROBE.getByName("a"))
     assert host.stats.evictions == 1 and host.stats.instances_created == 2
+    assert [(name, detail) for _, name, event, detail in probe.trace if event == "evicted"] == [
+        ("Probe:a", "Network connection lost.")]
 
 
 def test_code_left_running_after_eviction_cannot_touch_storage(probe):

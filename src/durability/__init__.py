@@ -5,7 +5,7 @@ only this package, the standard library and the ``workers`` SDK;
 ``durability.testing`` (the embedded runtime) is for tests and demos.
 """
 
-from .jobs import Durability
+from .jobs import Durability, JobContext, JobEvent, current_job
 from .outbox import DurabilityOutbox, OutboxChannel, OutboxMessage
 from .retry import Backoff
 from .scheduler import DurabilityScheduler, Timer
@@ -15,7 +15,10 @@ __all__ = [
     "Durability",
     "DurabilityOutbox",
     "DurabilityScheduler",
+    "JobContext",
+    "JobEvent",
     "OutboxChannel",
     "OutboxMessage",
     "Timer",
+    "current_job",
 ]

@@ -41,6 +41,9 @@ listener sends out is held by the output gate until that write commits. They
 are best effort: a crash between the commit and the listener loses the
 event, and a listener that raises is logged and ignored. Read
 ``run.get_result(id)`` for the authoritative state.
+
+A handler is called with the payload alone; ``current_job()``, called from
+the handler (or a task it starts), says which job and attempt it runs for.
 """
 
 from __future__ import annotations
@@ -50,6 +53,7 @@ import json
 import logging
 import random
 from collections.abc import Callable, Mapping
+from contextvars import ContextVar
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
@@ -128,8 +132,34 @@ class JobEvent:
     error: str | None = None  #: what failed, on failure
 
 
+@dataclass(frozen=True)
+class JobContext:
+    """The job a handler runs for, as ``current_job()`` returns it."""
+
+    id: str
+    attempt: int  #: from 1; a retry's attempt is one more than the last
+    handler: str  #: the handler's name
+
+
 Handler = Callable[[Any], Any]  # payload -> result, or an awaitable of it
 Listener = Callable[[JobEvent], Any]
+
+# Set around each handler call, in the timer's own task: concurrent jobs
+# never see each other's, and tasks a handler starts inherit it.
+_current_job: ContextVar[JobContext | None] = ContextVar("durability.jobs.current_job", default=None)
+
+
+def current_job() -> JobContext:
+    """The job whose handler is running: its id, attempt and handler name.
+
+    A handler receives its payload alone; this is how it learns its job id,
+    to make its effects idempotent on it. Raises ``LookupError`` outside a
+    handler.
+    """
+    job = _current_job.get()
+    if job is None:
+        raise LookupError("current_job() is called from a job handler (or a task it starts) only")
+    return job
 
 
 def _error_text(error: BaseException) -> str:
@@ -291,7 +321,8 @@ class Durability:
         try:
             await self._emit([JobEvent(JobEventType.ATTEMPT_STARTED, job_id, attempt)])
             try:
-                result, text = await self._call(row["handler"], json.loads(row["payload"]))
+                job = JobContext(job_id, attempt, row["handler"])
+                result, text = await self._call(job, json.loads(row["payload"]))
             except Exception as error:
                 events = self._fail(job_id, attempt, _error_text(error))
             else:
@@ -300,14 +331,19 @@ class Durability:
             self._in_flight.discard(job_id)
         await self._emit(events)
 
-    async def _call(self, name: str, payload: Any) -> tuple[Any, str]:
+    async def _call(self, job: JobContext, payload: Any) -> tuple[Any, str]:
         """Run the handler; return its result and the result's JSON text."""
+        name = job.handler
         handler = self.handlers.get(name)
         if handler is None:
             raise LookupError(f"no job handler named {name!r} in this object")
-        result = handler(payload)
-        if inspect.isawaitable(result):
-            result = await result
+        token = _current_job.set(job)
+        try:
+            result = handler(payload)
+            if inspect.isawaitable(result):
+                result = await result
+        finally:
+            _current_job.reset(token)
         try:
             return result, _json(result)
         except (TypeError, ValueError) as error:

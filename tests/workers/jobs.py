@@ -3,8 +3,8 @@
 ``Jobs`` has one handler, ``run``, steered by its payload (``job`` names the
 counters it keeps, ``fail_times``, ``sleep``, ``error``, ``bad_result``,
 ``result``), and a listener that records every lifecycle event. ``Plain``
-has two sync handlers and no listener, so it writes nothing but the
-runner's own rows.
+has two sync handlers, one async one that reports ``current_job()``, and no
+listener, so it writes nothing but the runner's own rows.
 """
 
 import asyncio
@@ -13,7 +13,7 @@ import time
 
 from workers import DurableObject
 
-from durability import Backoff, Durability, DurabilityScheduler
+from durability import Backoff, Durability, DurabilityScheduler, current_job
 
 
 class Jobs(DurableObject):
@@ -116,15 +116,26 @@ class Jobs(DurableObject):
         await self.scheduler.alarm(alarm_info)
 
 
+async def whoami(payload):
+    """The job this handler runs for, read before and after an await."""
+    before = current_job()
+    await asyncio.sleep(payload.get("sleep", 0))
+    job = current_job()
+    if payload.get("fail_first") and job.attempt == 1:
+        raise RuntimeError("the first attempt fails")
+    return {"id": job.id, "attempt": job.attempt, "handler": job.handler, "same": before == job}
+
+
 class Plain(DurableObject):
-    """Sync handlers, no listener, default retries: only the runner writes."""
+    """No listener, default retries: only the runner writes."""
 
     def __init__(self, ctx, env):
         super().__init__(ctx, env)
         self.scheduler = DurabilityScheduler(ctx)
         self.jobs = Durability(
             scheduler=self.scheduler,
-            handlers={"echo": lambda payload: payload, "upper": lambda payload: str(payload).upper()},
+            handlers={"echo": lambda payload: payload, "upper": lambda payload: str(payload).upper(),
+                      "whoami": whoami},
         )
 
     async def submit(self, job_id, payload=None, handler=None):

@@ -208,6 +208,7 @@ class ObjectHost:
         it was serving fail with a reset error.
         """
         self.stats.evictions += 1
+        self._services.log_event(self, "evicted", reason)
         self.reset_reason = reason
         self.generation += 1
         self.instance = None
