@@ -71,7 +71,8 @@ def _npm_ci(root: Path, stale: list[str], say: Callable[[str], None]) -> None:
     output = (done.stdout + done.stderr).strip()
     if done.returncode != 0:
         raise NodeToolsError(f"`{' '.join(NPM_CI)}` failed with exit code {done.returncode}:\n{output[-3000:]}")
-    say(output.splitlines()[-1] if output else "npm ci done")
+    summary = done.stdout.strip().splitlines()  # "added N packages in Ts"; warnings go to stderr
+    say(summary[-1] if summary else "npm ci done")
 
 
 def ensure_node_tools(root: Path = ROOT, say: Callable[[str], None] = print) -> None:
