@@ -14,7 +14,7 @@ def pytest_collection_modifyitems(config, items):
     """Install the Node tools of package-lock.json when a selected test needs them and
     they are missing; stop the session with a clear error when Node is not there."""
     needing = [item for item in items if any(item.get_closest_marker(mark) for mark in NODE_TIERS)]
-    if not needing:
+    if not needing or config.option.collectonly:
         return
     reporter = config.pluginmanager.get_plugin("terminalreporter")
 
