@@ -41,7 +41,6 @@ import re
 import shutil
 import subprocess
 import sys
-import tempfile
 import tomllib
 from pathlib import Path
 
@@ -114,14 +113,11 @@ def node_tools() -> None:
         fail(str(error))
 
 
-def locked_requirements(project: Path) -> Path:
-    """A requirements file, in ``project`` (its paths are relative to it), of the
-    project's locked runtime dependencies with their hashes."""
-    handle = tempfile.NamedTemporaryFile("w", dir=project, prefix=".vendor-", suffix=".txt", delete=False)
-    handle.close()
+def export_locked_requirements(project: Path, target: Path) -> None:
+    """Write the project's locked runtime dependencies, with their hashes, to
+    ``target``, a requirements file in ``project`` (its paths are relative to it)."""
     run(uv_command() + ["export", "--locked", "--no-dev", "--no-emit-project", "--no-header", "--quiet",
-                        "--format", "requirements-txt", "--output-file", handle.name], cwd=project)
-    return Path(handle.name)
+                        "--format", "requirements-txt", "--output-file", str(target)], cwd=project)
 
 
 def vendor_modules(pin: str, project: Path = ROOT) -> None:
@@ -132,11 +128,12 @@ def vendor_modules(pin: str, project: Path = ROOT) -> None:
     install = uv_command() + ["pip", "install", "--target", str(vendor), "--no-deps", "--link-mode", "copy"]
     run(install + [f"{SDK}=={pin}"], cwd=project)
     if project != ROOT:
-        requirements = locked_requirements(project)
+        requirements = project / ".vendor-requirements.txt"
         try:
+            export_locked_requirements(project, requirements)
             run(install + ["--require-hashes", "-r", str(requirements)], cwd=project)
         finally:
-            requirements.unlink()
+            requirements.unlink(missing_ok=True)
         for part in TEST_ONLY:
             shutil.rmtree(vendor / part, ignore_errors=True)
     # uv leaves its lock file in the target; wrangler would upload it.
