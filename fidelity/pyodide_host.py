@@ -9,7 +9,6 @@ Must not know: what a scenario checks.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import tempfile
@@ -26,24 +25,6 @@ SDK_DIST = "workers-runtime-sdk"
 
 class PyodideHostError(RuntimeError):
     """The host could not run the task: the Worker failed in Pyodide."""
-
-
-def node_ready() -> str | None:
-    """Why the host cannot run here (no node, no `npm ci`), or None."""
-    if shutil.which("node") is None:
-        return "node is not installed"
-    for package in ("pyodide", "sql.js", "@sinonjs/fake-timers", "miniflare"):
-        if not (ROOT / "node_modules" / package / "package.json").is_file():
-            return f"node_modules/{package} is missing: run `npm ci`"
-    return None
-
-
-def skip_without_node():
-    """A pytest mark: skip a tier that cannot run here, except in CI, where it must run."""
-    import pytest  # only the tests need it
-
-    reason = node_ready()
-    return pytest.mark.skipif(reason is not None and not os.environ.get("CI"), reason=str(reason))
 
 
 def copy_sdk(target: Path) -> str:

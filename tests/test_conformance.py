@@ -8,9 +8,8 @@ import pytest
 
 from durability.testing._sql import SqlCursor, SqlDatabase
 from fidelity import conformance
-from fidelity.pyodide_host import skip_without_node
 
-pytestmark = [pytest.mark.workerd, skip_without_node()]
+pytestmark = [pytest.mark.workerd]
 
 
 @pytest.fixture(scope="module")

@@ -6,9 +6,9 @@ import shutil
 
 import pytest
 
-from fidelity.pyodide_host import ROOT, copy_sdk, skip_without_node
+from fidelity.pyodide_host import ROOT, copy_sdk
 
-pytestmark = [pytest.mark.pyodide, skip_without_node()]
+pytestmark = [pytest.mark.pyodide]
 
 
 def _build_deployment():

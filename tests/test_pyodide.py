@@ -13,10 +13,10 @@ import pytest
 
 from durability.testing import Runtime
 from fidelity.embedded import EmbeddedDriver
-from fidelity.pyodide_host import ROOT, PyodideHostError, run_host, skip_without_node
+from fidelity.pyodide_host import ROOT, PyodideHostError, run_host
 from fidelity.scenarios import account_jobs, http_bodies, uploads
 
-pytestmark = [pytest.mark.pyodide, skip_without_node()]
+pytestmark = [pytest.mark.pyodide]
 
 LIMITS = {"acct-a": 2, "acct-b": 3}
 VARS = {"ACCOUNT_LIMITS": json.dumps(LIMITS), "SHARDS": "3"}
