@@ -5,7 +5,7 @@ only this package, the standard library and the ``workers`` SDK;
 ``durability.testing`` (the embedded runtime) is for tests and demos.
 """
 
-from .jobs import Durability
+from .jobs import Durability, NonRetryableError
 from .outbox import DurabilityOutbox, OutboxChannel, OutboxMessage
 from .retry import Backoff
 from .scheduler import DurabilityScheduler, Timer
@@ -15,6 +15,7 @@ __all__ = [
     "Durability",
     "DurabilityOutbox",
     "DurabilityScheduler",
+    "NonRetryableError",
     "OutboxChannel",
     "OutboxMessage",
     "Timer",
