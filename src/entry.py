@@ -280,9 +280,10 @@ async def deliver_webhook(job):
     """POST the job's webhook once. Returns ``{"status": ...}`` on a 2xx answer;
     raises to fail the attempt (retried), or NonRetryableError to fail the job.
 
-    ``workers.fetch`` is the SDK's wrapper of JavaScript's ``fetch``: in
-    Python Workers the only HTTP client that reaches the network. A redirect
-    is not followed (``redirect="manual"``): a webhook URL must be final."""
+    ``workers.fetch`` is the SDK's wrapper of JavaScript's ``fetch``, to
+    which every HTTP client that works in Python Workers comes down (the
+    runtime patches async ``httpx`` and ``aiohttp`` onto it). A redirect is
+    not followed (``redirect="manual"``): a webhook URL must be final."""
     body = {"id": job["id"], "account": job["account"], "workflow": job["workflow"],
             "payload": job.get("payload")}
     headers = {"content-type": "application/json", "idempotency-key": job["id"]}
