@@ -11,7 +11,7 @@ import json
 import pytest
 from webhook_receiver import Receiver
 
-from durability.testing import Runtime
+from durability.testing import Faults, Runtime
 from support import ROOT
 
 LIMITS = {"acct-a": 2, "acct-b": 3, "acct-c": 5}
@@ -94,6 +94,33 @@ def test_retryable_answers_and_lost_connections_are_retried_and_refusals_are_not
             assert len(deliveries) == 2
     assert receiver.peak["acct-a"] <= LIMITS["acct-a"]
     assert usage["outstanding"] == 0
+
+
+def test_under_evictions_every_webhook_is_delivered_at_least_once_and_every_permit_comes_back():
+    # Shards are evicted during their alarms: an attempt cut short is retried,
+    # and a delivery it had sent may reach the receiver twice.
+    faults = Faults(evict=0.3, evict_window_ms=400, targets={"JobShard"})
+    with Receiver(LIMITS) as receiver, webhook_runtime(seed=2, faults=faults) as runtime:
+        jobs = [{"id": f"{account}-{i}", "account": account, "work_ms": (i * 37) % 300,
+                 "url": receiver.url("/ok")} for i in range(10) for account in LIMITS]
+
+        async def scenario():
+            await submit_all(runtime, jobs)
+            outcomes = await settle(runtime, [job["id"] for job in jobs])
+            await asyncio.sleep(120)  # the shards report their last releases, the holders reclaim
+            return outcomes, {account: await runtime.call_entrypoint("account_usage", account) for account in LIMITS}
+
+        outcomes, usage = runtime.run(scenario())
+        evictions = runtime.totals()["evictions"]
+    repeats = sum(len(deliveries) - 1 for deliveries in receiver.deliveries.values())
+    print(f"\nunder {evictions} evictions: {repeats} repeated deliveries, peak per account "
+          f"{dict(receiver.peak)} against {LIMITS}")
+    assert evictions > 0
+    for job in jobs:
+        assert outcomes[job["id"]]["status"] == "completed"
+        assert len(receiver.deliveries[job["id"]]) >= 1
+        assert {delivery["idempotency_key"] for delivery in receiver.deliveries[job["id"]]} == {job["id"]}
+    assert {account: usage[account]["outstanding"] for account in LIMITS} == dict.fromkeys(LIMITS, 0)
 
 
 BAD_URLS = {
