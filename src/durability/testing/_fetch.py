@@ -55,11 +55,14 @@ class _NoRedirect(urllib.request.HTTPRedirectHandler):
 
 
 def _opener(redirect: str) -> urllib.request.OpenerDirector:
-    if redirect == "follow":
-        return urllib.request.build_opener()
+    # No proxy from the environment (``http_proxy``...): workerd's fetch uses none,
+    # and a request to 127.0.0.1 must not be sent through one.
+    handlers: list[urllib.request.BaseHandler] = [urllib.request.ProxyHandler({})]
     if redirect in ("manual", "error"):
-        return urllib.request.build_opener(_NoRedirect(refuse=redirect == "error"))
-    raise TypeError(f"fetch: redirect must be 'follow', 'manual' or 'error', not {redirect!r}")
+        handlers.append(_NoRedirect(refuse=redirect == "error"))
+    elif redirect != "follow":
+        raise TypeError(f"fetch: redirect must be 'follow', 'manual' or 'error', not {redirect!r}")
+    return urllib.request.build_opener(*handlers)
 
 
 def _send(request: urllib.request.Request, redirect: str) -> Answer:
