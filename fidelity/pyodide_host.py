@@ -55,14 +55,15 @@ def wrangler_config(path: Path) -> dict[str, Any]:
 def run_host(task: dict[str, Any], *, wrangler: Path = ROOT / "wrangler.toml",
              module_dir: Path | None = None, sdk_dir: Path | None = None,
              vars: dict[str, str] | None = None, worker: dict[str, Any] | None = None,
-             timeout: float = 600) -> dict[str, Any]:
+             stub_fetch: bool = False, timeout: float = 600) -> dict[str, Any]:
     """Run ``task`` on the Worker of ``wrangler`` in Pyodide; return the host's report.
 
     ``module_dir`` replaces the directory of the main module (to run a
     variant of the Worker); ``sdk_dir`` gives an SDK tree to use instead of
     the installed one (the deployment's ``python_modules``, say); ``worker``
     (``main``, ``module_dir``, ``vars``, ``durableObjects``) replaces the
-    configuration read from ``wrangler``.
+    configuration read from ``wrangler``. ``stub_fetch`` answers the
+    Worker's requests to ``https://hooks.test`` with ``fetch_stub.mjs``.
     """
     config = worker or wrangler_config(wrangler)
     config["vars"] = {**config.get("vars", {}), **(vars or {})}
@@ -81,6 +82,7 @@ def run_host(task: dict[str, Any], *, wrangler: Path = ROOT / "wrangler.toml",
             "main": config["main"],
             "config": {"vars": config["vars"], "durableObjects": config["durableObjects"]},
             "task": task,
+            "stubFetch": stub_fetch,
         }
         (tmp / "request.json").write_text(json.dumps(request))
         done = subprocess.run(["node", str(HOST), str(tmp / "request.json")], cwd=ROOT,

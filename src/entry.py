@@ -15,6 +15,14 @@ workflow's limit (``WORKFLOW_LIMITS``). An admitted job runs through the
 ``Durability`` runner; its permit goes back when the job ends, and the
 queue's ``finished()`` sweep returns any permit whose release was lost.
 
+Webhooks: a job submitted with a ``url`` is POSTed there once its work is
+done, inside its attempt, so under the account's permit: never more
+deliveries of an account at once than its limit. A delivery that gets no
+answer, or a 5xx, 408, 425 or 429, fails the attempt and the runner retries
+it; any other answer outside 2xx (a redirect included: none is followed)
+fails the job at once. Delivery is at least once: every attempt carries the
+job id in its ``Idempotency-Key`` header, for the receiver to drop repeats.
+
 Outbox: each ``Counter`` counts increments per tally. Its increment and the
 report of its new cumulative count to the ``Tally`` commit in one
 transaction; the outbox then delivers the report at least once. A tally
@@ -31,10 +39,11 @@ import asyncio
 import hmac
 import json
 import zlib
+from urllib.parse import urlsplit
 
-from workers import DurableObject, Response, WorkerEntrypoint
+from workers import DurableObject, Response, WorkerEntrypoint, fetch as fetch_url
 
-from durability import Backoff, Durability, DurabilityOutbox, DurabilityScheduler, locks
+from durability import Backoff, Durability, DurabilityOutbox, DurabilityScheduler, NonRetryableError, locks
 from durability.locks import PlaceLost, WaitTimeout, semaphore
 from durability.semaphore import DurabilitySemaphore, DurabilitySemaphoreQueue
 from durability.transforms import timeout
@@ -187,11 +196,42 @@ class AccountLimit(DurableObject):
 limits = DurabilitySemaphore.client(binding="ACCOUNT_LIMIT").with_(timeout, 250_000)
 
 MAX_WORK_MS = 15 * 60_000
-_JOB_FIELDS = {"id", "account", "workflow", "work_ms", "fail"}
+MAX_URL_LENGTH = 2_048
+MAX_PAYLOAD_BYTES = 16_384
+_JOB_FIELDS = {"id", "account", "workflow", "work_ms", "fail", "url", "payload"}
+
+
+def _webhook_url(value):
+    """An absolute http(s) URL with a host, no credentials and no whitespace, or ValueError."""
+    if not isinstance(value, str) or not 0 < len(value) <= MAX_URL_LENGTH:
+        raise ValueError(f"url must be a string of 1 to {MAX_URL_LENGTH} characters")
+    if any(char <= " " or char == "\x7f" for char in value):
+        raise ValueError("url must not contain spaces or control characters")
+    try:
+        parts = urlsplit(value)
+        parts.port  # noqa: B018  (raises ValueError on a port that is not a number from 0 to 65535)
+    except ValueError:
+        raise ValueError("url is not a valid URL") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError("url must be an absolute http:// or https:// URL with a host")
+    if parts.username is not None or parts.password is not None:
+        raise ValueError("url must not carry credentials")
+    return value
+
+
+def _webhook_payload(value):
+    """Any JSON value whose JSON text is at most MAX_PAYLOAD_BYTES, or ValueError."""
+    try:
+        size = len(json.dumps(value, allow_nan=False).encode())
+    except (TypeError, ValueError):
+        raise ValueError("payload must be a JSON value") from None
+    if size > MAX_PAYLOAD_BYTES:
+        raise ValueError(f"payload must be at most {MAX_PAYLOAD_BYTES} bytes of JSON")
+    return value
 
 
 def _job(job):
-    """A job as submitted: ``{id, account, workflow?, work_ms?, fail?}``."""
+    """A job as submitted: ``{id, account, workflow?, work_ms?, fail?, url?, payload?}``."""
     if not isinstance(job, dict):
         raise ValueError("a job must be an object")
     unknown = set(job) - _JOB_FIELDS
@@ -202,22 +242,65 @@ def _job(job):
         raise ValueError(f"work_ms must be an integer from 0 to {MAX_WORK_MS}")
     if not isinstance(job.get("fail", False), bool):
         raise ValueError("fail must be true or false")
-    return {
+    if "payload" in job and "url" not in job:
+        raise ValueError("payload goes with url: it is what the webhook carries")
+    checked = {
         "id": _name(job.get("id"), "id"),
         "account": _name(job.get("account"), "account"),
         "workflow": _name(job.get("workflow", "default"), "workflow"),
         "work_ms": work_ms,
         "fail": job.get("fail", False),
     }
+    if "url" in job:  # kept only when given: a job without one stores what it always did
+        checked["url"] = _webhook_url(job["url"])
+        checked["payload"] = _webhook_payload(job.get("payload"))
+    return checked
 
 
 async def run_job(env, job):
-    """The work of one job. This example only waits ``work_ms`` (and fails when
-    told to); a real Worker calls the service that does the work here."""
+    """The work of one job. This example waits ``work_ms`` (and fails when
+    told to), where a real Worker calls the service that does the work, then
+    delivers the job's webhook when it has a ``url``."""
     await asyncio.sleep(job["work_ms"] / 1000)
     if job["fail"]:
         raise RuntimeError(f"job {job['id']} failed, as it was asked to")
-    return {"worked_ms": job["work_ms"]}
+    result = {"worked_ms": job["work_ms"]}
+    if job.get("url"):
+        result["webhook"] = await deliver_webhook(job)
+    return result
+
+
+WEBHOOK_TIMEOUT_S = 30
+# Answers that may change if asked again: a timeout, too early, too many
+# requests, and every 5xx. Any other answer outside 2xx would come again.
+_RETRYABLE_STATUSES = {408, 425, 429}
+
+
+async def deliver_webhook(job):
+    """POST the job's webhook once. Returns ``{"status": ...}`` on a 2xx answer;
+    raises to fail the attempt (retried), or NonRetryableError to fail the job.
+
+    ``workers.fetch`` is the SDK's wrapper of JavaScript's ``fetch``, to
+    which every HTTP client that works in Python Workers comes down (the
+    runtime patches async ``httpx`` and ``aiohttp`` onto it). A redirect is
+    not followed (``redirect="manual"``): a webhook URL must be final."""
+    body = {"id": job["id"], "account": job["account"], "workflow": job["workflow"],
+            "payload": job.get("payload")}
+    headers = {"content-type": "application/json", "idempotency-key": job["id"]}
+    try:
+        async with asyncio.timeout(WEBHOOK_TIMEOUT_S):
+            response = await fetch_url(job["url"], method="POST", headers=headers,
+                                       body=json.dumps(body), redirect="manual")
+            answer = await response.text()  # read to the end: an unread body holds its connection
+    except TimeoutError:
+        raise TimeoutError(f"webhook {job['url']}: no answer within {WEBHOOK_TIMEOUT_S} s") from None
+    status = response.status
+    if 200 <= status < 300:
+        return {"status": status}
+    refusal = f"webhook {job['url']} answered {status}: {answer[:200]}"
+    if status >= 500 or status in _RETRYABLE_STATUSES:
+        raise RuntimeError(refusal)
+    raise NonRetryableError(refusal)
 
 
 class JobShard(DurableObject):

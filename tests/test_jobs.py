@@ -94,6 +94,21 @@ def test_a_job_fails_for_good_after_its_attempts(runtime):
     assert stored["timers"] == 0
 
 
+def test_a_non_retryable_error_fails_the_job_at_its_first_attempt(runtime):
+    stub = runtime.env.JOBS.getByName("j")
+
+    async def scenario():
+        await stub.submit("job-1", {"job": "job-1", "fail_times": 1, "refused": "the receiver said 404"})
+        await asyncio.sleep(60)
+        return await stub.events("job-1"), await stub.result("job-1"), await stub.calls("job-1")
+
+    events, result, calls = runtime.run(scenario())
+    # The first attempt fails as any failure does and is retried; the second is final.
+    assert result == {"status": "failed", "error": "NonRetryableError: the receiver said 404"}
+    assert calls == 2
+    assert kinds(events)[-2:] == [("attempt_settled", 2, "failed"), ("terminal", 2, "failed")]
+
+
 def test_lifecycle_events_come_in_order_after_their_writes(runtime):
     stub = runtime.env.JOBS.getByName("j")
 

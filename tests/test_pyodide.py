@@ -10,11 +10,12 @@ import json
 import shutil
 
 import pytest
+from webhook_receiver import Receiver
 
 from durability.testing import Runtime
 from fidelity.embedded import EmbeddedDriver
 from fidelity.pyodide_host import ROOT, PyodideHostError, run_host
-from fidelity.scenarios import account_jobs, http_bodies, uploads
+from fidelity.scenarios import account_jobs, http_bodies, uploads, webhooks
 
 pytestmark = [pytest.mark.pyodide]
 
@@ -141,3 +142,28 @@ def test_the_request_s_own_json_fails_with_a_javascript_error_in_pyodide(tmp_pat
     with pytest.raises(PyodideHostError, match="SyntaxError"):
         run_host({"kind": "scenario", "module": "scenarios.http_bodies", "function": "run"},
                  module_dir=variant, vars={"API_TOKEN": http_bodies.TOKEN})
+
+
+def test_webhooks_go_through_the_sdk_s_fetch_in_pyodide_as_on_cpython():
+    # In Pyodide the SDK's fetch calls the global fetch, stubbed to answer as
+    # the receiver on 127.0.0.1 answers the embedded runtime's real requests.
+    task = {"kind": "scenario", "module": "scenarios.webhooks", "function": "run",
+            "args": {"base": "https://hooks.test"}}
+    in_pyodide = run_host(task, vars=VARS, stub_fetch=True)
+    with Receiver(LIMITS) as receiver, Runtime.from_wrangler(ROOT / "wrangler.toml", vars=VARS) as runtime:
+        embedded = runtime.run(webhooks.run(EmbeddedDriver(runtime), base=receiver.url("")))
+    outcomes = in_pyodide["result"]
+    assert outcomes == embedded
+    fetches = in_pyodide["fetches"]
+    for job_id, outcome in outcomes.items():
+        kind = job_id.split("-")[0]
+        if kind == "gone":
+            assert outcome == {"status": "failed", "error": "NonRetryableError: webhook BASE/gone answered 410: "}
+        else:
+            assert outcome == {"status": "completed", "result": {"worked_ms": 0, "webhook": {"status": 200}}}
+        sent = fetches["deliveries"][job_id]
+        assert len(sent) == len(receiver.deliveries[job_id]) == (1 if kind in ("ok", "gone") else 2)
+        assert {(d["method"], d["redirect"], d["idempotency_key"], d["content_type"]) for d in sent} == {
+            ("POST", "manual", job_id, "application/json")}
+    assert fetches["peak"]["acct-a"] <= LIMITS["acct-a"]
+    assert in_pyodide["background_errors"] == []

@@ -9,6 +9,8 @@
 //   {"kind": "import"}                      import the main module, list its classes
 //   {"kind": "scenario", "module", "function", "args"}
 //                                           await module.function(driver, **args)
+// With "stubFetch": true, the global fetch answers requests to https://hooks.test
+// (fetch_stub.mjs) and the report carries what it received as "fetches".
 // It prints one JSON line: {"ok": true, "result": ...} or {"ok": false, "error": ...}.
 //
 // Lives here: loading Pyodide, the two modules the runtime provides to the
@@ -17,6 +19,7 @@ import { readFileSync, readdirSync, statSync } from "node:fs";
 import { join } from "node:path";
 import { fileURLToPath } from "node:url";
 import { installVirtualClock } from "./clock.mjs";
+import { installFetchStub } from "./fetch_stub.mjs";
 import { WorkerHost } from "./objects.mjs";
 
 const HERE = fileURLToPath(new URL(".", import.meta.url));
@@ -51,6 +54,8 @@ async function main() {
   const logs = [];
   const log = (line) => logs.push(line);
   const { runUntil, nowMs } = installVirtualClock();
+  // Before Pyodide loads: pyodide.http binds the global fetch when it is imported.
+  const fetches = request.stubFetch ? installFetchStub() : undefined;
   const { loadPyodide } = await import("pyodide");
   const initSqlJs = (await import("sql.js")).default;
   const [pyodide, SQL] = await Promise.all([
@@ -84,7 +89,7 @@ async function main() {
   } else {
     throw new Error(`unknown task ${task.kind}`);
   }
-  result = { ok: true, result, stats: host.stats, background_errors: host.errors, logs };
+  result = { ok: true, result, stats: host.stats, background_errors: host.errors, logs, fetches };
   process.stdout.write(JSON.stringify(result) + "\n");
 }
 

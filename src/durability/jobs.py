@@ -26,8 +26,9 @@ row. Each firing of the timer runs one attempt:
    scheduler (whose own backoff applies only when storage itself fails);
 3. the outcome is written: ``completed`` with the JSON result, or a failure,
    which either moves ``due_at`` and the timer by ``retries`` (status back
-   to ``pending``) or, once the attempts are spent, makes the job
-   ``failed``.
+   to ``pending``) or, once the attempts are spent or the handler raised
+   ``NonRetryableError`` (another attempt would fail the same way), makes
+   the job ``failed``.
 
 Timers run at least once, so a firing for a job that is already completed
 or failed does nothing. An attempt cut short after its handler had
@@ -61,7 +62,7 @@ from typing import Any
 from ._clock import now_ms
 from ._schema import migrate, public_migrate
 from ._sql import Sql
-from .retry import Backoff, decide_retry
+from .retry import Backoff, RetryDecision, decide_retry
 from .scheduler import DurabilityScheduler, Timer
 
 PARTICIPANT = "durability.jobs"
@@ -162,6 +163,13 @@ def current_job() -> JobContext:
     return job
 
 
+class NonRetryableError(Exception):
+    """Raised by a handler whose job must fail now, with no further attempt:
+    the failure is final (a request the receiver refuses, say), so a retry
+    would only fail again. Any other exception fails the attempt, and
+    ``retries`` decides whether another follows."""
+
+
 def _error_text(error: BaseException) -> str:
     text = f"{type(error).__name__}: {error}"
     return text if len(text) <= MAX_ERROR_LENGTH else text[: MAX_ERROR_LENGTH - 1] + "…"
@@ -238,7 +246,8 @@ class Durability:
         scheduler: the object's ``DurabilityScheduler``; jobs use its
             participant ``durability.jobs`` (one ``Durability`` per scheduler).
         handlers: handler name -> ``handler(payload)``, sync or async,
-            returning a JSON value. Raising fails the attempt.
+            returning a JSON value. Raising fails the attempt;
+            ``NonRetryableError`` fails the job, with no further attempt.
         on_lifecycle_event: optional ``listener(JobEvent)``, sync or async;
             best effort (see the module's docstring).
         retries: backoff between failed attempts and the attempt limit
@@ -324,7 +333,8 @@ class Durability:
                 job = JobContext(job_id, attempt, row["handler"])
                 result, text = await self._call(job, json.loads(row["payload"]))
             except Exception as error:
-                events = self._fail(job_id, attempt, _error_text(error))
+                events = self._fail(job_id, attempt, _error_text(error),
+                                    final=isinstance(error, NonRetryableError))
             else:
                 events = self._complete(job_id, attempt, text, result)
         finally:
@@ -359,9 +369,11 @@ class Durability:
             JobEvent(JobEventType.TERMINAL, job_id, attempt, JobStatus.COMPLETED, result=result),
         ]
 
-    def _fail(self, job_id: str, attempt: int, error: str) -> list[JobEvent]:
-        """Settle ``attempt`` as failed: retry by moving the timer, or give up."""
-        decision = decide_retry(self.retries, attempt, now_ms(), random.random())
+    def _fail(self, job_id: str, attempt: int, error: str, final: bool = False) -> list[JobEvent]:
+        """Settle ``attempt`` as failed: retry by moving the timer, or give up
+        (at once when ``final``)."""
+        decision = RetryDecision(False, None) if final else decide_retry(
+            self.retries, attempt, now_ms(), random.random())
         settled = JobEvent(JobEventType.ATTEMPT_SETTLED, job_id, attempt, JobStatus.FAILED, error=error)
         if decision.retry:
             log.warning("job %s: attempt %d failed: %s; retrying", job_id, attempt, error)

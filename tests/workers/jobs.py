@@ -1,7 +1,7 @@
 """A Worker module for the job runner's tests: jobs that fail, sleep or raise on demand.
 
 ``Jobs`` has one handler, ``run``, steered by its payload (``job`` names the
-counters it keeps, ``fail_times``, ``sleep``, ``error``, ``bad_result``,
+counters it keeps, ``fail_times``, ``sleep``, ``error``, ``refused`` (final), ``bad_result``,
 ``result``), and a listener that records every lifecycle event. ``Plain``
 has two sync handlers, one async one that reports ``current_job()``, and no
 listener, so it writes nothing but the runner's own rows.
@@ -13,7 +13,7 @@ import time
 
 from workers import DurableObject
 
-from durability import Backoff, Durability, DurabilityScheduler, current_job
+from durability import Backoff, Durability, DurabilityScheduler, NonRetryableError, current_job
 
 
 class Jobs(DurableObject):
@@ -46,6 +46,8 @@ class Jobs(DurableObject):
             raise RuntimeError(f"{job} fails (call {n})")
         if payload.get("error"):
             raise RuntimeError(payload["error"])
+        if payload.get("refused"):
+            raise NonRetryableError(payload["refused"])
         if payload.get("bad_result"):
             return {"not json": {1, 2}}
         sql.exec("INSERT INTO completions (job, at) VALUES (?, ?)", job, time.time() * 1000)

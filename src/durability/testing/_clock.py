@@ -11,6 +11,17 @@ can never make progress; that is a deadlock and it is reported as one.
 Like Pyodide's event loop, it runs a callback due within 2 ms at once,
 with the clock unmoved: code that waits a millisecond for time to pass
 spins here as it would in production, instead of passing.
+
+Real I/O (an outbound HTTP request made in a thread) takes real time, which
+no jump can skip. While any is in flight (``loop.real_time()``), the clock
+follows the real one: it moves on by the real time that passes, whether the
+loop waits or runs callbacks, and a timer fires when real time reaches it,
+while the loop waits on its self-pipe for the I/O to finish (the thread
+wakes it). Once no I/O is in flight, the clock jumps again. A request of
+50 ms thus takes 50 ms of virtual time, timers due meanwhile fire in order
+at their times, and a timeout on virtual time bounds a real request. A run
+that makes real requests is not replayed exactly by its seed: what runs
+while a request is in flight depends on how long it takes.
 """
 
 from __future__ import annotations
@@ -38,23 +49,25 @@ class Deadlock(RuntimeError):
 
 
 class _VirtualSelector(selectors.BaseSelector):
-    """A selector with no file descriptors: waiting means advancing the clock."""
+    """A selector whose waits advance the clock; only while real I/O is in
+    flight does it wait, on the file descriptors registered (the loop's
+    self-pipe, which a thread finishing its I/O writes to)."""
 
     def __init__(self) -> None:
-        self._map: dict[FileDescriptorLike, selectors.SelectorKey] = {}
+        self._real = selectors.DefaultSelector()
         self.loop: VirtualClockLoop | None = None
 
     def register(self, fileobj: FileDescriptorLike, events: int, data: Any = None) -> selectors.SelectorKey:
-        key = selectors.SelectorKey(fileobj, id(fileobj), events, data)
-        self._map[fileobj] = key
-        return key
+        return self._real.register(fileobj, events, data)
 
     def unregister(self, fileobj: FileDescriptorLike) -> selectors.SelectorKey:
-        return self._map.pop(fileobj)
+        return self._real.unregister(fileobj)
 
     def select(self, timeout: float | None = None) -> list[tuple[selectors.SelectorKey, int]]:
         loop = self.loop
         assert loop is not None
+        if loop._real_io:
+            return self._wait_real(loop, timeout)
         if timeout is None:
             raise Deadlock(
                 "every task is waiting and no timer is scheduled: nothing can happen"
@@ -66,11 +79,25 @@ class _VirtualSelector(selectors.BaseSelector):
             loop._virtual_now = max(loop._virtual_now, earliest.when())
         return []
 
+    def _wait_real(self, loop: VirtualClockLoop, timeout: float | None) -> list[tuple[selectors.SelectorKey, int]]:
+        # The time spent running callbacks since the last wait passed too.
+        caught_up = loop._follow_real_time()
+        if timeout is not None:
+            timeout = max(0.0, timeout - caught_up)
+        events = self._real.select(timeout)
+        loop._follow_real_time()
+        if not events and timeout and loop._scheduled:  # type: ignore[attr-defined]
+            # A wait that ran out: its timer is due, however the real clock rounded.
+            # (A wait of 0 polls only: callbacks are ready, no timer may be skipped to.)
+            earliest: asyncio.TimerHandle = loop._scheduled[0]  # type: ignore[attr-defined]
+            loop._virtual_now = max(loop._virtual_now, earliest.when())
+        return events
+
     def get_map(self) -> Mapping[FileDescriptorLike, selectors.SelectorKey]:
-        return self._map
+        return self._real.get_map()
 
     def close(self) -> None:
-        self._map.clear()
+        self._real.close()
 
 
 class VirtualClockLoop(asyncio.SelectorEventLoop):
@@ -80,11 +107,33 @@ class VirtualClockLoop(asyncio.SelectorEventLoop):
         selector = _VirtualSelector()
         self._virtual_now = 0.0
         self.epoch_ms = epoch_ms
+        self._real_io = 0  # real operations in flight: the clock follows the real one
+        self._real_mark = 0.0  # time.monotonic() when the clock last caught up with it
         super().__init__(selector=selector)
         selector.loop = self
 
     def time(self) -> float:
         return self._virtual_now
+
+    @contextlib.contextmanager
+    def real_time(self) -> Iterator[None]:
+        """Around real I/O: while inside, the clock follows real time (see the module's docstring)."""
+        if not self._real_io:
+            self._real_mark = time.monotonic()
+        self._real_io += 1
+        try:
+            yield
+        finally:
+            self._follow_real_time()
+            self._real_io -= 1
+
+    def _follow_real_time(self) -> float:
+        """Move the clock on by the real time since it last did; return that time."""
+        now = time.monotonic()
+        passed = max(0.0, now - self._real_mark)
+        self._real_mark = now
+        self._virtual_now += passed
+        return passed
 
     # A callback run at once gets a plain Handle, not the TimerHandle the base
     # class promises; asyncio's own callers (call_later, timeouts) only cancel it.

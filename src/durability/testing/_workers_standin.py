@@ -18,6 +18,7 @@ from http import HTTPStatus
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
+from . import _fetch
 from ._values import JsDict, JsException, rpc_copy
 
 MODULE_NAME = "workers"
@@ -176,8 +177,21 @@ def handler(func: F) -> F:
     return func
 
 
-async def fetch(*_args: Any, **_kwargs: Any) -> Response:
-    raise RuntimeError("the embedded runtime has no network: fetch() is not available")
+async def fetch(resource: str | Request, *, method: Any = None, headers: Any = None, body: Any = None,
+                redirect: str = "follow", **_options: Any) -> Response:
+    """``workers.fetch``: a real HTTP request (``_fetch``), its answer as a
+    ``Response``; any status is an answer, no answer raises ``OSError``."""
+    request = resource if isinstance(resource, Request) else Request(
+        resource, method=method or "GET", headers=headers, body=body)
+    if isinstance(resource, Request) and (method or headers is not None or body is not None):
+        request = Request(resource, method=method or resource.method, headers=headers, body=body)
+    sent = list(request.headers.items())
+    if isinstance(body, str) and not any(name.lower() == "content-type" for name, _ in sent):
+        sent.append(("content-type", "text/plain;charset=UTF-8"))  # as fetch labels a string body
+    payload = request._consume() if request.method not in ("GET", "HEAD") else None
+    answer = await _fetch.send(request.url, request.method, sent, payload, redirect)
+    return Response(answer.body or None, status=answer.status, status_text=answer.reason,
+                    headers=answer.headers)
 
 
 def import_from_javascript(module_name: str) -> Any:
