@@ -1,6 +1,7 @@
-"""A virtual clock: an asyncio event loop whose time jumps to the next timer.
+"""The runtime's clocks: an asyncio event loop whose time jumps to the next
+timer (virtual time, for tests), and one on real time (for local serving).
 
-Lives here: the loop, and the patch that makes ``time.time()`` read it.
+Lives here: the loops, and the patch that makes ``time.time()`` read them.
 Must not know: Durable Objects, SQL, RPC. It is a clock and nothing more.
 
 When every task is waiting and a timer is due later, the loop moves its
@@ -73,18 +74,11 @@ class _VirtualSelector(selectors.BaseSelector):
         self._map.clear()
 
 
-class VirtualClockLoop(asyncio.SelectorEventLoop):
-    """An event loop on virtual time. ``loop.time()`` starts at 0 seconds."""
+class RuntimeLoop(asyncio.SelectorEventLoop):
+    """What both clocks share: Pyodide's timers, the runtime's exact timers,
+    and the wall clock as ``epoch_ms`` plus the loop's time."""
 
-    def __init__(self, epoch_ms: int = DEFAULT_EPOCH_MS) -> None:
-        selector = _VirtualSelector()
-        self._virtual_now = 0.0
-        self.epoch_ms = epoch_ms
-        super().__init__(selector=selector)
-        selector.loop = self
-
-    def time(self) -> float:
-        return self._virtual_now
+    epoch_ms: float  #: the wall-clock milliseconds at loop time 0
 
     # A callback run at once gets a plain Handle, not the TimerHandle the base
     # class promises; asyncio's own callers (call_later, timeouts) only cancel it.
@@ -123,16 +117,40 @@ class VirtualClockLoop(asyncio.SelectorEventLoop):
 
     def now_ms(self) -> float:
         """Wall-clock milliseconds since the Unix epoch, as ``Date.now()`` gives."""
-        return self.epoch_ms + self._virtual_now * 1000.0
+        return self.epoch_ms + self.time() * 1000.0
 
     def loop_time_for(self, epoch_ms: float) -> float:
         """The loop time at which wall-clock ``epoch_ms`` is reached."""
         return (epoch_ms - self.epoch_ms) / 1000.0
 
 
+class VirtualClockLoop(RuntimeLoop):
+    """An event loop on virtual time. ``loop.time()`` starts at 0 seconds."""
+
+    def __init__(self, epoch_ms: int = DEFAULT_EPOCH_MS) -> None:
+        selector = _VirtualSelector()
+        self._virtual_now = 0.0
+        self.epoch_ms = epoch_ms
+        super().__init__(selector=selector)
+        selector.loop = self
+
+    def time(self) -> float:
+        return self._virtual_now
+
+
+class RealClockLoop(RuntimeLoop):
+    """An event loop on real time, with real sockets: for serving a Worker
+    locally. The wall clock it gives is read once, at its start, and then
+    advanced by the monotonic clock, so ``time.time()`` never steps back."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.epoch_ms = time.time() * 1000.0 - self.time() * 1000.0
+
+
 @contextlib.contextmanager
-def patched_wall_clock(loop: VirtualClockLoop) -> Iterator[None]:
-    """Make ``time.time()`` and ``time.time_ns()`` read the virtual clock.
+def patched_wall_clock(loop: RuntimeLoop) -> Iterator[None]:
+    """Make ``time.time()`` and ``time.time_ns()`` read the loop's clock.
 
     Code that bound ``from time import time`` before the patch keeps the real
     clock; the library and the example Worker always call ``time.time()``.
