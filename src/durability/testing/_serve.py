@@ -156,9 +156,8 @@ class LocalServer:
         if self._server is not None:
             self._server.close()
             await self._server.wait_closed()
-        for task in list(self._connections):
-            task.cancel()
-        await asyncio.gather(*self._connections, return_exceptions=True)
+        await asyncio.sleep(0)  # a connection accepted just now starts its task and is counted
+        await cancel_all(self._connections)
 
     def _print(self, line: str) -> None:
         print(line, file=self.out, flush=True)
@@ -215,6 +214,20 @@ class LocalServer:
             return 500, "Internal Server Error", [("Content-Type", "text/plain")], message
 
 
+async def cancel_all(tasks: set[asyncio.Task[Any]], patience_s: float = 5.0) -> None:
+    """Cancel ``tasks`` until they are done: code that catches a cancellation
+    (to release a place, say) may await again, and on real time such an await
+    does not end by itself. Gives up after ``patience_s``, saying which remain."""
+    deadline = time.monotonic() + patience_s
+    while tasks and time.monotonic() < deadline:
+        for task in list(tasks):
+            task.cancel()
+        await asyncio.wait(list(tasks), timeout=0.1)
+        tasks = {task for task in tasks if not task.done()}
+    for task in tasks:
+        print(f"still running after {patience_s} s, left behind: {task!r}", file=sys.stderr, flush=True)
+
+
 async def _watch_runtime(runtime: Runtime) -> None:
     """Print errors of background work (alarms, tasks) as they happen, and
     keep the runtime's trace from growing without end."""
@@ -241,21 +254,27 @@ def _print_bindings(runtime: Runtime, secrets: set[str], out: Callable[[str], No
         out(f"  {binding.ljust(width)}  {kind}")
 
 
+def local_runtime(config: str | Path = "wrangler.toml") -> tuple[Runtime, dict[str, str] | None]:
+    """The Worker of ``config`` on real time, with the secrets of the
+    ``.dev.vars`` file beside it (None when there is none), as ``wrangler dev``
+    loads them. Objects live in memory: their storage starts empty."""
+    secrets = load_dev_vars(Path(config).resolve().parent / ".dev.vars")
+    return Runtime.from_wrangler(config, vars=secrets, clock="real"), secrets
+
+
 def serve(config: str = "wrangler.toml", host: str = "127.0.0.1", port: int = 8787,
           out: TextIO | None = None) -> None:
-    """Load the Worker of ``config`` with the secrets of ``.dev.vars`` beside
-    it and serve it until SIGINT or SIGTERM. Objects live in memory: their
-    storage starts empty and ends with the server."""
+    """Serve the Worker of ``config`` until SIGINT or SIGTERM, printing what
+    ``wrangler dev`` prints: the secrets file, the bindings, the address."""
     out = out or sys.stdout
-    path = Path(config)
-    secrets = load_dev_vars(path.resolve().parent / ".dev.vars")
 
     def say(line: str) -> None:
         print(line, file=out, flush=True)
 
-    if secrets is not None:
-        say(f"Using secrets defined in {path.parent / '.dev.vars'}")
-    with Runtime.from_wrangler(path, vars=secrets, clock="real") as runtime:
+    runtime, secrets = local_runtime(config)
+    with runtime:
+        if secrets is not None:
+            say(f"Using secrets defined in {Path(config).parent / '.dev.vars'}")
         _print_bindings(runtime, set(secrets or {}), say)
         server = LocalServer(runtime, host, port, out)
 
@@ -270,7 +289,9 @@ def serve(config: str = "wrangler.toml", host: str = "127.0.0.1", port: int = 87
                 await stop.wait()
             finally:
                 say("Shutting down local server...")
-                watcher.cancel()
                 await server.stop()
+                # Alarms, timers and calls in flight: the runtime's close would wait for them forever.
+                await cancel_all(asyncio.all_tasks() - {asyncio.current_task()} - {watcher})
+                watcher.cancel()
 
         runtime.run(run())
