@@ -69,7 +69,7 @@ background:#e3e7ed}
 .badge.queued,.badge.claiming,.badge.pending{background:#fff1d6;color:#7a4b00}
 .badge.failed,.badge.not_found{background:#fbe1e0;color:#8f1f1b}
 pre{background:#fff;border:1px solid #dde1e7;border-radius:8px;padding:.75rem;overflow:auto}
-a{color:#2f6fde}table.fields th{width:12rem}
+a{color:#2f6fde}table.fields th{width:15rem}
 """
 
 
@@ -171,7 +171,7 @@ def job_page(job_id, status, account_waiting=()):
     if blocked:
         why = f'<code>{escape(blocked["reason"])}</code> {escape(REASONS.get(blocked["reason"], ""))}'
         rows.append(("Waits because", "reason", why))
-        rows.append(("Jobs of its workflow waiting", "waiting", escape(str(blocked["waiting"]))))
+        rows.append(("Waiting in its workflow", "waiting", escape(str(blocked["waiting"]))))
     job = status.get("job") or {"status": "not started"}
     runner = "not started" if job["status"] == "not_found" else job["status"]
     rows.append(("Job runner", "job", f'<span class="badge {escape(runner)}">{escape(runner)}</span>'))

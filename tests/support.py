@@ -83,11 +83,16 @@ def locks_runtime_fixture():
 
 # -- the local server (python -m durability.testing serve) ---------------------------
 
-def example_worker_dir(directory: Path, token: str) -> Path:
+def example_worker_dir(directory: Path, token: str, **values: str) -> Path:
     """A copy of the example's wrangler.toml in ``directory`` (its ``main``
-    pointing back at src/entry.py) with a ``.dev.vars`` holding ``API_TOKEN``."""
+    pointing back at src/entry.py, its [vars] changed by ``values``) with a
+    ``.dev.vars`` holding ``API_TOKEN``."""
     text = (ROOT / "wrangler.toml").read_text()
-    text = re.sub(r"(?m)^main = .*$", f"main = {json.dumps(str(ROOT / 'src' / 'entry.py'))}", text)
+    values["main"] = str(ROOT / "src" / "entry.py")
+    for name, value in values.items():
+        line = f"{name} = {json.dumps(value)}"
+        text, found = re.subn(rf"(?m)^{name} = .*$", lambda _, line=line: line, text)
+        assert found == 1, f"wrangler.toml has no line `{name} = ...`"
     (directory / "wrangler.toml").write_text(text)
     (directory / ".dev.vars").write_text(f"# local secrets\nAPI_TOKEN={token}\n")
     return directory / "wrangler.toml"
