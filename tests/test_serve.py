@@ -11,7 +11,7 @@ from http.client import RemoteDisconnected
 
 import pytest
 
-from durability.testing import LocalServer, local_runtime, parse_dev_vars
+from durability.testing import DEFAULT_EPOCH_MS, LocalServer, local_runtime, parse_dev_vars
 from support import example_runtime, example_worker_dir, http, serving
 
 TOKEN = "dev-t0ken"
@@ -99,3 +99,20 @@ def _quietly(function, *args):
         return function(*args)
     except OSError as error:  # the server ended the connection as it stopped
         return error
+
+
+def test_the_real_clock_follows_real_time_and_tests_keep_the_virtual_one():
+    with example_runtime(clock="real") as runtime:
+        async def wait():
+            before, real_before = time.time(), time.monotonic()
+            await asyncio.sleep(0.05)
+            return time.time() - before, time.monotonic() - real_before
+
+        read, really = runtime.run(wait())
+        assert read >= 0.05 and really >= 0.05  # time.time() reads the loop's clock, on real time
+        assert abs(runtime.now_ms() / 1000 - time.time()) < 60  # today, not the virtual epoch
+    with example_runtime() as runtime:
+        runtime.advance(3600)  # an hour of virtual time, at once
+        assert runtime.now_ms() == DEFAULT_EPOCH_MS + 3_600_000
+    with pytest.raises(ValueError, match="clock must be"):
+        example_runtime(clock="wall")
