@@ -25,6 +25,10 @@ Uploads: at most ``UPLOADS_PER_USER`` uploads of one user run at once,
 held like a lock around the upload with ``durability.locks.semaphore``; a
 further upload waits up to ten seconds for a place. ``UploadSlots`` holds
 the places, one instance per user.
+
+Operator pages: ``GET /accounts/{id}`` and ``GET /jobs/{id}`` asked for as
+HTML answer the pages of ``operator_pages`` (an account's budget and what
+waits; a job's state and why it waits), behind the same token.
 """
 
 import asyncio
