@@ -33,6 +33,10 @@ Uploads: at most ``UPLOADS_PER_USER`` uploads of one user run at once,
 held like a lock around the upload with ``durability.locks.semaphore``; a
 further upload waits up to ten seconds for a place. ``UploadSlots`` holds
 the places, one instance per user.
+
+Operator pages: ``GET /accounts/{id}`` and ``GET /jobs/{id}`` asked for as
+HTML answer the pages of ``operator_pages`` (an account's budget and what
+waits; a job's state and why it waits), behind the same token.
 """
 
 import asyncio
@@ -43,6 +47,7 @@ from urllib.parse import urlsplit
 
 from workers import DurableObject, Response, WorkerEntrypoint, fetch as fetch_url
 
+import operator_pages
 from durability import Backoff, Durability, DurabilityOutbox, DurabilityScheduler, NonRetryableError, locks
 from durability.locks import PlaceLost, WaitTimeout, semaphore
 from durability.semaphore import DurabilitySemaphore, DurabilitySemaphoreQueue
@@ -419,6 +424,11 @@ def _authorized(request, token):
     return bool(token) and hmac.compare_digest(given.encode(), f"Bearer {token}".encode())
 
 
+def _wants_html(request):
+    """A browser's navigation: its Accept header names HTML (an API client's does not)."""
+    return "text/html" in (request.headers.get("accept") or "")
+
+
 async def _json_object(request):
     """The body as a JSON object, or ValueError. It is read as text and parsed
     here: workerd hands ``fetch`` the JavaScript Request, whose own ``json()``
@@ -467,11 +477,32 @@ class Default(WorkerEntrypoint):
             return {"status": "interrupted", "reason": lost.reason}
         return {"status": "uploaded"}
 
+    async def _operator_page(self, request, kind, name):
+        """``GET /accounts/{id}`` or ``/jobs/{id}`` asked for as HTML: the
+        bearer token, or the browser's sign-in (see operator_pages)."""
+        token = getattr(self.env, "API_TOKEN", None)
+        if not _authorized(request, token):
+            access = operator_pages.browser_access(request, token)
+            if access is False:
+                return operator_pages.signed_out_page()
+            if access is not True:
+                return access  # the redirect that signs the browser in
+        try:
+            if kind == "accounts":
+                return operator_pages.account_page(name, await self.account_usage(name))
+            status = await self.job_status(name)
+            waiting = (await self.account_usage(status["key"]))["waiting"] if status["state"] == "queued" else []
+            return operator_pages.job_page(name, status, waiting)
+        except ValueError as error:
+            return operator_pages.error_page(400, str(error))
+
     async def fetch(self, request):
-        if not _authorized(request, getattr(self.env, "API_TOKEN", None)):
-            return Response.json({"error": "unauthorized"}, status=401)
         path = "/" + request.url.split("://", 1)[-1].split("/", 1)[-1].split("?", 1)[0]
         parts = [part for part in path.split("/") if part]
+        if request.method == "GET" and len(parts) == 2 and parts[0] in ("accounts", "jobs") and _wants_html(request):
+            return await self._operator_page(request, parts[0], parts[1])
+        if not _authorized(request, getattr(self.env, "API_TOKEN", None)):
+            return Response.json({"error": "unauthorized"}, status=401)
         try:
             if request.method == "POST" and len(parts) == 3 and parts[::2] == ["counters", "add"]:
                 body = await _json_object(request)

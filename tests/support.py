@@ -1,8 +1,20 @@
 """Helpers shared by the tests: runtimes over the probe Worker and the example Worker."""
 
 import asyncio
+import contextlib
+import json
+import os
+import queue
+import re
+import signal
+import subprocess
+import sys
+import threading
+import urllib.error
+import urllib.request
 from functools import partial
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -67,3 +79,68 @@ def locks_runtime_fixture():
     """A ``runtime`` fixture for the lock tests: the locks Worker, no faults."""
     with locks_runtime() as rt:
         yield rt
+
+
+# -- the local server (python -m durability.testing serve) ---------------------------
+
+def example_worker_dir(directory: Path, token: str, **values: str) -> Path:
+    """A copy of the example's wrangler.toml in ``directory`` (its ``main``
+    pointing back at src/entry.py, its [vars] changed by ``values``) with a
+    ``.dev.vars`` holding ``API_TOKEN``."""
+    text = (ROOT / "wrangler.toml").read_text()
+    values["main"] = str(ROOT / "src" / "entry.py")
+    for name, value in values.items():
+        line = f"{name} = {json.dumps(value)}"
+        text, found = re.subn(rf"(?m)^{name} = .*$", lambda _, line=line: line, text)
+        assert found == 1, f"wrangler.toml has no line `{name} = ...`"
+    (directory / "wrangler.toml").write_text(text)
+    (directory / ".dev.vars").write_text(f"# local secrets\nAPI_TOKEN={token}\n")
+    return directory / "wrangler.toml"
+
+
+def http(url: str, method: str = "GET", body=None, headers=None, timeout: float = 30):
+    """One HTTP request with urllib: ``(status, headers, body text)``, errors included."""
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(url, data=data, method=method, headers=headers or {})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            return response.status, response.headers, response.read().decode()
+    except urllib.error.HTTPError as error:
+        return error.code, error.headers, error.read().decode()
+
+
+@contextlib.contextmanager
+def serving(config: Path):
+    """``python -m durability.testing serve --port 0`` in a subprocess. Yields
+    it once it prints ``Ready on``, as ``.url``, ``.process``, ``.stdout`` and
+    ``.stderr`` (lists of the lines printed so far); stops it with SIGINT at
+    the end if it still runs."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    process = subprocess.Popen(
+        [sys.executable, "-m", "durability.testing", "serve", "--config", str(config), "--port", "0"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    server = SimpleNamespace(url=None, process=process, stdout=[], stderr=[])
+    ready: queue.Queue[str] = queue.Queue()
+
+    def drain(stream, lines, watch):
+        for line in stream:
+            lines.append(line.rstrip("\n"))
+            if watch and line.startswith("Ready on "):
+                ready.put(line.split()[-1])
+
+    readers = [threading.Thread(target=drain, args=(process.stdout, server.stdout, True), daemon=True),
+               threading.Thread(target=drain, args=(process.stderr, server.stderr, False), daemon=True)]
+    for reader in readers:
+        reader.start()
+    try:
+        try:
+            server.url = ready.get(timeout=60)
+        except queue.Empty:
+            pytest.fail(f"the server printed no `Ready on` line: {server.stdout} {server.stderr}")
+        yield server
+    finally:
+        if process.poll() is None:
+            process.send_signal(signal.SIGINT)
+            process.wait(timeout=30)
+        for reader in readers:
+            reader.join(timeout=10)

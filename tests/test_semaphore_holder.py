@@ -313,7 +313,29 @@ def test_usage_reports_groups(runtime):
         "grants": 2, "leases": 0,
         "groups": {"a": {"outstanding": 3, "inUse": 2, "reserved": 1, "leaseFootprint": 0, "limit": 4},
                    "b": {"outstanding": 2, "inUse": 0, "reserved": 2, "leaseFootprint": 0, "limit": None}},
+        "waiting": [],
     }
+
+
+def test_usage_reports_what_waits_and_why_until_its_clients_stop_asking(runtime):
+    runtime.module.CONFIG.update(limit=10, group_limits={"a": 4})
+
+    async def scenario():
+        await asyncio.gather(holder(runtime).permits(request("c", [("a", 6, 0), ("b", 8, 1)])),
+                             holder(runtime).permits(request("d", [("b", 1, 2)])))
+        blocked = (await holder(runtime).usage())["waiting"]
+        await holder(runtime).permits(request("d", []))  # d no longer waits
+        after_d = (await holder(runtime).usage())["waiting"]
+        await asyncio.sleep(61)  # nobody asks again for a minute: c has stopped waiting
+        return blocked, after_d, (await holder(runtime).usage())["waiting"]
+
+    blocked, after_d, after_a_minute = runtime.run(scenario())
+    # a: 4 granted under its ceiling of 4; b: the 6 left of the limit, 3 wait.
+    assert blocked == [{"group": "a", "reason": "group_limit", "waiting": 2, "clients": 1},
+                       {"group": "b", "reason": "limit", "waiting": 3, "clients": 2}]
+    assert after_d == [{"group": "a", "reason": "group_limit", "waiting": 2, "clients": 1},
+                       {"group": "b", "reason": "limit", "waiting": 2, "clients": 1}]
+    assert after_a_minute == []
 
 
 def test_migrate_removes_the_schema(runtime):

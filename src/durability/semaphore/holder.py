@@ -51,6 +51,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("durability.semaphore")
 PARTICIPANT = "durability.semaphore"
+#: usage() reports a client's waiting demand for this long after the last round that heard it
+WAITING_HEARD_MS = 60_000
 RECLAIM = "reclaim"
 LEASE_ID_BLOCK = 64  #: lease ids reserved per write of the issued count
 
@@ -122,6 +124,8 @@ class DurabilitySemaphore:
         self._round: asyncio.Task[None] | None = None
         self._last_round_at: float | None = None
         self._contended = False  #: the last round left demand waiting for capacity
+        #: per client, its demand the latest round it was in left waiting: (round ms, group -> (reason, count))
+        self._blocked: dict[str, tuple[float, dict[str, tuple[str, int]]]] = {}
         # Grants in the books that have no row yet: nothing was claimed on
         # them (see _commit).
         self._unwritten: set[str] = set()
@@ -319,6 +323,7 @@ class DurabilitySemaphore:
         )
         self._commit(result.changes)
         self._contended = result.contended
+        self._note_blocked(now, result.outcomes)
         next_request_at = now + self.round_period_ms
         # Only a client's latest request may be held over: an older one may be
         # from an instance that is gone, and held, it would be served later
@@ -354,6 +359,31 @@ class DurabilitySemaphore:
             ask_at = now if served else next_request_at
             waiter.set_result(_grants_reply(outcome, ask_at, result.contended, ttl_ms, line))
         self._waiting = held + self._waiting
+
+    def _note_blocked(self, now: float, outcomes: dict[str, ClientOutcome]) -> None:
+        """What each client of the round still waits for, for ``usage()``. Kept
+        in memory: a client that waits asks again, and is heard again, soon."""
+        for client_id, outcome in outcomes.items():
+            if outcome.blocked:
+                self._blocked[client_id] = (now, dict(outcome.blocked))
+            else:
+                self._blocked.pop(client_id, None)
+        for client_id in [c for c, (at, _) in self._blocked.items() if at < now - WAITING_HEARD_MS]:
+            del self._blocked[client_id]
+
+    def _waiting_by_reason(self) -> list[dict[str, Any]]:
+        """Demand left waiting, by group and reason, as clients last told it."""
+        totals: dict[tuple[str, str], list[int]] = {}
+        since = now_ms() - WAITING_HEARD_MS
+        for at, blocked in self._blocked.values():
+            if at < since:
+                continue  # a client not heard of for this long has stopped asking
+            for group, (reason, count) in blocked.items():
+                total = totals.setdefault((group, reason), [0, 0])
+                total[0] += count
+                total[1] += 1
+        return [{"group": group, "reason": str(reason), "waiting": count, "clients": clients}
+                for (group, reason), (count, clients) in sorted(totals.items())]
 
     def _resolve_limits(self, requests: list[Request]) -> Limits:
         """The user's callbacks, once per round: for every group in demand, and
@@ -452,6 +482,7 @@ class DurabilitySemaphore:
             "grants": len(grants),
             "leases": len(leases),
             "groups": per_group,
+            "waiting": self._waiting_by_reason(),
         }
 
 

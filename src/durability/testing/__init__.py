@@ -13,13 +13,18 @@ Worker module that does ``from workers import DurableObject`` imports.
             return await stub.add(1)
         assert runtime.run(scenario()) == 1
 
+``python -m durability.testing serve`` serves a Worker over HTTP on real
+time, offline (``serve``, ``LocalServer``).
+
 Must not be imported by a deployed Worker: production is Cloudflare's runtime.
 """
 
-from ._clock import DEFAULT_EPOCH_MS, Deadlock, VirtualClockLoop
+from ._clock import DEFAULT_EPOCH_MS, Deadlock, RealClockLoop, VirtualClockLoop
+from ._dev_vars import parse_dev_vars
 from ._faults import Faults
 from ._host import ALARM_MAX_RETRIES, ObjectHost, ObjectStats
 from ._runtime import DurableObjectNamespace, DurableObjectStub, Runtime, load_worker_module
+from ._serve import LocalServer, local_runtime, serve
 from ._storage import DurableObjectId
 from ._values import JsDict, JsException
 from ._workers_standin import install_workers_standin
@@ -36,10 +41,15 @@ __all__ = [
     "Faults",
     "JsDict",
     "JsException",
+    "LocalServer",
     "ObjectHost",
     "ObjectStats",
+    "RealClockLoop",
     "Runtime",
     "VirtualClockLoop",
     "install_workers_standin",
     "load_worker_module",
+    "local_runtime",
+    "parse_dev_vars",
+    "serve",
 ]

@@ -1,6 +1,7 @@
-"""A virtual clock: an asyncio event loop whose time jumps to the next timer.
+"""The runtime's clocks: an asyncio event loop whose time jumps to the next
+timer (virtual time, for tests), and one on real time (for local serving).
 
-Lives here: the loop, and the patch that makes ``time.time()`` read it.
+Lives here: the loops, and the patch that makes ``time.time()`` read them.
 Must not know: Durable Objects, SQL, RPC. It is a clock and nothing more.
 
 When every task is waiting and a timer is due later, the loop moves its
@@ -12,8 +13,8 @@ Like Pyodide's event loop, it runs a callback due within 2 ms at once,
 with the clock unmoved: code that waits a millisecond for time to pass
 spins here as it would in production, instead of passing.
 
-Real I/O (an outbound HTTP request made in a thread) takes real time, which
-no jump can skip. While any is in flight (``loop.real_time()``), the clock
+On virtual time, real I/O (an outbound HTTP request made in a thread)
+takes real time, which no jump can skip. While any is in flight (``loop.real_time()``), the clock
 follows the real one: it moves on by the real time that passes, whether the
 loop waits or runs callbacks, and a timer fires when real time reaches it,
 while the loop waits on its self-pipe for the I/O to finish (the thread
@@ -100,40 +101,11 @@ class _VirtualSelector(selectors.BaseSelector):
         self._real.close()
 
 
-class VirtualClockLoop(asyncio.SelectorEventLoop):
-    """An event loop on virtual time. ``loop.time()`` starts at 0 seconds."""
+class RuntimeLoop(asyncio.SelectorEventLoop):
+    """What both clocks share: Pyodide's timers, the runtime's exact timers,
+    and the wall clock as ``epoch_ms`` plus the loop's time."""
 
-    def __init__(self, epoch_ms: int = DEFAULT_EPOCH_MS) -> None:
-        selector = _VirtualSelector()
-        self._virtual_now = 0.0
-        self.epoch_ms = epoch_ms
-        self._real_io = 0  # real operations in flight: the clock follows the real one
-        self._real_mark = 0.0  # time.monotonic() when the clock last caught up with it
-        super().__init__(selector=selector)
-        selector.loop = self
-
-    def time(self) -> float:
-        return self._virtual_now
-
-    @contextlib.contextmanager
-    def real_time(self) -> Iterator[None]:
-        """Around real I/O: while inside, the clock follows real time (see the module's docstring)."""
-        if not self._real_io:
-            self._real_mark = time.monotonic()
-        self._real_io += 1
-        try:
-            yield
-        finally:
-            self._follow_real_time()
-            self._real_io -= 1
-
-    def _follow_real_time(self) -> float:
-        """Move the clock on by the real time since it last did; return that time."""
-        now = time.monotonic()
-        passed = max(0.0, now - self._real_mark)
-        self._real_mark = now
-        self._virtual_now += passed
-        return passed
+    epoch_ms: float  #: the wall-clock milliseconds at loop time 0
 
     # A callback run at once gets a plain Handle, not the TimerHandle the base
     # class promises; asyncio's own callers (call_later, timeouts) only cancel it.
@@ -172,16 +144,62 @@ class VirtualClockLoop(asyncio.SelectorEventLoop):
 
     def now_ms(self) -> float:
         """Wall-clock milliseconds since the Unix epoch, as ``Date.now()`` gives."""
-        return self.epoch_ms + self._virtual_now * 1000.0
+        return self.epoch_ms + self.time() * 1000.0
 
     def loop_time_for(self, epoch_ms: float) -> float:
         """The loop time at which wall-clock ``epoch_ms`` is reached."""
         return (epoch_ms - self.epoch_ms) / 1000.0
 
 
+class VirtualClockLoop(RuntimeLoop):
+    """An event loop on virtual time. ``loop.time()`` starts at 0 seconds."""
+
+    def __init__(self, epoch_ms: int = DEFAULT_EPOCH_MS) -> None:
+        selector = _VirtualSelector()
+        self._virtual_now = 0.0
+        self.epoch_ms = epoch_ms
+        self._real_io = 0  # real operations in flight: the clock follows the real one
+        self._real_mark = 0.0  # time.monotonic() when the clock last caught up with it
+        super().__init__(selector=selector)
+        selector.loop = self
+
+    def time(self) -> float:
+        return self._virtual_now
+
+    @contextlib.contextmanager
+    def real_time(self) -> Iterator[None]:
+        """Around real I/O: while inside, the clock follows real time (see the module's docstring)."""
+        if not self._real_io:
+            self._real_mark = time.monotonic()
+        self._real_io += 1
+        try:
+            yield
+        finally:
+            self._follow_real_time()
+            self._real_io -= 1
+
+    def _follow_real_time(self) -> float:
+        """Move the clock on by the real time since it last did; return that time."""
+        now = time.monotonic()
+        passed = max(0.0, now - self._real_mark)
+        self._real_mark = now
+        self._virtual_now += passed
+        return passed
+
+
+class RealClockLoop(RuntimeLoop):
+    """An event loop on real time, with real sockets: for serving a Worker
+    locally. The wall clock it gives is read once, at its start, and then
+    advanced by the monotonic clock, so ``time.time()`` never steps back."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.epoch_ms = time.time() * 1000.0 - self.time() * 1000.0
+
+
 @contextlib.contextmanager
-def patched_wall_clock(loop: VirtualClockLoop) -> Iterator[None]:
-    """Make ``time.time()`` and ``time.time_ns()`` read the virtual clock.
+def patched_wall_clock(loop: RuntimeLoop) -> Iterator[None]:
+    """Make ``time.time()`` and ``time.time_ns()`` read the loop's clock.
 
     Code that bound ``from time import time`` before the patch keeps the real
     clock; the library and the example Worker always call ``time.time()``.

@@ -23,7 +23,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from ._clock import VirtualClockLoop
+from ._clock import RuntimeLoop
 from ._sql import SqlDatabase
 from ._storage import DurableObjectAbort, DurableObjectId, DurableObjectState
 from ._values import JsDict, JsException, rpc_copy
@@ -91,7 +91,7 @@ class ObjectFaultPolicy(Protocol):
 class HostServices:
     """What a host needs from the runtime around it, and nothing more."""
 
-    loop: VirtualClockLoop
+    loop: RuntimeLoop
     rng: random.Random  #: the runtime's one seeded source, so a seed replays alarm jitter too
     env: Any  #: handed to each new instance's constructor
     faults: ObjectFaultPolicy
@@ -132,7 +132,7 @@ class ObjectHost:
         self._alarm_running = False
 
     @property
-    def loop(self) -> VirtualClockLoop:
+    def loop(self) -> RuntimeLoop:
         return self._services.loop
 
     @property

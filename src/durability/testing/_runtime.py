@@ -3,7 +3,8 @@
 Lives here: loading the Worker from ``wrangler.toml``, ``env`` with its
 namespaces and vars, stubs and the journey of an RPC call (copies, latency,
 faults), calls into the ``Default`` entrypoint, the loop that runs it all
-on virtual time, and the services each ``ObjectHost`` is given.
+(on virtual time, or real time to serve), and the services each
+``ObjectHost`` is given.
 Must not know: what happens inside an object; ``ObjectHost`` owns that.
 """
 
@@ -20,9 +21,9 @@ import tomllib
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import Any, Literal
 
-from ._clock import DEFAULT_EPOCH_MS, VirtualClockLoop, patched_wall_clock
+from ._clock import DEFAULT_EPOCH_MS, RealClockLoop, RuntimeLoop, VirtualClockLoop, patched_wall_clock
 from ._faults import FaultPlanner, Faults
 from ._host import (
     RESET_MESSAGE,
@@ -119,18 +120,22 @@ class Runtime:
     ``vars=`` adds or overrides values (secrets, say). Drive it with
     ``runtime.run(coroutine)``: inside, ``env.X.getByName(name)`` stubs
     reach the objects, ``asyncio.sleep`` and alarms run on the virtual
-    clock, and ``time.time()`` reads it.
+    clock, and ``time.time()`` reads it. ``clock="real"`` runs on real time
+    instead, with real sockets, to serve the Worker locally (``epoch_ms``
+    then does not apply: the clock starts at the real time).
     """
 
     def __init__(self, module: ModuleType, durable_objects: dict[str, str], *,
                  vars: dict[str, Any] | None = None, seed: int = 0,
                  faults: Faults | None = None, epoch_ms: int = DEFAULT_EPOCH_MS,
-                 entrypoint: str = "Default") -> None:
+                 entrypoint: str = "Default", clock: Literal["virtual", "real"] = "virtual") -> None:
+        if clock not in ("virtual", "real"):
+            raise ValueError(f"clock must be 'virtual' or 'real', not {clock!r}")
         self.module = module
         self.seed = seed
         self.rng = random.Random(seed)
         random.seed(seed)  # user code that draws from `random` replays too
-        self.loop = VirtualClockLoop(epoch_ms)
+        self.loop: RuntimeLoop = VirtualClockLoop(epoch_ms) if clock == "virtual" else RealClockLoop()
         self.loop.set_task_factory(_task_factory)
         self.faults = FaultPlanner(faults, self.rng)
         self.errors: list[tuple[str, BaseException]] = []

@@ -1,0 +1,173 @@
+"""The example Worker's operator pages: HTML, sign-in, escaping; and in real Chromium against the local server.
+
+The browser test writes its screenshots to build/artifacts/ (account-page.png,
+job-page.png), which CI keeps. Without Chromium it skips, except under CI
+(CI=true), where a missing Chromium fails.
+"""
+
+import json
+import os
+import shutil
+import subprocess
+import time
+from html.parser import HTMLParser
+from pathlib import Path
+
+import pytest
+
+from support import ROOT, example_worker_dir, http, serving
+
+TOKEN = "t0ken"
+ARTIFACTS = ROOT / "build" / "artifacts"
+HTML = {"Accept": "text/html,application/xhtml+xml"}
+
+
+class Figures(HTMLParser):
+    """The values a page marks with ``data-figure`` and ``data-field``, by the row they are in."""
+
+    def __init__(self, page):
+        super().__init__()
+        self.figures, self.rows, self._row, self._into = {}, {}, None, None
+        self.feed(page)
+
+    def handle_starttag(self, tag, attrs):
+        attrs = dict(attrs)
+        if tag == "tr" and ("data-group" in attrs or "data-waiting" in attrs):
+            kind = "group" if "data-group" in attrs else "waiting"
+            self._row = self.rows.setdefault((kind, attrs.get(f"data-{kind}")), {})
+        if "data-figure" in attrs:
+            self._into = (self.figures, attrs["data-figure"])
+        elif "data-field" in attrs:
+            self._into = (self._row if self._row is not None else self.figures, attrs["data-field"])
+            self._into[0][self._into[1]] = ""
+
+    def handle_endtag(self, tag):
+        if tag == "tr":
+            self._row = None
+        if tag in ("td", "dd"):
+            self._into = None
+
+    def handle_data(self, data):
+        if self._into is not None:
+            target, name = self._into
+            target[name] = (target.get(name, "") + " " + data).strip()
+
+
+# -- in the embedded runtime: routes, sign-in, escaping ------------------------------
+
+def _fetch(example, path, headers=None):
+    async def go():
+        response = await example.fetch(f"https://w.test{path}", headers=headers or {})
+        return response.status, dict(response.headers.items()), await response.text()
+    return example.run(go())
+
+
+def test_pages_need_the_token_and_sign_a_browser_in_with_a_cookie_that_opens_pages_only(example):
+    assert _fetch(example, "/accounts/acme", HTML)[0] == 401
+    assert _fetch(example, "/accounts/acme?token=wrong", HTML)[0] == 401
+    status, headers, _ = _fetch(example, "/accounts/acme?token=t0ken&x=1", HTML)
+    assert status == 303 and headers["location"] == "/accounts/acme?x=1"
+    cookie = headers["set-cookie"].split(";", 1)[0]
+    assert TOKEN not in cookie and "HttpOnly" in headers["set-cookie"] and "SameSite=Strict" in headers["set-cookie"]
+    assert "Secure" in headers["set-cookie"]  # the address was https
+    status, headers, page = _fetch(example, "/accounts/acme", {**HTML, "Cookie": cookie})
+    assert status == 200 and headers["content-type"].startswith("text/html") and "Account" in page
+    assert "default-src 'none'" in headers["content-security-policy"]
+    assert _fetch(example, "/accounts/acme", {**HTML, "Cookie": cookie + "0"})[0] == 401
+    # The cookie reads pages; it is no API token.
+    assert _fetch(example, "/accounts/acme/usage", {"Cookie": cookie})[0] == 401
+    bearer = {"Authorization": f"Bearer {TOKEN}"}
+    assert _fetch(example, "/accounts/acme", {**HTML, **bearer})[0] == 200
+    assert _fetch(example, "/accounts/acme", bearer)[0] == 404  # HTML only: the JSON is at /usage
+
+
+def test_every_value_is_escaped_and_nothing_external_is_loaded(example):
+    bearer = {**HTML, "Authorization": f"Bearer {TOKEN}"}
+    status, _, page = _fetch(example, "/accounts/<img src=x onerror=alert(1)>", bearer)
+    assert status == 200
+    assert "<img" not in page and "&lt;img src=x onerror=alert(1)&gt;" in page
+    assert "<script" not in page and "<link" not in page and "http" not in page.replace('http-equiv', '')
+    status, _, page = _fetch(example, '/jobs/"><i>j', bearer)
+    assert status == 404 and "<i>" not in page and "&quot;&gt;&lt;i&gt;j" in page
+
+
+# -- in Chromium, against the local server ---------------------------------------------
+
+def _chromium():
+    found = shutil.which("chromium") or shutil.which("chromium-browser")
+    if found is None:
+        if os.environ.get("CI") == "true":
+            pytest.fail("Chromium is not installed, and CI must run the browser test (.ci/run installs it)")
+        pytest.skip("Chromium is not installed (apt-get install -y chromium): the browser test needs it")
+    return found
+
+
+def _browse(chromium, profile: Path, url, *options):
+    """Chromium, headless, one page: its stdout (the DOM with --dump-dom)."""
+    command = [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+               "--disable-background-networking", "--disable-component-update", "--disable-sync",
+               "--hide-scrollbars", f"--user-data-dir={profile}", *options, url]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    return result.stdout
+
+
+def _usage_once(url, ready):
+    """The account's usage once ``ready(usage)`` holds and it has not changed
+    for half a second (real time, bounded: rounds are 100 ms apart)."""
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    seen = []
+    for _ in range(300):
+        seen.append(json.loads(http(url + "/accounts/acme/usage", headers=auth)[2]))
+        if ready(seen[-1]) and len(seen) >= 10 and all(usage == seen[-1] for usage in seen[-10:]):
+            return seen[-1]
+        time.sleep(0.05)
+    pytest.fail(f"the account did not settle within 15 s: {seen[-1]}")
+
+
+def _busy_account(url):
+    """Two jobs of `report`, then four of `export` (its limit 2), on account
+    acme (its limit 4), each running ten minutes: exports wait."""
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+
+    def submit(workflow, job_ids):
+        for job_id in job_ids:
+            job = {"id": job_id, "account": "acme", "workflow": workflow, "work_ms": 600_000}
+            assert http(url + "/jobs", "POST", job, auth)[0] == 202
+
+    submit("report", ["r1", "r2"])
+    _usage_once(url, lambda usage: usage["outstanding"] == 2)  # the reports hold their permits first
+    submit("export", ["e1", "e2", "e3", "e4"])
+    return _usage_once(url, lambda usage: usage["outstanding"] == 4 and usage["waiting"])
+
+
+def test_the_account_and_job_pages_in_chromium_show_what_the_json_route_gives(tmp_path):
+    chromium = _chromium()
+    config = example_worker_dir(tmp_path, TOKEN, ACCOUNT_LIMITS='{"acme": 4}', WORKFLOW_LIMITS='{"export": 2}')
+    with serving(config) as server:
+        usage = _busy_account(server.url)
+        page = Figures(_browse(chromium, tmp_path / "a", f"{server.url}/accounts/acme?token={TOKEN}", "--dump-dom"))
+        job = Figures(_browse(chromium, tmp_path / "b", f"{server.url}/jobs/e3?token={TOKEN}", "--dump-dom"))
+        ARTIFACTS.mkdir(parents=True, exist_ok=True)
+        for name, path in [("account-page.png", "/accounts/acme"), ("job-page.png", "/jobs/e3")]:
+            (ARTIFACTS / name).unlink(missing_ok=True)
+            _browse(chromium, tmp_path / name, f"{server.url}{path}?token={TOKEN}",
+                    f"--screenshot={ARTIFACTS / name}", "--window-size=1100,760")
+        after = json.loads(http(server.url + "/accounts/acme/usage", headers={"Authorization": f"Bearer {TOKEN}"})[2])
+    assert after == usage  # the jobs run ten minutes: nothing moved while the browser looked
+    for name in ("limit", "ceiling", "outstanding", "leaseFootprint", "retiredFootprint", "grants", "leases"):
+        assert page.figures[name] == str(usage[name]), name
+    assert page.figures["waiting"] == str(sum(entry["waiting"] for entry in usage["waiting"]))
+    for group, row in usage["groups"].items():
+        shown = page.rows[("group", group)]
+        for field in ("inUse", "reserved", "leaseFootprint", "outstanding"):
+            assert shown[field] == str(row[field]), (group, field)
+        assert shown["limit"] == ("—" if row["limit"] is None else str(row["limit"]))
+    [waiting] = usage["waiting"]
+    shown = page.rows[("waiting", "export")]
+    assert (shown["waiting"], shown["clients"]) == (str(waiting["waiting"]), str(waiting["clients"]))
+    assert shown["reason"].startswith("group_limit")
+    assert job.figures["state"] in ("queued", "claiming") and job.figures["group"] == "export"
+    assert job.figures["reason"].startswith("group_limit")
+    for name in ("account-page.png", "job-page.png"):
+        assert (ARTIFACTS / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
