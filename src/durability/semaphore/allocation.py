@@ -630,11 +630,13 @@ def result_of(state: RoundState, terms: RoundTerms) -> RoundResult:
     return RoundResult(changes, state.outcomes, state.errors, contended)
 
 
-def line_ahead(client_id: str, held: Iterable[Request], limits: Limits) -> dict[str, float]:
+def line_ahead(client_id: str, held: Iterable[Request], limits: Limits,
+               policy: LeasePolicy | None = None) -> dict[str, float]:
     """Per group, how far back the line stands behind a served client: the
     oldest-item time of the k-th oldest request of other clients held over,
-    where k is the permits the group may use at once (the total, or its own
-    limit if lower); groups with fewer than k such requests are left out.
+    where k is the permits the group may use at once (the ceiling the lease
+    policy sets, or the group's own limit if lower); groups with fewer than
+    k such requests are left out.
 
     A client whose next item is no older than that has at least k items of
     others ahead of it: about one job's length of releases (every permit
@@ -649,16 +651,15 @@ def line_ahead(client_id: str, held: Iterable[Request], limits: Limits) -> dict[
                 times.setdefault(demand.group, []).append(demand.oldest_at)
     line = {}
     for group, oldest in times.items():
-        k = _permits_at_once(group, limits)
+        k = _permits_at_once(group, limits, policy)
         if 0 < k <= len(oldest):
             line[group] = sorted(oldest)[k - 1]
     return line
 
 
-def _permits_at_once(group: str, limits: Limits) -> int:
-    if isinstance(limits.total, ResolutionFailed):
-        return 0
+def _permits_at_once(group: str, limits: Limits, policy: LeasePolicy | None) -> int:
+    budgets = budgets_for(policy, limits.total)
     own = limits.groups.get(group)
-    if isinstance(own, ResolutionFailed):
+    if budgets is None or isinstance(own, ResolutionFailed):
         return 0
-    return limits.total if own is None else min(limits.total, own)
+    return budgets.ceiling if own is None else min(budgets.ceiling, own)

@@ -355,7 +355,7 @@ class DurabilitySemaphore:
             # held for the next round anyway, and is then present in it,
             # instead of arriving just after it and waiting a period more.
             served = bool(outcome.new_grants or outcome.new_leases)
-            line = line_ahead(request.client_id, (r for r, _, _ in held), limits) if served else {}
+            line = line_ahead(request.client_id, (r for r, _, _ in held), limits, self.lease_policy) if served else {}
             ask_at = now if served else next_request_at
             waiter.set_result(_grants_reply(outcome, ask_at, result.contended, ttl_ms, line))
         self._waiting = held + self._waiting

@@ -35,7 +35,7 @@ import inspect
 import itertools
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -252,6 +252,10 @@ class DurabilitySemaphoreQueue:
         #: keys served while contended that hold no request (queue_core.may_leave_line):
         #: their next release rides on a request instead of a sync
         self._away: set[str] = set()
+        #: keys whose pump is due now to carry a release's report (lease reports wait for it)
+        self._rejoining: set[str] = set()
+        #: lease id -> the version of its report a request in flight carries
+        self._leases_in_flight: dict[str, int] = {}
 
     def _derive_timers(self) -> None:
         """Set again, in a new instance, the timers its rows imply."""
@@ -527,6 +531,7 @@ class DurabilitySemaphoreQueue:
             # claims and releases, _due_reports): one call instead of a sync
             # and a request; if it fails, the pump's retries carry it.
             self._away.discard(item.key)
+            self._rejoining.add(item.key)  # a drawn item's lease report rides on it too
             self.scheduler.schedule(PARTICIPANT, PUMP + item.key, now_ms())
             if item.via == Via.GRANT:
                 return
@@ -541,11 +546,15 @@ class DurabilitySemaphoreQueue:
 
     async def _pump(self, key: str) -> None:
         self._away.discard(key)
+        rejoining = key in self._rejoining
+        self._rejoining.discard(key)
         self.scheduler.transaction(lambda: self._claim_local(key, now_ms()))
         demand = self._demand(key)[:MAX_DEMAND_ENTRIES]
         wait = self._request_wait(key, demand)
         if wait is None:
             await self._report_safely(key)  # claims get confirmed by a sync at once
+            if rejoining:  # the lease reports that waited for this request go on their own
+                await self._report_leases_safely(key)
             return
         await self._ask(key, demand, wait)
 
@@ -592,7 +601,7 @@ class DurabilitySemaphoreQueue:
         self._unheard.add(key)
         if self.keep_done_ms == 0:
             self.scheduler.transaction(lambda: self.store.register_key(key))
-        reply = parse_reply(await asyncio.wait_for(self.server.request(key, message), limit_s), "grants")
+        reply = await self._sent_with_lease_reports(key, lease_versions, self.server.request(key, message), limit_s)
 
         def apply() -> None:
             self._lease_reports_heard(lease_versions)
@@ -609,6 +618,24 @@ class DurabilitySemaphoreQueue:
             self.scheduler.transaction(lambda: self._unregister_if_idle(key))
         await self.scheduler.sync()
         await self._after_reply(key, reply)
+
+    async def _sent_with_lease_reports(self, key: str, versions: dict[str, int], call: Awaitable[Any],
+                                       limit_s: float) -> Reply:
+        """The grants reply to a request carrying these lease reports. While it
+        is in flight (held, perhaps for minutes) no ``sync`` repeats them; if it
+        fails, they go on their own at once."""
+        self._leases_in_flight.update(versions)
+        try:
+            return parse_reply(await asyncio.wait_for(call, limit_s), "grants")
+        except BaseException:
+            if versions:
+                self.scheduler.transaction(
+                    lambda: self.scheduler.schedule_by(PARTICIPANT, LEASE_REPORT + key, now_ms()))
+            raise
+        finally:
+            for lease_id, version in versions.items():
+                if self._leases_in_flight.get(lease_id) == version:
+                    del self._leases_in_flight[lease_id]
 
     def _request_message(self, key: str, demand: list[tuple[str, int, float]], claims: dict[str, dict[str, Any]],
                          leases: list[LocalLease], wait: float) -> dict[str, Any]:
@@ -881,7 +908,9 @@ class DurabilitySemaphoreQueue:
 
     async def _report_leases(self, key: str) -> None:
         """Send the key's due lease reports (current counts) in one ``sync`` and apply the answer."""
-        due = {i: v for i, (k, v) in self._lease_due.items() if k == key}
+        if key in self._rejoining:
+            return  # the key's request, due now, carries them
+        due = {i: v for i, (k, v) in self._lease_due.items() if k == key and self._leases_in_flight.get(i) != v}
         leases = {i: self.lease_book.lease(i) for i in sorted(due)}
         current = [lease for lease in leases.values() if lease is not None and lease.settled_at is None]
         # Settled or forgotten since: nothing left to say about those.
