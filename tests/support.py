@@ -144,3 +144,38 @@ def serving(config: Path):
             process.wait(timeout=30)
         for reader in readers:
             reader.join(timeout=10)
+
+
+def served_behind_the_line(**config) -> dict:
+    """At a limit of 1 (and ``config``), shard ``a`` is served its job ``a0``
+    (5 s) while ``b`` and ``c`` wait in line with two older jobs each than
+    ``a``'s next, ``a1-0``; returns the holders Worker's ``WORLD`` once all
+    ran, with ``vias`` of ``a``'s items added."""
+    runtime = holders_runtime(seed=1)
+    runtime.module.CONFIG.update(limit=1, **config)
+
+    async def scenario():
+        shard = runtime.env.SHARD.getByName
+        await shard("a").submit(queue_jobs("a", 1, ms=5_000))
+        await asyncio.sleep(0.1)
+        for name in ("b", "c"):
+            await shard(name).submit(queue_jobs(name, 2, ms=1_000))
+        await asyncio.sleep(0.1)
+        await shard("a").submit(queue_jobs("a1-", 1, ms=1_000))  # younger than what b and c wait with
+        await asyncio.sleep(60)
+        return await shard("a").vias()
+
+    with runtime:
+        vias = runtime.run(scenario())
+    return {**runtime.module.WORLD, "vias": vias}
+
+
+def assert_back_in_line_with_the_release(world: dict) -> None:
+    """``a`` held no request while ``a0`` ran: its next went with ``a0``'s
+    release and carried the report (its only sync is ``a1-0``'s release,
+    with nothing left to ask for), and its younger job ran after the others."""
+    asked = [t for t, client in world["requests"] if client == "a"]
+    assert len(asked) == 2 and asked[1] >= world["started"]["a0"] + 5_000
+    assert [t > world["started"]["a1-0"] for t, client in world["syncs"] if client == "a"] == [True]
+    assert world["started"]["a1-0"] > max(world["started"][j] for j in ("b0", "b1", "c0", "c1"))
+    assert len(world["completed"]) == 6 and world["violations"] == []

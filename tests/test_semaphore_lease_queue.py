@@ -6,7 +6,13 @@ import json
 import pytest
 
 from durability.testing import Faults
-from support import holders_runtime, queue_jobs as jobs, released_then_evicted
+from support import (
+    assert_back_in_line_with_the_release,
+    holders_runtime,
+    queue_jobs as jobs,
+    released_then_evicted,
+    served_behind_the_line,
+)
 
 TTL = 60_000
 
@@ -456,29 +462,8 @@ def test_a_draw_running_when_its_shard_is_evicted_stays_counted_after_an_earlier
 
 
 def test_a_drawn_item_released_behind_the_line_is_reported_by_its_next_request_alone():
-    runtime = holders_runtime(seed=1)
-    runtime.module.CONFIG.update(limit=1, leases={"provisioning": {"mode": "strict"}, "permits_per_lease": 1,
-                                                  "ttl_ms": 600_000})
-    world = runtime.module.WORLD
-
-    async def scenario():
-        await shard(runtime, "a").submit(jobs("a", 1, ms=5_000))
-        await asyncio.sleep(0.1)
-        for name in ("b", "c"):
-            await shard(runtime, name).submit(jobs(name, 2, ms=1_000))
-        await asyncio.sleep(0.1)
-        await shard(runtime, "a").submit(jobs("a1-", 1, ms=1_000))
-        await asyncio.sleep(60)
-        return await shard(runtime, "a").vias()
-
-    vias = runtime.run(scenario())
-    runtime.close()
-    asked = [t for t, client in world["requests"] if client == "a"]
-    released_at = world["started"]["a0"] + 5_000
-    assert vias["a0"] == "lease"  # drawn from a lease, and released while a stayed out of line
-    # a0's release went back with a's next request, which carried its lease's
-    # report: no sync of a's until a1-0, the last of all, ran.
-    assert len(asked) == 2 and asked[1] >= released_at
-    assert all(t > world["started"]["a1-0"] for t, client in world["syncs"] if client == "a")
-    assert world["started"]["a1-0"] > max(world["started"][j] for j in ("b0", "b1", "c0", "c1"))
-    assert len(world["completed"]) == 6 and world["violations"] == []
+    world = served_behind_the_line(leases={"provisioning": {"mode": "strict"}, "permits_per_lease": 1,
+                                           "ttl_ms": 600_000})
+    # Drawn from a lease: its release's lease report rode on the request.
+    assert world["vias"]["a0"] == "lease"
+    assert_back_in_line_with_the_release(world)

@@ -5,7 +5,13 @@ import asyncio
 import pytest
 
 from durability.testing import Faults, JsException
-from support import holders_runtime, queue_jobs as jobs, released_then_evicted
+from support import (
+    assert_back_in_line_with_the_release,
+    holders_runtime,
+    queue_jobs as jobs,
+    released_then_evicted,
+    served_behind_the_line,
+)
 
 
 @pytest.fixture
@@ -448,30 +454,9 @@ def test_a_blocked_key_waits_at_the_holder_instead_of_asking_every_round(runtime
 
 
 def test_a_key_served_behind_the_line_asks_again_with_its_release_not_before():
-    runtime = holders_runtime(seed=1)
-    runtime.module.CONFIG["limit"] = 1
-    world = runtime.module.WORLD
-
-    async def scenario():
-        await shard(runtime, "a").submit(jobs("a", 1, ms=5_000))
-        await asyncio.sleep(0.1)
-        for name in ("b", "c"):
-            await shard(runtime, name).submit(jobs(name, 2, ms=1_000))
-        await asyncio.sleep(0.1)
-        await shard(runtime, "a").submit(jobs("a1-", 1, ms=1_000))  # younger than what b and c wait with
-        await asyncio.sleep(60)
-
-    runtime.run(scenario())
-    runtime.close()
-    asked = [t for t, client in world["requests"] if client == "a"]
-    released_at = world["started"]["a0"] + 5_000
-    # Its first request was served (a0); b and c held older work in line, so
-    # it held no request while a0 ran: the next went with a0's release, and
-    # carried the report: a's only sync is a1-0's release, with nothing left to ask for.
-    assert len(asked) == 2 and asked[1] >= released_at
-    assert [t > world["started"]["a1-0"] for t, client in world["syncs"] if client == "a"] == [True]
-    assert world["started"]["a1-0"] > max(world["started"][j] for j in ("b0", "b1", "c0", "c1"))
-    assert len(world["completed"]) == 6 and world["violations"] == []
+    world = served_behind_the_line()
+    assert world["vias"]["a0"] == "grant"
+    assert_back_in_line_with_the_release(world)
 
 
 def test_a_key_served_ahead_of_the_line_keeps_its_place():
