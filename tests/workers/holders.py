@@ -89,6 +89,10 @@ class Holder(DurableObject):
     async def usage(self):
         return self.semaphore.usage()
 
+    async def usage_info(self):
+        """The typed usage, as plain values (a dataclass does not cross RPC)."""
+        return dataclasses.asdict(self.semaphore.usage_info())
+
     async def drop_schema(self):
         DurabilitySemaphore.migrate(self.ctx, None)
         return [r["name"] for r in self.ctx.storage.sql.exec(
