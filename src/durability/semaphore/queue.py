@@ -41,6 +41,7 @@ from typing import Any
 
 from .._checks import storable_text
 from .._clock import now_ms
+from .._listeners import notify
 from .._schema import public_migrate
 from ..outbox import DurabilityOutbox, OutboxMessage
 from ..retry import Backoff
@@ -1142,14 +1143,7 @@ class DurabilitySemaphoreQueue:
             self.scheduler.cancel(PARTICIPANT, FINISHED)
 
     async def _emit(self, event: QueueEvent) -> None:
-        if self.on_lifecycle_event is None:
-            return
-        try:
-            result = self.on_lifecycle_event(event)
-            if inspect.isawaitable(result):
-                await result
-        except Exception:
-            log.exception("queue lifecycle listener failed on %s", event.type)
+        await notify(self.on_lifecycle_event, event, log, "queue lifecycle listener failed on %s", event.type)
 
 
 def _with_heard_draws(lease: LocalLease, heard_drawn: int) -> LocalLease:
