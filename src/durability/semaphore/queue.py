@@ -9,8 +9,9 @@ returns, the deletion of done items, and reports as cumulative counts read
 from the items (grant_book, lease_book), sent by a ``sync`` (``_report``,
 ``_report_leases``) or with the next request; the outbox channel
 ``durability.semaphore-queue`` only sends what older versions queued there.
-Must not know: the holder's rules (it only reads its replies) or SQL (the
-store owns that).
+Must not know: the holder's rules (it only reads its replies), how a message
+or reply is spelled on the wire (it builds and reads the classes of
+``messages``), or SQL (the store owns that).
 
 An item is ``queued`` until a permit is granted for it, and ``admitted``
 once the holder confirmed it: the reply of a request that says ``claims``
