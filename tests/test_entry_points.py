@@ -9,6 +9,8 @@ import durability.semaphore as stable
 from durability import DurabilityOutbox
 from durability._schema import migrate
 from durability._sql import Sql
+from durability.locks.holder import PlaceKeeper
+from durability.locks.store import PlaceStore
 from durability.outbox import _SCHEMA as outbox_schema
 from durability.semaphore import DurabilitySemaphore, DurabilitySemaphoreQueue
 from durability.semaphore.queue_store import QueueStore
@@ -43,6 +45,7 @@ class _Storage:
     (DurabilitySemaphore, lambda sql: HolderStore(sql)),
     (DurabilitySemaphoreQueue, lambda sql: QueueStore(sql)),
     (DurabilityOutbox, lambda sql: migrate(sql, "outbox", outbox_schema)),
+    (PlaceKeeper, lambda sql: PlaceStore(sql)),
 ])
 def test_every_primitive_s_migrate_removes_its_tables_and_refuses_other_versions(primitive, create):
     ctx = types.SimpleNamespace(storage=_Storage())

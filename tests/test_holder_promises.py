@@ -85,7 +85,7 @@ def test_a_lock_number_too_large_for_a_float_is_refused(field):
     message = {"v": 1, "requestId": "r1", "limit": 3, "ttlMs": 30_000, "waitMs": 0, field: 10**400}
     with locks_runtime() as runtime:
         reply = runtime.run(runtime.env.SLOTS.getByName("uploads:u").semaphore_acquire(message))
-    assert (reply["status"], reply["code"]) == ("error", "invalid_message")
+    assert (reply["type"], reply["code"]) == ("error", "invalid_message")
 
 
 # -- 2. strings storage cannot hold ------------------------------------------------------
@@ -131,7 +131,7 @@ def test_an_unstorable_request_id_leaves_the_lock_line_and_its_waiters_alone():
             return refused, seen["second"]
 
         refused, usage = runtime.run(scenario())
-    assert (refused["status"], refused["code"]) == ("error", "invalid_message")
+    assert (refused["type"], refused["code"]) == ("error", "invalid_message")
     assert (usage["held"], usage["waiting"]) == (1, 0)  # the honest waiter got its place
 
 

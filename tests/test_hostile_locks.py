@@ -102,9 +102,9 @@ def test_a_hostile_message_fails_only_its_sender(case):
             raise
         after = places(runtime)
     assert released["status"] == "released"
-    if isinstance(hostile, dict) and hostile.get("status") == "error":
+    if isinstance(hostile, dict) and hostile.get("type") == "error":
         Tally.count("lock holder", "refused")
-        assert set(hostile) == {"status", "v", "code", "message"}
+        assert set(hostile) == {"type", "v", "code", "message"}
         assert isinstance(hostile["code"], str) and isinstance(hostile["message"], str)
         assert (released, second, usage, after) == ALONE
         return

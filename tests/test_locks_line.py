@@ -274,7 +274,7 @@ def test_bad_acquires_are_refused_with_a_code(fields, code):
     with pytest.raises(m.ProtocolError) as raised:
         m.parse_acquire(acquire(**fields))
     assert raised.value.code == code
-    assert raised.value.reply()["status"] == "error"
+    assert raised.value.reply() == {"type": "error", "v": 1, "code": code, "message": str(raised.value)}
 
 
 def test_tokens_and_cancels_need_their_identifier():

@@ -71,9 +71,10 @@ class Book:
         self.policy, self.total, self.groups = pol, total, dict(groups or {})
         self.grants, self.leases, self.ids, self.now = {}, {}, LeaseIds("e", 0), T0
 
-    def round(self, *requests, permitted=None):
+    def round(self, *requests, permitted=None, held_over=()):
         result = run_round(self.grants, list(requests), Limits(self.total, self.groups, dict(permitted or {})),
-                           self.now, 10_000, ids(), leases=self.leases, policy=self.policy, lease_ids=self.ids)
+                           self.now, 10_000, ids(), leases=self.leases, policy=self.policy, lease_ids=self.ids,
+                           held_over=held_over)
         result.changes.apply_to(self.grants, self.leases)
         if result.changes.issued is not None:
             self.ids = LeaseIds(self.ids.epoch, result.changes.issued)
@@ -501,5 +502,5 @@ def test_a_request_held_over_to_later_rounds_is_no_heartbeat():
     heard = book.leases[lease.lease_id].expires_at
     assert heard == book.now + TTL
     book.now += TTL / 2
-    book.round(Request("a", (), (), 0.0, True, (report,), heartbeat=False))
+    book.round(Request("a", (), (), 0.0, True, (report,)), held_over={0})
     assert book.leases[lease.lease_id].expires_at == heard

@@ -60,6 +60,7 @@ from enum import StrEnum
 from typing import Any
 
 from ._clock import now_ms
+from ._listeners import notify
 from ._schema import migrate, public_migrate
 from ._sql import Sql
 from .retry import Backoff, RetryDecision, decide_retry
@@ -398,13 +399,6 @@ class Durability:
         return [settled, JobEvent(JobEventType.TERMINAL, job_id, attempt, JobStatus.FAILED, error=error)]
 
     async def _emit(self, events: list[JobEvent]) -> None:
-        listener = self.on_lifecycle_event
-        if listener is None:
-            return
         for event in events:
-            try:
-                outcome = listener(event)
-                if inspect.isawaitable(outcome):
-                    await outcome
-            except Exception:
-                log.exception("job %s: lifecycle listener failed on %s", event.id, event.type)
+            await notify(self.on_lifecycle_event, event, log, "job %s: lifecycle listener failed on %s", event.id,
+                         event.type)

@@ -9,6 +9,7 @@ extra, for leases provisioned "over").
 """
 
 import dataclasses
+import json
 import random
 import time
 
@@ -88,6 +89,10 @@ class Holder(DurableObject):
 
     async def usage(self):
         return self.semaphore.usage()
+
+    async def usage_info(self):
+        """The typed usage, as plain values (a dataclass does not cross RPC)."""
+        return json.loads(json.dumps(dataclasses.asdict(self.semaphore.usage_info())))  # tuples as lists, as RPC takes
 
     async def drop_schema(self):
         DurabilitySemaphore.migrate(self.ctx, None)

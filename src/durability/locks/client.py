@@ -227,11 +227,8 @@ class Semaphore:
                 sent = now_ms()
                 remaining = math.inf if deadline is None else max(0.0, deadline - sent)
                 call_wait_ms = min(remaining, m.MAX_CALL_WAIT_MS)
-                message = {
-                    "v": m.VERSION, "requestId": request_id, "limit": options.limit, "ttlMs": options.ttl_ms,
-                    "waitMs": call_wait_ms, "more": remaining > m.MAX_CALL_WAIT_MS,
-                    "maxHoldMs": options.max_hold_ms,
-                }
+                message = m.Acquire(request_id, options.limit, options.ttl_ms, call_wait_ms,
+                                    remaining > m.MAX_CALL_WAIT_MS, options.max_hold_ms).to_wire()
                 try:
                     reply = await self._call(key, "semaphore_acquire", message, call_wait_ms + CALL_SLACK_MS)
                 except Exception as error:
@@ -253,7 +250,8 @@ class Semaphore:
                     return None
                 if status == m.PENDING:
                     continue
-                raise HolderRefused(reply.get("code", "unknown"), reply.get("message", repr(reply)))
+                refused = m.refusal(reply)
+                raise HolderRefused(refused.code, str(refused))
         except asyncio.CancelledError:
             # The caller gave up: leave the line, and free a place granted meanwhile.
             asyncio.ensure_future(self._cancel(key, request_id))
@@ -261,14 +259,14 @@ class Semaphore:
 
     async def _cancel(self, key: str, request_id: str) -> None:
         try:
-            await self._call(key, "semaphore_cancel", {"v": m.VERSION, "requestId": request_id}, CALL_SLACK_MS)
+            await self._call(key, "semaphore_cancel", m.cancel_message(request_id), CALL_SLACK_MS)
         except Exception as error:  # the lease ends any place it leaves behind
             log.warning("semaphore %s: cancel of %s failed: %r", self.name, key, error)
 
     async def _release(self, key: str, token: str) -> None:
         for attempt in range(RELEASE_ATTEMPTS):
             try:
-                await self._call(key, "semaphore_release", {"v": m.VERSION, "token": token}, CALL_SLACK_MS)
+                await self._call(key, "semaphore_release", m.token_message(token), CALL_SLACK_MS)
                 return
             except Exception as error:
                 if not _retryable(error) or attempt == RELEASE_ATTEMPTS - 1:
@@ -341,7 +339,7 @@ class Permit:
                 return
             try:
                 reply = await self._semaphore._call(
-                    self.key, "semaphore_renew", {"v": m.VERSION, "token": self._token}, self.valid_until - sent
+                    self.key, "semaphore_renew", m.token_message(self._token), self.valid_until - sent
                 )
             except Exception as error:  # lost, late or failing: try again soon, until the lease ends
                 log.info("semaphore %s: renewal of %s failed: %r", self._semaphore.name, self.key, error)
@@ -351,7 +349,7 @@ class Permit:
                 self._renewal_failed, next_at = False, sent + interval
                 self.valid_until = max(self.valid_until, sent + reply["leaseMs"])
                 self._final = bool(reply["final"])
-            elif reply.get("code") == m.NOT_HOLDER:
+            elif m.refusal(reply).code == m.NOT_HOLDER:
                 self._lose(REVOKED)
                 return
             else:

@@ -16,10 +16,11 @@ from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 from .._clock import now_ms, sleep_until
+from .._schema import public_migrate
 from .._sql import Sql
 from . import messages as m
 from .line import Line, NotHolder, Place
-from .store import PlaceStore
+from .store import COMPONENT, TABLES, PlaceStore
 
 T = TypeVar("T")
 log = logging.getLogger("durability.locks")
@@ -53,12 +54,7 @@ class PlaceKeeper:
         self._timer: asyncio.Task[None] | None = None
         self._timer_at: float | None = None
 
-    @staticmethod
-    def migrate(ctx: Any, version: int | None) -> None:
-        """``migrate(ctx, None)`` removes the places table."""
-        if version is not None:
-            raise ValueError("only migrate(ctx, None), which removes the schema, is supported")
-        PlaceStore.drop(Sql(ctx))
+    migrate = public_migrate(COMPONENT, TABLES, "the places table")
 
     @property
     def line(self) -> Line:

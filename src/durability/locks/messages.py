@@ -1,11 +1,15 @@
 """The wire format between a semaphore's clients and its holder object.
 
 Lives here: the four messages clients send (acquire, renew, release,
-cancel), their validation into typed values, and the replies the holder
-returns. Must not know: storage, time, the line's rules.
+cancel), written (``Acquire.to_wire``, ``token_message``,
+``cancel_message``) and checked into typed values, the replies the holder
+returns, and reading a refusal. Must not know: storage, time, the line's
+rules.
 
-A message that breaks any rule below is refused whole with an ``error``
-reply carrying a machine-readable ``code``, and changes nothing.
+A message that breaks any rule below is refused whole, and changes nothing,
+with the refusal the semaphore sends too (``durability._wire``):
+``{"type": "error", "v": 1, "code", "message"}``, ``code`` one of
+``invalid_message``, ``unsupported`` or ``not_holder``.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .._checks import int_in, number_in, storable_text
+from .._wire import ErrorCode, ProtocolError as ProtocolError
 from .options import MAX_DURATION_MS, MAX_LIMIT, MAX_TTL_MS, MIN_LIMIT, MIN_TTL_MS
 
 VERSION = 1
@@ -31,23 +36,12 @@ RENEWED = "renewed"
 RELEASED = "released"
 NOT_HELD = "not_held"
 CANCELLED = "cancelled"
-ERROR = "error"
+ERROR = "error"  #: how a holder of the previous release marked a refusal (``status``)
 
-# Error codes.
-INVALID_MESSAGE = "invalid_message"
-UNSUPPORTED = "unsupported"
-NOT_HOLDER = "not_holder"
-
-
-class ProtocolError(ValueError):
-    """A message the holder refuses; ``code`` is machine-readable."""
-
-    def __init__(self, code: str, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-
-    def reply(self) -> dict[str, Any]:
-        return {"status": ERROR, "v": VERSION, "code": self.code, "message": str(self)}
+# The error codes this holder sends.
+INVALID_MESSAGE = ErrorCode.INVALID_MESSAGE
+UNSUPPORTED = ErrorCode.UNSUPPORTED
+NOT_HOLDER = ErrorCode.NOT_HOLDER
 
 
 @dataclass(frozen=True)
@@ -58,6 +52,10 @@ class Acquire:
     wait_ms: float  #: how long this call stands in line
     more: bool  #: the client calls again after ``wait_ms`` if it has no place by then
     max_hold_ms: float | None
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"v": VERSION, "requestId": self.request_id, "limit": self.limit, "ttlMs": self.ttl_ms,
+                "waitMs": self.wait_ms, "more": self.more, "maxHoldMs": self.max_hold_ms}
 
 
 def _object(value: Any) -> dict[str, Any]:
@@ -114,6 +112,23 @@ def parse_token(message: Any) -> str:
 def parse_cancel(message: Any) -> str:
     """A cancel names the acquire it withdraws by its request id."""
     return _identifier(_object(message), "requestId")
+
+
+def token_message(token: str) -> dict[str, Any]:
+    """A renew or a release of the place ``token`` names."""
+    return {"v": VERSION, "token": token}
+
+
+def cancel_message(request_id: str) -> dict[str, Any]:
+    return {"v": VERSION, "requestId": request_id}
+
+
+def refusal(reply: dict[str, Any]) -> ProtocolError:
+    """What a reply with no status this client knows says: a refusal, in
+    this release's shape or the previous release's (``{"status": "error",
+    "code", "message"}``), which carry the same two fields; anything else
+    reads as a refusal coded ``unknown`` that quotes the reply."""
+    return ProtocolError(reply.get("code", "unknown"), reply.get("message", repr(reply)))
 
 
 def granted(token: str, lease_ms: float, final: bool) -> dict[str, Any]:

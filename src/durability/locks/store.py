@@ -12,12 +12,13 @@ object's restart either (its client calls again).
 
 from __future__ import annotations
 
-from .._schema import drop, migrate
+from .._schema import migrate
 from .._sql import Sql
 from .line import Place
 
 COMPONENT = "locks"
 PLACES = "durability_lock_places"
+TABLES = (PLACES,)  #: what ``migrate(ctx, None)`` removes
 _SCHEMA = {
     1: [
         f"""
@@ -39,10 +40,6 @@ class PlaceStore:
     def __init__(self, sql: Sql) -> None:
         self.sql = sql
         migrate(sql, COMPONENT, _SCHEMA)
-
-    @staticmethod
-    def drop(sql: Sql) -> None:
-        drop(sql, COMPONENT, [PLACES])
 
     def load(self) -> list[Place]:
         """Every stored place; a restarted holder trusts the stored (later) lease end."""

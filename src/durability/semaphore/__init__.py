@@ -22,17 +22,21 @@ from .messages import (
     SETTLED,
     VERSION,
     Demand,
+    GroupUsage,
     LeaseReport,
     ProtocolError,
+    Reply,
     Report,
     Request,
     Sync,
+    Usage,
+    WaitingUsage,
 )
 from .queue import AdmittedItem, DurabilitySemaphoreQueue, QueueEvent
 
 __all__ = [
     "EXPIRED", "GROUP_LIMIT", "LIMIT", "LIMIT_RESOLUTION_ERROR", "NOT_FOUND", "NOT_PERMITTED", "OK",
     "RETIRED", "SETTLED", "VERSION", "AdmittedItem", "Demand", "DurabilitySemaphore", "DurabilitySemaphoreQueue",
-    "QueueEvent", "Grant", "Lease", "LeasePolicy", "LeaseReport", "ProtocolError", "Report", "Request",
-    "SemaphoreClient", "SemaphoreClientFactory", "Sync",
+    "QueueEvent", "Grant", "GroupUsage", "Lease", "LeasePolicy", "LeaseReport", "ProtocolError", "Reply", "Report",
+    "Request", "SemaphoreClient", "SemaphoreClientFactory", "Sync", "Usage", "WaitingUsage",
 ]

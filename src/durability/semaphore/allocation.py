@@ -377,6 +377,9 @@ class RoundTerms:
     policy: LeasePolicy | None
     lease_ids: LeaseIds  #: as the holder last committed them; the round's ids follow
     budgets: Budgets | None  #: None: the limit did not resolve, nothing is handed out
+    #: indexes of requests held over from an earlier round: their reports
+    #: were heard then, and are no heartbeat now (the client may be gone since)
+    held_over: frozenset[int] = frozenset()
 
     @property
     def ttl_ms(self) -> float | None:
@@ -423,7 +426,7 @@ class Wanted:
 def run_round(book: dict[str, Grant], requests: list[Request], limits: Limits, now: float,
               grant_timeout_ms: float, new_grant_id: Callable[[], str], *,
               leases: dict[str, Lease] | None = None, policy: LeasePolicy | None = None,
-              lease_ids: LeaseIds | None = None) -> RoundResult:
+              lease_ids: LeaseIds | None = None, held_over: Iterable[int] = ()) -> RoundResult:
     """One allocation round over every request that arrived for it.
 
     Reports are applied first (a request whose reports touch another
@@ -437,11 +440,12 @@ def run_round(book: dict[str, Grant], requests: list[Request], limits: Limits, n
     served twice; every reply lists all of the client's open grants and the
     leases it may not know of, so the client learns of what a lost reply
     carried. Nothing given is changed: the result says what the holder
-    must apply.
+    must apply. ``held_over``: the indexes of requests the holder held
+    over from an earlier round, whose reports heartbeat no lease.
     """
     lease_ids = lease_ids if lease_ids is not None else LeaseIds("", 0)
     terms = RoundTerms(limits, now, grant_timeout_ms, new_grant_id, policy, lease_ids,
-                       budgets_for(policy, limits.total))
+                       budgets_for(policy, limits.total), frozenset(held_over))
     state = RoundState(Working(book, leases), issued=lease_ids.issued)
     apply_request_reports(state, terms, requests)
     retire(state, terms)
@@ -458,7 +462,7 @@ def apply_request_reports(state: RoundState, terms: RoundTerms, requests: list[R
         try:
             reported, lease_reported = apply_all_reports(
                 state.working, request.client_id, request.reports, request.lease_reports, terms.lease_ids,
-                terms.now, terms.ttl_ms if request.heartbeat else None)
+                terms.now, None if index in terms.held_over else terms.ttl_ms)
         except ProtocolError as error:
             state.errors[index] = error
             continue

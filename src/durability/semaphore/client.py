@@ -4,7 +4,8 @@ Lives here: ``SemaphoreClient`` (send a message to the holder of a key,
 remember each key's ``nextRequestAt``) and ``SemaphoreClientFactory``, which
 finds the holder's namespace in a caller's ``env``, reaches the holder with
 ``getByName(key)`` and composes caller transforms such as a timeout.
-Must not know: the holder's rules or storage.
+Must not know: the holder's rules or storage, or how a message is spelled
+(it carries them as the wire's dicts; ``messages`` reads the pacing).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from .._checks import MAX_SAFE_INTEGER, number_in
+from .messages import pacing_in
 
 Message = dict[str, Any]  #: a message or a reply, as the wire format spells it
 Send = Callable[[str, Message], Awaitable[Message]]
@@ -37,10 +38,9 @@ class SemaphoreClient:
 
     async def request(self, key: str, message: Message) -> Message:
         reply = await self._send(key, message)
-        if isinstance(reply, dict) and reply.get("type") == "grants":
-            next_at = reply.get("nextRequestAt")
-            if number_in(next_at, 0, MAX_SAFE_INTEGER):  # anything else is no pacing to keep
-                self._next_request_at[key] = float(next_at)
+        next_at = pacing_in(reply)
+        if next_at is not None:  # anything else is no pacing to keep
+            self._next_request_at[key] = next_at
         return reply
 
     async def sync(self, key: str, message: Message) -> Message:

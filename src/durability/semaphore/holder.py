@@ -4,9 +4,11 @@ Lives here: the runtime side of the holder: requests waiting for a round
 and the round timer (in memory), resolving the user's limit callbacks once
 per round (for the groups in demand and those holding leases), committing
 each round in one transaction before anyone hears back, the reclaim timer
-on the scheduler, ``usage()`` and ``migrate()``.
-Must not know: how a round decides (``allocation``) or how messages look
-(``messages``); how clients reach it (``client``).
+on the scheduler, each request held for a later round with whether it
+still counts as a heartbeat, ``usage()`` and ``migrate()``. It hands its
+replies to ``messages`` as typed values.
+Must not know: how a round decides (``allocation``) or how messages look on
+the wire (``messages``); how clients reach it (``client``).
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import asyncio
 import logging
 import random
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal, overload
 
 from .._checks import is_int, is_number
@@ -43,7 +45,20 @@ from .allocation import (
     usage,
 )
 from .leases import Lease, LeaseIds, LeasePolicy, lease_usage, needs_row, retire_expired, retire_ineligible
-from .messages import MAX_REPORTS, VERSION, ProtocolError, Request, Sync, parse
+from .messages import (
+    MAX_REPORTS,
+    Blocked,
+    GrantEntry,
+    GroupUsage,
+    LeaseEntry,
+    ProtocolError,
+    Reply,
+    Request,
+    Sync,
+    Usage,
+    WaitingUsage,
+    parse,
+)
 from .store import COMPONENT as HOLDER_COMPONENT, TABLES as HOLDER_TABLES, HolderStore
 
 if TYPE_CHECKING:
@@ -67,6 +82,18 @@ def _positive_ms(value: Any, what: str) -> float:
     if not is_number(value) or not value >= 0:
         raise ValueError(f"{what} must be a non-negative number of milliseconds, not {value!r}")
     return float(value)
+
+
+@dataclass
+class _Waiting:
+    """A request waiting for a round, and what the holder knows of it beyond the message."""
+
+    request: Request
+    reply: asyncio.Future[dict[str, Any]] = field(compare=False)
+    hold_until: float  #: epoch ms: answered by then, granted or not
+    #: False once the request was held over to a later round, where its
+    #: (old) reports must not count as a heartbeat
+    heartbeat: bool = True
 
 
 class DurabilitySemaphore:
@@ -119,8 +146,7 @@ class DurabilitySemaphore:
         self._book: dict[str, Grant] | None = None
         self._lease_book: dict[str, Lease] | None = None
         self._ids: LeaseIds | None = None
-        # Requests waiting for a round: (request, reply future, hold-until ms).
-        self._waiting: list[tuple[Request, asyncio.Future[dict[str, Any]], float]] = []
+        self._waiting: list[_Waiting] = []  #: requests waiting for a round
         self._round: asyncio.Task[None] | None = None
         self._last_round_at: float | None = None
         self._contended = False  #: the last round left demand waiting for capacity
@@ -254,7 +280,7 @@ class DurabilitySemaphore:
         if isinstance(parsed, Sync):
             return await self._sync(parsed)
         waiter: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
-        self._waiting.append((parsed, waiter, now_ms() + parsed.wait_ms))
+        self._waiting.append(_Waiting(parsed, waiter, now_ms() + parsed.wait_ms))
         self._ensure_round()
         return await waiter
 
@@ -281,10 +307,9 @@ class DurabilitySemaphore:
                     if lease.client_id == sync.client_id and lease.retired and not lease.settled]
         listed = [g for g in working.grants() if g.client_id == sync.client_id and g.unclaimed > 0]
         listed += held_grants(working, sync.client_id)
-        return {"type": "synced", "v": VERSION, "reports": [o.to_wire() for o in outcomes],
-                "leaseReports": [o.to_wire() for o in lease_outcomes], "contended": self._contended,
-                "leases": [_lease_json(lease, ttl_ms) for lease in stopping[:MAX_REPORTS]],
-                "grants": [_grant_json(g) for g in listed[:MAX_REPORTS]]}
+        return Reply("synced", tuple(outcomes), tuple(lease_outcomes),
+                     tuple(_lease_entry(lease, ttl_ms) for lease in stopping[:MAX_REPORTS]), self._contended,
+                     grants=tuple(_grant_entry(g) for g in listed[:MAX_REPORTS])).to_wire()
 
     # -- rounds -----------------------------------------------------------------
     def _ensure_round(self) -> None:
@@ -304,22 +329,23 @@ class DurabilitySemaphore:
             self._run_round(batch)
         except Exception as error:  # storage failed: nobody is told anything was granted
             log.exception("semaphore round failed")
-            for _, waiter, _ in batch:
-                if not waiter.done():
-                    waiter.set_exception(error)
+            for waiting in batch:
+                if not waiting.reply.done():
+                    waiting.reply.set_exception(error)
         else:
             await self.scheduler.sync()
         if self._waiting:
             self._ensure_round()
 
-    def _run_round(self, batch: list[tuple[Request, asyncio.Future[dict[str, Any]], float]]) -> None:
+    def _run_round(self, batch: list[_Waiting]) -> None:
         now = now_ms()
         self._last_round_at = now
-        requests = [request for request, _, _ in batch]
+        requests = [waiting.request for waiting in batch]
         limits = self._resolve_limits(requests)
         result: RoundResult = run_round(
             self._grants(), requests, limits, now, self.grant_timeout_ms, self._new_grant_id,
             leases=self._leases(), policy=self.lease_policy, lease_ids=self._lease_ids(),
+            held_over=[index for index, waiting in enumerate(batch) if not waiting.heartbeat],
         )
         self._commit(result.changes)
         self._contended = result.contended
@@ -330,34 +356,37 @@ class DurabilitySemaphore:
         # with permits claimed for nobody. (A copy of the latest, the same
         # message delivered twice, waits with it: one of them is answered to
         # the client.)
-        latest = {request.client_id: request for request, _, _ in batch}
-        held, answered = [], []
-        for index, (request, waiter, hold_until) in enumerate(batch):
-            if waiter.done():
+        latest = {waiting.request.client_id: waiting.request for waiting in batch}
+        held: list[_Waiting] = []
+        answered: list[tuple[_Waiting, ClientOutcome]] = []
+        for index, waiting in enumerate(batch):
+            request = waiting.request
+            if waiting.reply.done():
                 continue  # its caller is gone
             if index in result.errors:
-                waiter.set_result(result.errors[index].reply())
+                waiting.reply.set_result(result.errors[index].reply())
                 continue
             outcome = result.outcomes[request.client_id]
-            superseded = not _same_request(latest[request.client_id], request)
+            superseded = latest[request.client_id] != request
             if (not superseded and not news_for(request, outcome) and outcome.blocked
-                    and hold_until > next_request_at):
+                    and waiting.hold_until > next_request_at):
                 # Nothing new to tell: keep the request for the next round
                 # instead of having the client ask again (a long poll).
                 # Its reports were heard once: a lease must not stay alive
                 # on a request whose client may be gone since.
-                held.append((replace(request, heartbeat=False), waiter, hold_until))
+                held.append(replace(waiting, heartbeat=False))
             else:
-                answered.append((request, waiter, outcome))
+                answered.append((waiting, outcome))
         ttl_ms = self.lease_policy.ttl_ms if self.lease_policy is not None else 0
-        for request, waiter, outcome in answered:
+        for waiting, outcome in answered:
             # A client handed permits may ask again at once: its request is
             # held for the next round anyway, and is then present in it,
             # instead of arriving just after it and waiting a period more.
             served = bool(outcome.new_grants or outcome.new_leases)
-            line = line_ahead(request.client_id, (r for r, _, _ in held), limits, self.lease_policy) if served else {}
+            line = line_ahead(waiting.request.client_id, (h.request for h in held), limits,
+                              self.lease_policy) if served else {}
             ask_at = now if served else next_request_at
-            waiter.set_result(_grants_reply(outcome, ask_at, result.contended, ttl_ms, line))
+            waiting.reply.set_result(_grants_reply(outcome, ask_at, result.contended, ttl_ms, line).to_wire())
         self._waiting = held + self._waiting
 
     def _note_blocked(self, now: float, outcomes: dict[str, ClientOutcome]) -> None:
@@ -371,7 +400,7 @@ class DurabilitySemaphore:
         for client_id in [c for c, (at, _) in self._blocked.items() if at < now - WAITING_HEARD_MS]:
             del self._blocked[client_id]
 
-    def _waiting_by_reason(self) -> list[dict[str, Any]]:
+    def _waiting_by_reason(self) -> tuple[WaitingUsage, ...]:
         """Demand left waiting, by group and reason, as clients last told it."""
         totals: dict[tuple[str, str], list[int]] = {}
         since = now_ms() - WAITING_HEARD_MS
@@ -382,8 +411,8 @@ class DurabilitySemaphore:
                 total = totals.setdefault((group, reason), [0, 0])
                 total[0] += count
                 total[1] += 1
-        return [{"group": group, "reason": str(reason), "waiting": count, "clients": clients}
-                for (group, reason), (count, clients) in sorted(totals.items())]
+        return tuple(WaitingUsage(group, str(reason), count, clients)
+                     for (group, reason), (count, clients) in sorted(totals.items()))
 
     def _resolve_limits(self, requests: list[Request]) -> Limits:
         """The user's callbacks, once per round: for every group in demand, and
@@ -435,9 +464,9 @@ class DurabilitySemaphore:
         working = Working(self._grants(), self._leases())
         # A claim that reached the holder before the deadline counts, even if
         # its request still waits for a round: apply those claims first.
-        for request, _, _ in self._waiting:
+        for waiting in self._waiting:
             try:
-                apply_reports(working, request.client_id, request.reports)
+                apply_reports(working, waiting.request.client_id, waiting.request.reports)
             except ProtocolError:
                 pass  # refused to its sender when its round runs
         reclaim(working, now_ms())
@@ -445,6 +474,10 @@ class DurabilitySemaphore:
 
     # -- usage -------------------------------------------------------------------
     def usage(self) -> dict[str, Any]:
+        """``usage_info()`` as the wire spells it (camelCase): what an RPC method returns."""
+        return self.usage_info().to_wire()
+
+    def usage_info(self) -> Usage:
         """The limit, permits outstanding (grants and lease footprint), and
         per-group usage, as the holder's books say."""
         # Settled grants and leases kept only to answer late reports charge nothing.
@@ -462,61 +495,47 @@ class DurabilitySemaphore:
         for group in sorted(set(groups) | set(leased_groups)):
             outstanding = groups.get(group, 0) + leased_groups.get(group, 0)
             ceiling = self._resolve(self.group_limit, group, optional=True) if self.group_limit else None
-            per_group[group] = {
-                "outstanding": outstanding,
-                "inUse": in_use[group],
-                "reserved": outstanding - in_use[group],
-                "leaseFootprint": leased_groups.get(group, 0),
-                "limit": None if isinstance(ceiling, ResolutionFailed) else ceiling,
-            }
+            per_group[group] = GroupUsage(outstanding, in_use[group], outstanding - in_use[group],
+                                          leased_groups.get(group, 0),
+                                          None if isinstance(ceiling, ResolutionFailed) else ceiling)
         policy = self.lease_policy
         resolved = None if isinstance(limit, ResolutionFailed) else limit
-        return {
-            "limit": resolved,
-            "ceiling": resolved if policy is None or resolved is None else policy.budgets(resolved).ceiling,
-            "outstanding": granted + leased,
-            "leaseFootprint": leased,
+        return Usage(
+            limit=resolved,
+            ceiling=resolved if policy is None or resolved is None else policy.budgets(resolved).ceiling,
+            outstanding=granted + leased,
+            lease_footprint=leased,
             # Past its ttl a lease is retired at the next round or report; say so already.
-            "retiredFootprint": sum(lease.footprint for lease in leases
-                                    if lease.retired or lease.expires_at <= now_ms()),
-            "grants": len(grants),
-            "leases": len(leases),
-            "groups": per_group,
-            "waiting": self._waiting_by_reason(),
-        }
+            retired_footprint=sum(lease.footprint for lease in leases if lease.retired or lease.expires_at <= now_ms()),
+            grants=len(grants),
+            leases=len(leases),
+            groups=per_group,
+            waiting=self._waiting_by_reason(),
+        )
 
 
-def _lease_json(lease: Lease, ttl_ms: float, new: bool = False) -> dict[str, Any]:
-    return {"leaseId": lease.lease_id, "group": lease.group, "permits": lease.permits, "drawn": lease.drawn,
-            "ttlMs": ttl_ms, "expiresAt": lease.expires_at, "retired": lease.retired, "new": new}
+def _lease_entry(lease: Lease, ttl_ms: float, new: bool = False) -> LeaseEntry:
+    return LeaseEntry(lease.lease_id, lease.group, lease.permits, lease.drawn, ttl_ms, lease.expires_at,
+                      lease.retired, new)
 
 
-def _same_request(a: Request, b: Request) -> bool:
-    """The same message (a held-over copy no longer counts as a heartbeat)."""
-    return replace(a, heartbeat=True) == replace(b, heartbeat=True)
-
-
-def _grant_json(grant: Grant) -> dict[str, Any]:
-    return {"grantId": grant.grant_id, "group": grant.group, "permits": grant.permits, "claimed": grant.claimed,
-            "released": grant.released, "claimDeadline": grant.claim_deadline}
+def _grant_entry(grant: Grant) -> GrantEntry:
+    return GrantEntry(grant.grant_id, grant.group, grant.permits, grant.claimed, grant.claim_deadline,
+                      grant.released)
 
 
 def _grants_reply(outcome: ClientOutcome, next_request_at: float, contended: bool = False,
-                  ttl_ms: float = 0, line: dict[str, float] | None = None) -> dict[str, Any]:
+                  ttl_ms: float = 0, line: dict[str, float] | None = None) -> Reply:
     new = {lease.lease_id for lease in outcome.new_leases}
-    return {
-        "type": "grants",
-        "v": VERSION,
-        "grants": [_grant_json(g) for g in [*outcome.open_grants, *outcome.held_grants]],
-        "reports": [o.to_wire() for o in outcome.reports],
-        "leases": [_lease_json(lease, ttl_ms, lease.lease_id in new) for lease in outcome.listed_leases],
-        "allLeasesListed": True,
-        "leaseReports": [o.to_wire() for o in outcome.lease_reports],
-        "blocked": [
-            {"group": group, "reason": reason, "waiting": waiting}
-            for group, (reason, waiting) in outcome.blocked.items()
-        ],
-        "contended": contended,
-        "nextRequestAt": next_request_at,
-        "line": line or {},
-    }
+    return Reply(
+        "grants",
+        tuple(outcome.reports),
+        tuple(outcome.lease_reports),
+        tuple(_lease_entry(lease, ttl_ms, lease.lease_id in new) for lease in outcome.listed_leases),
+        contended,
+        grants=tuple(_grant_entry(g) for g in [*outcome.open_grants, *outcome.held_grants]),
+        blocked=tuple(Blocked(group, reason, waiting) for group, (reason, waiting) in outcome.blocked.items()),
+        next_request_at=next_request_at,
+        all_leases_listed=True,
+        line=line or {},
+    )

@@ -1,11 +1,19 @@
-"""The semaphore's wire format: parsing and checking messages, building replies.
+"""The semaphore's wire format, both directions: every message and reply, written and read.
 
-Lives here: the camelCase messages clients send (``request``, ``sync``), their
-validation into typed values (grant reports, lease reports, the lease
-support flag), and the error reply. Must not know: storage, time, allocation.
+Lives here: the camelCase messages clients send (``request``, ``sync``) and
+the replies the holder sends (``grants``, ``synced``, the refusal of
+``durability._wire``), each as a typed class with ``to_wire`` (the dict the
+wire carries) and ``parse`` (the dict checked completely into the class);
+the bounds and the vocabularies (report statuses, blocked reasons); and the
+``usage`` reply. Every field name of the protocol is spelled here and
+nowhere else. Must not know: storage, time, allocation, how a message
+travels.
 
 Every bound below is part of the protocol: a message beyond one is refused
-whole with an ``error`` reply and changes nothing.
+whole with an ``error`` reply and changes nothing. A client checks every
+field of a reply it will act on before it acts, so that a malformed reply
+(a holder of another version, a bug, a hostile stand-in) fails that one
+exchange and changes nothing.
 """
 
 from __future__ import annotations
@@ -16,7 +24,9 @@ from enum import StrEnum
 from typing import Any, TypeVar
 
 from .._checks import MAX_SAFE_INTEGER, int_in, number_in, storable_text
+from .._wire import ErrorCode as ErrorCode, ProtocolError as ProtocolError
 
+# (ErrorCode and ProtocolError are shared with the locks: re-exported here, where callers found them.)
 E = TypeVar("E")  # an entry of a reply, as parsed
 V = TypeVar("V")  # a field of an entry, as checked
 
@@ -46,29 +56,9 @@ class ReportStatus(StrEnum):
     SETTLED = "settled"  #: a lease the holder no longer counts; forget it
 
 
-class ErrorCode(StrEnum):
-    """Why a message was refused (``ProtocolError.code``)."""
-
-    INVALID_MESSAGE = "invalid_message"
-    UNSUPPORTED = "unsupported"
-    FORBIDDEN = "forbidden"
-    MALFORMED_REPLY = "malformed_reply"  #: raised on the client: the holder's reply breaks the format
-
-
 # The members by their old names.
 LIMIT_RESOLUTION_ERROR, NOT_PERMITTED, GROUP_LIMIT, LIMIT = BlockedReason
 OK, EXPIRED, NOT_FOUND, RETIRED, SETTLED = ReportStatus
-
-
-class ProtocolError(ValueError):
-    """A message the holder refuses; ``code`` is machine-readable."""
-
-    def __init__(self, code: str, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-
-    def reply(self) -> dict[str, Any]:
-        return {"type": "error", "v": VERSION, "code": self.code, "message": str(self)}
 
 
 @dataclass(frozen=True)
@@ -79,6 +69,9 @@ class Demand:
     count: int
     oldest_at: float
 
+    def to_wire(self) -> dict[str, Any]:
+        return {"group": self.group, "count": self.count, "oldestAt": self.oldest_at}
+
 
 @dataclass(frozen=True)
 class Report:
@@ -87,6 +80,9 @@ class Report:
     grant_id: str
     claimed: int
     released: int
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"grantId": self.grant_id, "claimed": self.claimed, "released": self.released}
 
 
 @dataclass(frozen=True)
@@ -105,18 +101,21 @@ class LeaseReport:
     released: int
     stopped: bool = False
 
+    def to_wire(self) -> dict[str, Any]:
+        return {"leaseId": self.lease_id, "group": self.group, "permits": self.permits, "drawn": self.drawn,
+                "released": self.released, "stopped": self.stopped}
+
 
 @dataclass(frozen=True)
 class Request:
+    """A client asks for permits for its demand, reporting on its grants and leases."""
+
     client_id: str
     demand: tuple[Demand, ...]
     reports: tuple[Report, ...]
     wait_ms: float = 0.0  #: hold the reply up to this long while nothing can be granted
     leases: bool = False  #: the client can draw from leases
     lease_reports: tuple[LeaseReport, ...] = ()
-    #: not on the wire: False once the holder holds the request over to a
-    #: later round, where its (old) reports must not count as a heartbeat
-    heartbeat: bool = True
     #: the client takes every permit granted for its demand: grants come
     #: claimed, so it admits on the reply with no claim of its own
     claims: bool = False
@@ -124,12 +123,43 @@ class Request:
     #: later, it will learn from the reply's listing (see allocation)
     heard_up_to: float = 0.0
 
+    def to_wire(self) -> dict[str, Any]:
+        return {
+            "type": "request", "v": VERSION, "clientId": self.client_id,
+            "demand": [demand.to_wire() for demand in self.demand],
+            "grants": [report.to_wire() for report in self.reports],
+            "wait": self.wait_ms,
+            "leases": self.leases,
+            "claims": self.claims,
+            "heardUpTo": self.heard_up_to,
+            "leaseReports": [report.to_wire() for report in self.lease_reports],
+        }
+
+    @classmethod
+    def parse(cls, message: Any) -> Request:
+        return _parse_as(cls, message)
+
 
 @dataclass(frozen=True)
 class Sync:
+    """A client reports on its grants and leases, asking for nothing."""
+
     client_id: str
     reports: tuple[Report, ...]
     lease_reports: tuple[LeaseReport, ...] = ()
+
+    def to_wire(self) -> dict[str, Any]:
+        """A list with nothing to report is left out (a sync carries grant reports, lease reports or both)."""
+        wire: dict[str, Any] = {"type": "sync", "v": VERSION, "clientId": self.client_id}
+        if self.reports:
+            wire["grants"] = [report.to_wire() for report in self.reports]
+        if self.lease_reports:
+            wire["leaseReports"] = [report.to_wire() for report in self.lease_reports]
+        return wire
+
+    @classmethod
+    def parse(cls, message: Any) -> Sync:
+        return _parse_as(cls, message)
 
 
 def _field(message: dict[str, Any], name: str, where: str) -> Any:
@@ -224,6 +254,16 @@ def _demand(message: dict[str, Any]) -> tuple[Demand, ...]:
     return tuple(demand)
 
 
+M = TypeVar("M", Request, Sync)
+
+
+def _parse_as(kind: type[M], message: Any) -> M:
+    parsed = parse(message)
+    if not isinstance(parsed, kind):
+        raise ProtocolError(ErrorCode.UNSUPPORTED, f"expected a {kind.__name__.lower()} message")
+    return parsed
+
+
 def parse(message: Any) -> Request | Sync:
     """Check a message completely; raise ``ProtocolError`` on the first fault."""
     message = _object(message, "message")
@@ -250,10 +290,7 @@ def parse(message: Any) -> Request | Sync:
                    heard_up_to=heard)
 
 
-# -- replies, as the queue reads them ------------------------------------------------
-# The holder builds these replies; a client checks every field it will act
-# on before it acts, so that a malformed reply (a holder of another version,
-# a bug, a hostile stand-in) fails that one exchange and changes nothing.
+# -- replies: the holder builds them, a client checks them before it acts -------------
 
 REPORT_STATUSES = (OK, EXPIRED, NOT_FOUND)
 LEASE_STATUSES = (OK, RETIRED, SETTLED)
@@ -272,6 +309,10 @@ class GrantEntry:
     claimed: int
     claim_deadline: float
     released: int = 0  #: the releases the holder heard (older holders do not say)
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"grantId": self.grant_id, "group": self.group, "permits": self.permits, "claimed": self.claimed,
+                "released": self.released, "claimDeadline": self.claim_deadline}
 
 
 @dataclass(frozen=True)
@@ -302,6 +343,10 @@ class LeaseEntry:
     retired: bool
     new: bool = False  #: issued by the round that answers this very request
 
+    def to_wire(self) -> dict[str, Any]:
+        return {"leaseId": self.lease_id, "group": self.group, "permits": self.permits, "drawn": self.drawn,
+                "ttlMs": self.ttl_ms, "expiresAt": self.expires_at, "retired": self.retired, "new": self.new}
+
 
 @dataclass(frozen=True)
 class LeaseOutcome:
@@ -320,9 +365,14 @@ class LeaseOutcome:
 
 @dataclass(frozen=True)
 class Blocked:
+    """A group of the request's demand that got no permit, why, and how many items wait."""
+
     group: str
-    reason: str
+    reason: str  #: a ``BlockedReason``
     waiting: int
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"group": self.group, "reason": self.reason, "waiting": self.waiting}
 
 
 @dataclass(frozen=True)
@@ -343,6 +393,31 @@ class Reply:
     #: per group, the oldest-item time at which the holder's line stands
     #: behind a client it just served (``allocation.line_ahead``)
     line: dict[str, float] = field(default_factory=dict)
+
+    def to_wire(self) -> dict[str, Any]:
+        """A ``grants`` reply carries every field; a ``synced`` one its own five, in its own order."""
+        if self.type != "grants":
+            return {"type": self.type, "v": VERSION, "reports": [o.to_wire() for o in self.reports],
+                    "leaseReports": [o.to_wire() for o in self.lease_reports], "contended": self.contended,
+                    "leases": [e.to_wire() for e in self.leases], "grants": [e.to_wire() for e in self.grants]}
+        return {
+            "type": "grants",
+            "v": VERSION,
+            "grants": [e.to_wire() for e in self.grants],
+            "reports": [o.to_wire() for o in self.reports],
+            "leases": [e.to_wire() for e in self.leases],
+            "allLeasesListed": self.all_leases_listed,
+            "leaseReports": [o.to_wire() for o in self.lease_reports],
+            "blocked": [b.to_wire() for b in self.blocked],
+            "contended": self.contended,
+            "nextRequestAt": self.next_request_at,
+            "line": self.line,
+        }
+
+    @classmethod
+    def parse(cls, reply: Any, kind: str) -> Reply:
+        """See ``parse_reply``."""
+        return parse_reply(reply, kind)
 
 
 def _flag(entry: dict[str, Any], name: str, where: str, default: bool = False) -> bool:
@@ -428,10 +503,9 @@ def parse_reply(reply: Any, kind: str) -> Reply:
     """
     if not isinstance(reply, dict) or reply.get("v") != VERSION or isinstance(reply.get("v"), bool):
         raise ProtocolError("malformed_reply", f"holder reply of an unknown version: {reply!r}"[:300])
-    if reply.get("type") == "error":
-        code = reply.get("code")
-        code = code if storable_text(code, MAX_ID_LENGTH) else "malformed_reply"
-        raise ProtocolError(code, f"holder refused the message: {reply.get('message')!r}"[:300])
+    refusal = ProtocolError.parse(reply)
+    if refusal is not None:
+        raise refusal
     if reply.get("type") != kind:
         raise ProtocolError("malformed_reply", f"expected a {kind!r} reply, got {reply.get('type')!r}"[:300])
     if not isinstance(reply.get("reports"), list):
@@ -462,3 +536,134 @@ def _line(line: Any) -> dict[str, float]:
         if not storable_text(group, MAX_ID_LENGTH) or not number_in(at, 0, MAX_SAFE_INTEGER):
             raise ProtocolError("malformed_reply", "line must be an object of groups to epoch times in ms")
     return {group: float(at) for group, at in line.items()}
+
+
+def pacing_in(reply: Any) -> float | None:
+    """The ``nextRequestAt`` of a holder's ``grants`` reply, read before it is
+    checked (a client keeps it whatever the queue makes of the reply); None
+    for any other reply, or a time that is none."""
+    if not isinstance(reply, dict) or reply.get("type") != "grants":
+        return None
+    next_at = reply.get("nextRequestAt")
+    return float(next_at) if number_in(next_at, 0, MAX_SAFE_INTEGER) else None
+
+
+# -- what older versions of the queue left in its outbox ----------------------------------
+# Each body is the report as the wire spelled it, with the key it was for.
+
+def queued_grant_report(body: dict[str, Any]) -> Report | None:
+    """A grant report an older version queued, or None if the body holds none."""
+    if "grantId" not in body:
+        return None
+    return Report(body["grantId"], body["claimed"], body["released"])
+
+
+def queued_lease_id(body: dict[str, Any]) -> str | None:
+    """The lease a lease report an older version queued is about, or None."""
+    lease_id: str | None = body.get("leaseId")
+    return lease_id
+
+
+# -- the usage reply: the holder's books, as ``usage()`` answers over RPC -------------------
+
+@dataclass(frozen=True)
+class GroupUsage:
+    """One group's permits in the holder's books."""
+
+    outstanding: int  #: granted or leased and not released: in use plus reserved
+    in_use: int  #: claimed on grants and drawn from leases, not released
+    reserved: int  #: granted and not claimed yet, or leased and not drawn yet
+    lease_footprint: int  #: what the group's leases charge
+    limit: int | None  #: the group's own ceiling (None: none, or its callback failed)
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"outstanding": self.outstanding, "inUse": self.in_use, "reserved": self.reserved,
+                "leaseFootprint": self.lease_footprint, "limit": self.limit}
+
+    @classmethod
+    def parse(cls, wire: Any, where: str = "group") -> GroupUsage:
+        entry = _reply_object(wire, where)
+        return cls(_tally(entry, "outstanding", where), _tally(entry, "inUse", where),
+                   _tally(entry, "reserved", where), _tally(entry, "leaseFootprint", where),
+                   _optional_count(entry, "limit", where))
+
+
+@dataclass(frozen=True)
+class WaitingUsage:
+    """Demand the latest rounds left waiting in one group for one reason, over the clients that told it."""
+
+    group: str
+    reason: str  #: a ``BlockedReason``
+    waiting: int  #: items waiting
+    clients: int  #: clients they wait in
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"group": self.group, "reason": self.reason, "waiting": self.waiting, "clients": self.clients}
+
+    @classmethod
+    def parse(cls, wire: Any, where: str = "waiting") -> WaitingUsage:
+        entry = _reply_object(wire, where)
+        blocked = _blocked(entry, where)
+        return cls(blocked.group, blocked.reason, blocked.waiting, _tally(entry, "clients", where))
+
+
+@dataclass(frozen=True)
+class Usage:
+    """What ``DurabilitySemaphore.usage_info()`` returns: the limit, and the permits the books count."""
+
+    limit: int | None  #: the limit as resolved now (None: its callback failed)
+    ceiling: int | None  #: what leases may reach: the limit, or more when leases are provisioned over it
+    outstanding: int  #: permits charged: grants and lease footprint
+    lease_footprint: int
+    retired_footprint: int  #: the footprint of leases retired, or past their ttl
+    grants: int  #: grants not settled
+    leases: int  #: leases not settled
+    groups: dict[str, GroupUsage] = field(default_factory=dict)
+    #: what waits and why, as clients heard in the last minute told it (older holders: none)
+    waiting: tuple[WaitingUsage, ...] = ()
+
+    def to_wire(self) -> dict[str, Any]:
+        return {
+            "limit": self.limit,
+            "ceiling": self.ceiling,
+            "outstanding": self.outstanding,
+            "leaseFootprint": self.lease_footprint,
+            "retiredFootprint": self.retired_footprint,
+            "grants": self.grants,
+            "leases": self.leases,
+            "groups": {group: usage.to_wire() for group, usage in self.groups.items()},
+            "waiting": [entry.to_wire() for entry in self.waiting],
+        }
+
+    @classmethod
+    def parse(cls, wire: Any) -> Usage:
+        """A ``usage()`` reply, checked (``malformed_reply`` on a fault)."""
+        reply = _reply_object(wire, "usage")
+        groups = _reply_object(reply.get("groups", {}), "usage.groups")
+        if len(groups) > MAX_REPLY_ENTRIES or not all(storable_text(g, MAX_ID_LENGTH) for g in groups):
+            raise ProtocolError("malformed_reply", "usage.groups must map groups to their usage")
+        return cls(_optional_count(reply, "limit", "usage"), _optional_count(reply, "ceiling", "usage"),
+                   _tally(reply, "outstanding", "usage"), _tally(reply, "leaseFootprint", "usage"),
+                   _tally(reply, "retiredFootprint", "usage"), _tally(reply, "grants", "usage"),
+                   _tally(reply, "leases", "usage"),
+                   {group: GroupUsage.parse(entry, f"usage.groups.{group}") for group, entry in groups.items()},
+                   _entries(reply, "waiting", WaitingUsage.parse) if "waiting" in reply else ())
+
+
+def _reply_object(value: Any, what: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise ProtocolError("malformed_reply", f"{what} must be an object")
+    return value
+
+
+def _optional_count(entry: dict[str, Any], name: str, where: str) -> int | None:
+    value = entry.get(name)
+    return None if value is None else _tally(entry, name, where)
+
+
+def _tally(entry: dict[str, Any], name: str, where: str) -> int:
+    """A count of the usage reply: a sum over the books, so beyond a message's bounds."""
+    value = entry.get(name)
+    if not int_in(value, 0, MAX_SAFE_INTEGER):
+        raise ProtocolError("malformed_reply", f"{where}.{name} must be an integer from 0 to 2**53")
+    return value

@@ -9,8 +9,9 @@ returns, the deletion of done items, and reports as cumulative counts read
 from the items (grant_book, lease_book), sent by a ``sync`` (``_report``,
 ``_report_leases``) or with the next request; the outbox channel
 ``durability.semaphore-queue`` only sends what older versions queued there.
-Must not know: the holder's rules (it only reads its replies) or SQL (the
-store owns that).
+Must not know: the holder's rules (it only reads its replies), how a message
+or reply is spelled on the wire (it builds and reads the classes of
+``messages``), or SQL (the store owns that).
 
 An item is ``queued`` until a permit is granted for it, and ``admitted``
 once the holder confirmed it: the reply of a request that says ``claims``
@@ -41,6 +42,7 @@ from typing import Any
 
 from .._checks import storable_text
 from .._clock import now_ms
+from .._listeners import notify
 from .._schema import public_migrate
 from ..outbox import DurabilityOutbox, OutboxMessage
 from ..retry import Backoff
@@ -56,13 +58,18 @@ from .messages import (
     OK,
     RETIRED,
     SETTLED,
-    VERSION,
+    Demand,
     GrantEntry,
     LeaseEntry,
     LeaseOutcome,
+    LeaseReport,
     Reply,
+    Report,
     ReportOutcome,
-    parse_reply,
+    Request,
+    Sync,
+    queued_grant_report,
+    queued_lease_id,
 )
 from .queue_core import may_leave_line, move, pacing_interval, report_due, settle
 from .queue_store import (
@@ -591,7 +598,7 @@ class DurabilitySemaphoreQueue:
         leases = self.lease_book.leases(key)[:MAX_REPORTS]
         reported = {lease.lease_id for lease in leases}
         lease_piggybacked = [m for channel in self._channels.values() for m in channel.pending()
-                             if m.body.get("leaseId") in reported]
+                             if queued_lease_id(m.body) in reported]
         lease_versions = {i: self._lease_due[i][1] for i in reported if i in self._lease_due}
         message = self._request_message(key, demand, claims, leases, wait)
         limit_s = (self.attempt_timeout_ms + self.request_wait_ms) / 1000
@@ -601,7 +608,8 @@ class DurabilitySemaphoreQueue:
         self._unheard.add(key)
         if self.keep_done_ms == 0:
             self.scheduler.transaction(lambda: self.store.register_key(key))
-        reply = await self._sent_with_lease_reports(key, lease_versions, self.server.request(key, message), limit_s)
+        reply = await self._sent_with_lease_reports(key, lease_versions, self.server.request(key, message.to_wire()),
+                                                    limit_s)
 
         def apply() -> None:
             self._lease_reports_heard(lease_versions)
@@ -626,7 +634,7 @@ class DurabilitySemaphoreQueue:
         fails, they go on their own at once."""
         self._leases_in_flight.update(versions)
         try:
-            return parse_reply(await asyncio.wait_for(call, limit_s), "grants")
+            return Reply.parse(await asyncio.wait_for(call, limit_s), "grants")
         except BaseException:
             if versions:
                 self.scheduler.transaction(
@@ -637,20 +645,14 @@ class DurabilitySemaphoreQueue:
                 if self._leases_in_flight.get(lease_id) == version:
                     del self._leases_in_flight[lease_id]
 
-    def _request_message(self, key: str, demand: list[tuple[str, int, float]], claims: dict[str, dict[str, Any]],
-                         leases: list[LocalLease], wait: float) -> dict[str, Any]:
-        return {
-            "type": "request", "v": VERSION, "clientId": self.client_id,
-            "demand": [{"group": g, "count": n, "oldestAt": oldest} for g, n, oldest in demand],
-            "grants": list(claims.values()),
-            "wait": wait,
-            "leases": True,
-            "claims": True,
-            "heardUpTo": self._heard_up_to.get(key, 0.0),
-            "leaseReports": [_lease_report_of(lease) for lease in leases],
-        }
+    def _request_message(self, key: str, demand: list[tuple[str, int, float]], claims: dict[str, Report],
+                         leases: list[LocalLease], wait: float) -> Request:
+        return Request(self.client_id, tuple(Demand(g, n, oldest) for g, n, oldest in demand),
+                       tuple(claims.values()), wait, leases=True,
+                       lease_reports=tuple(_lease_report(lease) for lease in leases), claims=True,
+                       heard_up_to=self._heard_up_to.get(key, 0.0))
 
-    def _apply_grants_reply(self, key: str, reply: Reply, sent: dict[str, dict[str, Any]]) -> None:
+    def _apply_grants_reply(self, key: str, reply: Reply, sent: dict[str, Report]) -> None:
         now = now_ms()
         self._apply_outcomes(reply.reports, sent)
         self._apply_lease_outcomes(reply.lease_reports, now)
@@ -726,8 +728,7 @@ class DurabilitySemaphoreQueue:
             await self._report_all_leases()  # the holder is short, or must hear a stop: now
         await self._admit_pending_safely()
 
-    def _apply_outcomes(self, outcomes: tuple[ReportOutcome, ...],
-                        sent: dict[str, dict[str, Any]] | None = None) -> None:
+    def _apply_outcomes(self, outcomes: tuple[ReportOutcome, ...], sent: dict[str, Report] | None = None) -> None:
         """Confirmed claims admit their items; claims the holder refused go back in line.
 
         ``sent``: the reports the answer is to, by grant id: whatever the
@@ -745,7 +746,7 @@ class DurabilitySemaphoreQueue:
                 self._acked.pop(grant.grant_id, None)
             else:
                 sent_report = (sent or {}).get(grant.grant_id)
-                heard = outcome.released if sent_report is None else sent_report["released"]
+                heard = outcome.released if sent_report is None else sent_report.released
                 self._acked[grant.grant_id] = max(self._acked.get(grant.grant_id, 0), heard)
                 # Confirmed claims with no queued item left (claims taken up
                 # from an older instance) are released at once.
@@ -792,19 +793,19 @@ class DurabilitySemaphoreQueue:
     def _report_due(self, grant: LocalGrant) -> bool:
         return report_due(grant, self._acked.get(grant.grant_id, 0))
 
-    def _due_reports(self, key: str) -> dict[str, dict[str, Any]]:
+    def _due_reports(self, key: str) -> dict[str, Report]:
         """The key's grant reports the holder may not have heard, by grant id."""
         grants = [g for g in self.grants.grants(key) if self._report_due(g)][:MAX_REPORTS]
-        return {g.grant_id: {"grantId": g.grant_id, "claimed": g.claimed, "released": g.released} for g in grants}
+        return {g.grant_id: Report(g.grant_id, g.claimed, g.released) for g in grants}
 
     async def _report(self, key: str) -> None:
         """Send the key's due grant reports in one ``sync`` and apply the answer."""
         reports = self._due_reports(key)
         if not reports:
             return
-        sync = {"type": "sync", "v": VERSION, "clientId": self.client_id, "grants": list(reports.values())}
-        reply = parse_reply(
-            await asyncio.wait_for(self.server.sync(key, sync), self.attempt_timeout_ms / 1000), "synced")
+        sync = Sync(self.client_id, tuple(reports.values()))
+        reply = Reply.parse(
+            await asyncio.wait_for(self.server.sync(key, sync.to_wire()), self.attempt_timeout_ms / 1000), "synced")
 
         def apply() -> None:
             self._apply_outcomes(reply.reports, reports)
@@ -831,8 +832,8 @@ class DurabilitySemaphoreQueue:
     async def _send_outbox(self, messages: list[OutboxMessage]) -> None:
         """The outbox channels' sender: lease reports, and grant reports an
         older version queued."""
-        await self._send_reports([m for m in messages if "grantId" in m.body])
-        await self._send_lease_reports([m for m in messages if "leaseId" in m.body])
+        await self._send_reports([m for m in messages if queued_grant_report(m.body) is not None])
+        await self._send_lease_reports([m for m in messages if queued_lease_id(m.body) is not None])
 
     def _acknowledge(self, messages: list[OutboxMessage]) -> None:
         for name in sorted({m.channel for m in messages}):
@@ -851,12 +852,15 @@ class DurabilitySemaphoreQueue:
                 self._learn_leases(key, reply.leases, now_ms())
             self._after_contended(key, reply)
 
-        await self._sync_per_key(messages, lambda batch: {"grants": [_report_of(m) for m in batch]}, on_reply)
+        def sync(batch: list[OutboxMessage]) -> Sync:
+            reports = [queued_grant_report(m.body) for m in batch]
+            return Sync(self.client_id, tuple(report for report in reports if report is not None))
 
-    async def _sync_per_key(self, messages: list[OutboxMessage],
-                            fields: Callable[[list[OutboxMessage]], dict[str, Any]],
+        await self._sync_per_key(messages, sync, on_reply)
+
+    async def _sync_per_key(self, messages: list[OutboxMessage], sync_of: Callable[[list[OutboxMessage]], Sync],
                             on_reply: Callable[[str, Reply, list[OutboxMessage]], None]) -> None:
-        """Send one ``sync`` per key carrying ``fields(batch)``, and apply each
+        """Send one ``sync`` per key, ``sync_of(batch)``, and apply each
         answer in its own transaction with ``on_reply(key, reply, batch)``.
 
         Each key's reports are acknowledged as soon as its holder answered, so
@@ -867,9 +871,9 @@ class DurabilitySemaphoreQueue:
             by_key.setdefault(message.body["key"], []).append(message)
         failure: Exception | None = None
         for key, batch in by_key.items():
-            sync = {"type": "sync", "v": VERSION, "clientId": self.client_id, **fields(batch)}
+            sync = sync_of(batch).to_wire()
             try:
-                reply = parse_reply(
+                reply = Reply.parse(
                     await asyncio.wait_for(self.server.sync(key, sync), self.attempt_timeout_ms / 1000), "synced"
                 )
             except Exception as error:
@@ -918,10 +922,9 @@ class DurabilitySemaphoreQueue:
         current = current[:MAX_REPORTS]
         if not current:
             return
-        sync = {"type": "sync", "v": VERSION, "clientId": self.client_id,
-                "leaseReports": [_lease_report_of(lease) for lease in current]}
-        reply = parse_reply(
-            await asyncio.wait_for(self.server.sync(key, sync), self.attempt_timeout_ms / 1000), "synced")
+        sync = Sync(self.client_id, (), tuple(_lease_report(lease) for lease in current))
+        reply = Reply.parse(
+            await asyncio.wait_for(self.server.sync(key, sync.to_wire()), self.attempt_timeout_ms / 1000), "synced")
 
         def apply() -> None:
             self._lease_reports_heard({lease.lease_id: due[lease.lease_id] for lease in current})
@@ -1066,15 +1069,16 @@ class DurabilitySemaphoreQueue:
         """The lease channel's sender: a ``sync`` per key with each lease's current counts."""
         current = {}
         for message in messages:
-            lease = self.lease_book.lease(message.body["leaseId"])
+            lease_id = queued_lease_id(message.body)
+            lease = self.lease_book.lease(lease_id) if lease_id is not None else None
             if lease is not None and lease.settled_at is None:
                 current[(message.channel, message.id)] = lease
         gone = [m for m in messages if (m.channel, m.id) not in current]
         if gone:  # settled since: nothing left to say
             self._acknowledge(gone)
 
-        def fields(batch: list[OutboxMessage]) -> dict[str, Any]:
-            return {"leaseReports": [_lease_report_of(current[(m.channel, m.id)]) for m in batch]}
+        def sync(batch: list[OutboxMessage]) -> Sync:
+            return Sync(self.client_id, (), tuple(_lease_report(current[(m.channel, m.id)]) for m in batch))
 
         def on_reply(key: str, reply: Reply, batch: list[OutboxMessage]) -> None:
             self._acknowledge(batch)  # first: an outcome may queue a newer report
@@ -1083,7 +1087,7 @@ class DurabilitySemaphoreQueue:
                 self._learn_leases(key, reply.leases, now_ms())
             self._after_contended(key, reply)
 
-        await self._sync_per_key([m for m in messages if (m.channel, m.id) in current], fields, on_reply)
+        await self._sync_per_key([m for m in messages if (m.channel, m.id) in current], sync, on_reply)
 
     # -- admission, release and the finished() sweep ----------------------------------
     async def _admit_pending_safely(self) -> None:
@@ -1170,19 +1174,7 @@ class DurabilitySemaphoreQueue:
             self.scheduler.cancel(PARTICIPANT, FINISHED)
 
     async def _emit(self, event: QueueEvent) -> None:
-        if self.on_lifecycle_event is None:
-            return
-        try:
-            result = self.on_lifecycle_event(event)
-            if inspect.isawaitable(result):
-                await result
-        except Exception:
-            log.exception("queue lifecycle listener failed on %s", event.type)
-
-
-def _report_of(message: OutboxMessage) -> dict[str, Any]:
-    body = message.body
-    return {"grantId": body["grantId"], "claimed": body["claimed"], "released": body["released"]}
+        await notify(self.on_lifecycle_event, event, log, "queue lifecycle listener failed on %s", event.type)
 
 
 def _with_heard_draws(lease: LocalLease, heard_drawn: int) -> LocalLease:
@@ -1197,9 +1189,9 @@ def _with_heard_draws(lease: LocalLease, heard_drawn: int) -> LocalLease:
                    released=heard_drawn - lease.in_use)
 
 
-def _lease_report_of(lease: LocalLease) -> dict[str, Any]:
-    return {"leaseId": lease.lease_id, "group": lease.group, "permits": lease.permits, "drawn": lease.drawn,
-            "released": lease.released, "stopped": lease.stopped}
+def _lease_report(lease: LocalLease) -> LeaseReport:
+    """The lease's current counts, as the holder is told them."""
+    return LeaseReport(lease.lease_id, lease.group, lease.permits, lease.drawn, lease.released, lease.stopped)
 
 
 def _renew_at(now: float, ttl_ms: float) -> float:

@@ -17,6 +17,7 @@ from collections.abc import Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
 from typing import Any, Protocol
 
+from .._checks import is_number
 from ._sql import SqlCursor, SqlDatabase
 from ._values import JsException, number_from_js
 
@@ -76,7 +77,7 @@ def _alarm_ms(when: Any) -> float:
         if when.tzinfo is None:
             when = when.replace(tzinfo=datetime.UTC)
         return float(int(when.timestamp() * 1000))
-    if isinstance(when, bool) or not isinstance(when, (int, float)):
+    if not is_number(when):
         raise JsException(
             "setAlarm() takes a number of milliseconds since the epoch or a datetime",
             name="TypeError",
