@@ -23,4 +23,4 @@ def test_the_minimal_example_passes_its_tests_on_the_wheel_and_its_bundle_import
     bundle = tmp_path / "examples" / "minimal" / "build" / "deployment"
     assert (bundle / "python_modules" / "durability" / "semaphore" / "queue.py").is_file()
     assert not (bundle / "python_modules" / "durability" / "testing").exists()
-    assert "Bundle imports in Pyodide: Durable Objects TaskShard, TenantLimit; entrypoint Default" in output
+    assert "Bundle imports in Pyodide: Durable Objects CallSlots, TaskShard, TenantLimit; entrypoint Default" in output
