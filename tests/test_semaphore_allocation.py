@@ -736,6 +736,11 @@ def test_the_line_mark_is_the_kth_oldest_other_request_held_k_the_permits_a_grou
     assert line_ahead("c0", line, limits(4)) == {}
     assert line_ahead("c0", line, limits(ResolutionFailed(RuntimeError("x")))) == {}
     assert line_ahead("c0", line, limits(1, {"g0": ResolutionFailed(RuntimeError("x")), "g1": 0})) == {}
+    # A client is ahead once however often its request was delivered, and not
+    # at all where it may not be granted.
+    twice = [held("c1", ("g0", 10.0)), held("c1", ("g0", 10.0)), held("c2", ("g0", 20.0))]
+    assert line_ahead("c0", twice, limits(2)) == {"g0": 20.0}
+    assert line_ahead("c0", twice, limits(1, permitted={("c1", "g0"): False})) == {"g0": 20.0}
     # Over its limit by an extra for leases, a group turns over its ceiling's worth per job length.
     over = LeasePolicy.from_options({"provisioning": {"mode": "over", "extra": {"count": 2}}})
     assert line_ahead("c0", line, limits(1), over) == {"g0": 30.0}

@@ -459,6 +459,15 @@ def test_a_key_served_behind_the_line_asks_again_with_its_release_not_before():
     assert_back_in_line_with_the_release(world)
 
 
+def test_younger_work_queued_out_of_line_waits_for_the_release_too():
+    world = served_behind_the_line(later=True)
+    asked = [t for t, client in world["requests"] if client == "a"]
+    # a2-0, queued while a0 ran, is younger still: a asked next with a0's release.
+    assert asked[1] >= world["started"]["a0"] + 5_000
+    assert world["started"]["a2-0"] > world["started"]["a1-0"] > world["started"]["c1"]
+    assert len(world["completed"]) == 7 and world["violations"] == []
+
+
 def test_a_key_served_ahead_of_the_line_keeps_its_place():
     runtime = holders_runtime(seed=1)
     runtime.module.CONFIG["limit"] = 1

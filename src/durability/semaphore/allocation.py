@@ -637,27 +637,33 @@ def result_of(state: RoundState, terms: RoundTerms) -> RoundResult:
 def line_ahead(client_id: str, held: Iterable[Request], limits: Limits,
                policy: LeasePolicy | None = None) -> dict[str, float]:
     """Per group, how far back the line stands behind a served client: the
-    oldest-item time of the k-th oldest request of other clients held over,
-    where k is the permits the group may use at once (the ceiling the lease
-    policy sets, or the group's own limit if lower); groups with fewer than
-    k such requests are left out.
+    oldest-item time of the k-th oldest of the other clients waiting in the
+    group with a request held over, where k is the permits the group may use
+    at once (the ceiling the lease policy sets, or the group's own limit if
+    lower); groups with fewer than k such clients are left out. A client is
+    counted once per group, and only where it may be granted (``can_grant``
+    did not refuse it): work that cannot be served is ahead of no one.
 
     A client whose next item is no older than that has at least k items of
     others ahead of it: about one job's length of releases (every permit
     turning over once) before its turn. It may wait for its own next release
     to ask again, instead of holding a request the whole time
-    (``queue_core.rejoin_after_ms``).
+    (``queue_core.may_leave_line``).
     """
-    times: dict[str, list[float]] = {}
+    oldest: dict[tuple[str, str], float] = {}  # (group, client) -> its oldest waiting item
     for request in held:
-        if request.client_id != client_id:
-            for demand in request.demand:
-                times.setdefault(demand.group, []).append(demand.oldest_at)
+        for demand in request.demand:
+            waiter = (demand.group, request.client_id)
+            if request.client_id != client_id and limits.permitted.get((request.client_id, demand.group), True):
+                oldest[waiter] = min(demand.oldest_at, oldest.get(waiter, demand.oldest_at))
+    times: dict[str, list[float]] = {}
+    for (group, _), at in oldest.items():
+        times.setdefault(group, []).append(at)
     line = {}
-    for group, oldest in times.items():
+    for group, ages in times.items():
         k = _permits_at_once(group, limits, policy)
-        if 0 < k <= len(oldest):
-            line[group] = sorted(oldest)[k - 1]
+        if 0 < k <= len(ages):
+            line[group] = sorted(ages)[k - 1]
     return line
 
 

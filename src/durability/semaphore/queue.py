@@ -256,9 +256,10 @@ class DurabilitySemaphoreQueue:
         #: (a released drawn item's row may then go at once)
         self._all_listed: set[str] = set()
         self._report_now: set[str] = set()  #: keys with releases to report at once (contended)
-        #: keys served while contended that hold no request (queue_core.may_leave_line):
-        #: their next release rides on a request instead of a sync
-        self._away: set[str] = set()
+        #: keys served while contended that hold no request (queue_core.may_leave_line),
+        #: with the line mark they left on: their next release rides on a request
+        #: instead of a sync
+        self._away: dict[str, dict[str, float]] = {}
         #: keys whose pump is due now to carry a release's report (lease reports wait for it)
         self._rejoining: set[str] = set()
         #: lease id -> the version of its report a request in flight carries
@@ -391,11 +392,15 @@ class DurabilitySemaphoreQueue:
     # -- timers -----------------------------------------------------------------
     def _wake(self, key: str, now: float) -> None:
         """Make the key's pump run (inside a transaction): at once when the key
-        holds unclaimed permits to claim, else as soon as its pacing allows."""
+        holds unclaimed permits to claim, else as soon as its pacing allows; a
+        key out of line stays out while everything it waits with is still
+        behind the mark it left on (younger items joined it)."""
         at = max(now, self.server.next_request_at(key) or now)
         if any(g.unclaimed > 0 and g.claim_deadline > now for g in self.grants.grants(key)) or any(
                 lease.undrawn > 0 for lease in self.lease_book.leases(key)):
             at = now
+        elif key in self._away and may_leave_line(self._away[key], _oldest_of(self._demand(key))):
+            return
         self.scheduler.schedule_by(PARTICIPANT, PUMP + key, at)
 
     async def _on_timer(self, timer: Timer) -> None:
@@ -533,15 +538,8 @@ class DurabilitySemaphoreQueue:
             self.lease_book.keep(lease)
         else:
             self._move(item, RELEASED, item.grant_id, item.via, item.draw)
-        if item.key in self._away and self._demand(item.key):
-            # Back in line now. A grant's report rides on the request (its
-            # claims and releases, _due_reports): one call instead of a sync
-            # and a request; if it fails, the pump's retries carry it.
-            self._away.discard(item.key)
-            self._rejoining.add(item.key)  # a drawn item's lease report rides on it too
-            self.scheduler.schedule(PARTICIPANT, PUMP + item.key, now_ms())
-            if item.via == Via.GRANT:
-                return
+        if self._rejoin_with(item) and item.via == Via.GRANT:
+            return
         if item.via == Via.LEASE:  # its released count is its items released: report it
             self._lease_report_due(item.key, grant_id, now_ms() + self.lease_report_delay_ms)
             return
@@ -551,8 +549,20 @@ class DurabilitySemaphoreQueue:
         else:
             self.scheduler.schedule_by(PARTICIPANT, REPORT + item.key, now_ms() + self.report_delay_ms)
 
+    def _rejoin_with(self, item: Item) -> bool:
+        """A release of a key out of line with work waiting puts it back in
+        line now: True if it did. Its request carries the report (a grant's
+        claims and releases, _due_reports, and its leases' reports): one call
+        instead of a sync and a request. If it fails, they go on their own."""
+        if item.key not in self._away or not self._demand(item.key):
+            return False
+        del self._away[item.key]
+        self._rejoining.add(item.key)
+        self.scheduler.schedule(PARTICIPANT, PUMP + item.key, now_ms())
+        return True
+
     async def _pump(self, key: str) -> None:
-        self._away.discard(key)
+        self._away.pop(key, None)
         rejoining = key in self._rejoining
         self._rejoining.discard(key)
         self.scheduler.transaction(lambda: self._claim_local(key, now_ms()))
@@ -627,6 +637,13 @@ class DurabilitySemaphoreQueue:
         await self.scheduler.sync()
         await self._after_reply(key, reply)
 
+    def _report_on_their_own(self, key: str, leases: bool) -> None:
+        """A request that carried the key's reports failed: a sync sends them
+        now (a release's report must not wait for the pump's backoff)."""
+        self.scheduler.schedule_by(PARTICIPANT, REPORT + key, now_ms())
+        if leases:
+            self.scheduler.schedule_by(PARTICIPANT, LEASE_REPORT + key, now_ms())
+
     async def _sent_with_lease_reports(self, key: str, versions: dict[str, int], call: Awaitable[Any],
                                        limit_s: float) -> Reply:
         """The grants reply to a request carrying these lease reports. While it
@@ -636,9 +653,7 @@ class DurabilitySemaphoreQueue:
         try:
             return Reply.parse(await asyncio.wait_for(call, limit_s), "grants")
         except BaseException:
-            if versions:
-                self.scheduler.transaction(
-                    lambda: self.scheduler.schedule_by(PARTICIPANT, LEASE_REPORT + key, now_ms()))
+            self.scheduler.transaction(lambda: self._report_on_their_own(key, bool(versions)))
             raise
         finally:
             for lease_id, version in versions.items():
@@ -671,10 +686,10 @@ class DurabilitySemaphoreQueue:
         left = self._demand(key)
         if left:
             at = max(now, reply.next_request_at or now)
-            if reply.contended and may_leave_line(reply.line, {group: oldest for group, _, oldest in left}):
+            if reply.contended and may_leave_line(reply.line, _oldest_of(left)):
                 # Back in line with its next release, or after a long poll's
                 # length if none comes: a held request would wait that long.
-                self._away.add(key)
+                self._away[key] = reply.line
                 at = max(at, now + self.request_wait_ms)
             self.scheduler.schedule(PARTICIPANT, PUMP + key, at)
 
@@ -912,8 +927,11 @@ class DurabilitySemaphoreQueue:
 
     async def _report_leases(self, key: str) -> None:
         """Send the key's due lease reports (current counts) in one ``sync`` and apply the answer."""
-        if key in self._rejoining:
-            return  # the key's request, due now, carries them
+        if key in self._rejoining:  # the key's request, due now, carries them
+            # (a backstop, should that request not be sent: reports in flight are not repeated)
+            self.scheduler.transaction(lambda: self.scheduler.schedule_by(
+                PARTICIPANT, LEASE_REPORT + key, now_ms() + self.lease_report_delay_ms))
+            return
         due = {i: v for i, (k, v) in self._lease_due.items() if k == key and self._leases_in_flight.get(i) != v}
         leases = {i: self.lease_book.lease(i) for i in sorted(due)}
         current = [lease for lease in leases.values() if lease is not None and lease.settled_at is None]
@@ -1175,6 +1193,11 @@ class DurabilitySemaphoreQueue:
 
     async def _emit(self, event: QueueEvent) -> None:
         await notify(self.on_lifecycle_event, event, log, "queue lifecycle listener failed on %s", event.type)
+
+
+def _oldest_of(demand: list[tuple[str, int, float]]) -> dict[str, float]:
+    """Per group, the enqueue time of the oldest item of ``demand`` (``_demand``'s entries)."""
+    return {group: oldest for group, _, oldest in demand}
 
 
 def _with_heard_draws(lease: LocalLease, heard_drawn: int) -> LocalLease:

@@ -82,7 +82,6 @@ def pacing_interval(ms: float) -> float:
     return max(0.0, math.ceil(ms / 1000) * 1000)
 
 
-
 def may_leave_line(line: dict[str, float], left: dict[str, float]) -> bool:
     """May a key just served leave its holder's line until its next release?
 
