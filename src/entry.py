@@ -342,7 +342,7 @@ class JobShard(DurableObject):
             # a fifth as often, and its alarm, kept running by the wait, is
             # set anew less often. On the demo's workload that was 3.27 requests
             # per job instead of 4.43, and $8.67 per million jobs instead of
-            # $9.20, before shards served behind the line left it (2.75 and
+            # $9.20, before shards served behind the line left it (2.70 and
             # $8.60 now: uv run scripts/bench_vs_naive.py --system grants).
             request_wait_ms=240_000,
         )
