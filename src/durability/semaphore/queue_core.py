@@ -3,10 +3,11 @@
 Lives here: the item life cycle as a transition table (``move``), the
 settlement of a grant's claims and releases by one report outcome
 (``settle``), which grant reports the holder may not have heard
-(``report_due``), the pacing interval kept in SQL
-(``pacing_interval``), and whether a served key may leave its holder's
-line until its next release (``may_leave_line``). Must not know: storage, timers, RPC or the clock;
-``queue.py`` reads the rows, calls these, and writes what they return.
+(``report_due``), the pacing interval kept in SQL (``pacing_interval``),
+and whether a served key may leave its holder's line until its next
+release (``may_leave_line``). Must not know: storage, timers, RPC or the
+clock; ``queue.py`` reads the rows, calls these, and writes what they
+return.
 """
 
 from __future__ import annotations
