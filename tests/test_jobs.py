@@ -296,17 +296,24 @@ def test_migrate_none_removes_the_tables(runtime):
     assert "durability_timers" in tables  # the scheduler's are its own
 
 
+async def warmed_up(runtime, stub):
+    """Run one job on ``stub`` first (its schema, its first alarm) and return
+    a function giving (rows written with alarms, rows read) from then on."""
+    await stub.submit("warm", "x", "echo")
+    await asyncio.sleep(1)
+    host = runtime.host_of(stub)
+    return lambda: (host.db.rows_written + host.stats.alarm_writes, host.db.rows_read)
+
+
 def test_a_job_that_succeeds_first_time_costs_three_rows_written(runtime):
     stub = runtime.env.PLAIN.getByName("p")
 
     async def scenario():
-        await stub.submit("warm", "x", "echo")  # schema, first alarm
-        await asyncio.sleep(1)
-        host = runtime.host_of(stub)
-        before = host.db.rows_written + host.stats.alarm_writes, host.db.rows_read
+        rows = await warmed_up(runtime, stub)
+        before = rows()
         await stub.submit("job-1", {"n": 1}, "echo")
         await asyncio.sleep(1)
-        after = host.db.rows_written + host.stats.alarm_writes, host.db.rows_read
+        after = rows()
         return before, after, await stub.result("job-1")
 
     before, after, result = runtime.run(scenario())
@@ -343,15 +350,13 @@ def test_a_retry_costs_three_rows_written(runtime):
     stub = runtime.env.PLAIN.getByName("p")
 
     async def scenario():
-        await stub.submit("warm", "x", "echo")  # schema, first alarm
-        await asyncio.sleep(1)
-        host = runtime.host_of(stub)
+        rows = await warmed_up(runtime, stub)
         written = []
         for job_id, payload in (("once", {}), ("twice", {"fail_first": True})):
-            before = host.db.rows_written + host.stats.alarm_writes
+            before = rows()[0]
             await stub.submit(job_id, payload, "whoami")
             await asyncio.sleep(5)
-            written.append(host.db.rows_written + host.stats.alarm_writes - before)
+            written.append(rows()[0] - before)
         return written, await stub.result("twice")
 
     written, result = runtime.run(scenario())
