@@ -82,7 +82,7 @@ def test_a_throwing_handler_is_retried_with_backoff_from_2s(probe):
         assert base <= gap <= base * 1.25 + 1
 
 
-def test_retries_stop_after_six(probe):
+def test_retries_stop_after_six_and_the_runtime_says_it_gave_up(probe):
     stub = probe.env.PROBE.getByName("a")
 
     async def scenario():
@@ -93,6 +93,12 @@ def test_retries_stop_after_six(probe):
     fired, left = probe.run(scenario())
     assert len(fired) == 1 + ALARM_MAX_RETRIES
     assert left is None
+    times = [int(fields(e)["at"]) for e in fired]
+    for gap, base in zip([b - a for a, b in zip(times, times[1:])], (2_000, 4_000, 8_000, 16_000, 32_000, 64_000)):
+        assert base <= gap <= base * 1.25 + 1  # exponential from 2 s, with jitter
+    events = [(event, detail) for _, name, event, detail in probe.trace if name == "Probe:a" and "alarm" in event]
+    assert events[-1] == ("alarm abandoned", f"after {ALARM_MAX_RETRIES} retries")
+    assert [e for e, _ in events].count("alarm failed") == 1 + ALARM_MAX_RETRIES
 
 
 def test_eviction_during_the_handler_is_a_failure_and_is_retried(probe):
@@ -133,3 +139,50 @@ def test_bad_alarm_times_are_refused(probe):
             await stub.set_alarm_in("soon")
 
     probe.run(scenario())
+
+
+# -- Cron Triggers -----------------------------------------------------------------
+
+def test_a_cron_trigger_runs_default_scheduled_at_its_times():
+    runtime = probe_runtime(crons=["*/5 * * * *"])
+    try:
+        async def scenario():
+            start = runtime.now_ms()
+            await asyncio.sleep(16 * 60)
+            return start, await runtime.env.PROBE.getByName("cron").entries()
+
+        start, runs = runtime.run(scenario())
+    finally:
+        runtime.close()
+    times = [float(entry.split()[-1]) for entry in runs]
+    assert len(times) == 3 and all(t % 300_000 == 0 for t in times)  # on the minute, every 5 minutes
+    assert start < times[0] <= start + 300_000 and [b - a for a, b in zip(times, times[1:])] == [300_000, 300_000]
+    assert all(entry.startswith("*/5 * * * * ") for entry in runs)
+
+
+@pytest.mark.parametrize("cron, after, expected", [
+    ("* * * * *", "2026-01-01T00:00:30", "2026-01-01T00:01:00"),
+    ("*/15 * * * *", "2026-01-01T00:15:00", "2026-01-01T00:30:00"),
+    ("0 3 * * *", "2026-01-01T03:00:00", "2026-01-02T03:00:00"),
+    ("30 9 1 * *", "2026-01-02T00:00:00", "2026-02-01T09:30:00"),
+    ("0 0 * * 1-5", "2026-01-03T12:00:00", "2026-01-05T00:00:00"),  # Saturday 3 Jan: on to Monday
+    ("0 0 13 * 5", "2026-02-01T00:00:00", "2026-02-06T00:00:00"),  # the 13th or a Friday, as cron has it
+    ("5,10 0 * * 7", "2026-01-04T00:05:00", "2026-01-04T00:10:00"),  # 7 is Sunday too
+])
+def test_a_cron_schedule_fires_next_when_cron_says(cron, after, expected):
+    import datetime
+
+    from durability.testing._cron import CronSchedule
+
+    def ms(text):
+        return datetime.datetime.fromisoformat(text).replace(tzinfo=datetime.UTC).timestamp() * 1000
+
+    assert CronSchedule.parse(cron).next_after(ms(after)) == ms(expected)
+
+
+@pytest.mark.parametrize("cron", ["* * * *", "60 * * * *", "* * * * MON", "*/0 * * * *", "5-1 * * * *"])
+def test_a_cron_expression_it_cannot_read_is_refused(cron):
+    from durability.testing._cron import CronSchedule
+
+    with pytest.raises(ValueError, match="cron"):
+        CronSchedule.parse(cron)

@@ -4,7 +4,7 @@ import asyncio
 
 import pytest
 
-from durability.testing import Faults, JsException
+from durability.testing import Faults, JsException, Outage
 from support import probe_runtime
 
 
@@ -146,3 +146,43 @@ def test_another_seed_gives_another_run():
     _, runtime_a = run_with(FAULTY, busy_scenario, seed=7)
     _, runtime_b = run_with(FAULTY, busy_scenario, seed=8)
     assert runtime_a.trace != runtime_b.trace
+
+
+def test_an_outage_fails_every_alarm_run_until_the_runtime_gives_up_and_keeps_the_instance():
+    def scenario(runtime):
+        async def go():
+            stub = runtime.env.PROBE.getByName("a")
+            with runtime.no_faults():
+                await stub.set_alarm_in(1_000)
+                instance = runtime.host_of(stub).instance
+            await asyncio.sleep(600)
+            with runtime.no_faults():
+                return (await stub.entries(), await stub.get_alarm(),
+                        runtime.host_of(stub).instance is instance)
+        return go()
+
+    (entries, alarm, same), runtime = run_with(Faults(outages=(Outage("Probe:a", 0, 300_000),)), scenario)
+    assert [e for e in entries if e.startswith("alarm")] == []  # no handler ever ran
+    assert alarm is None and same
+    events = [event for _, name, event, _ in runtime.trace if name == "Probe:a" and "alarm" in event]
+    assert events[-1] == "alarm abandoned" and events.count("alarm failed") == 7
+
+
+def test_an_outage_of_calls_fails_them_for_its_time_only():
+    def scenario(runtime):
+        async def go():
+            stub = runtime.env.PROBE.getByName("b")
+            failed = 0
+            for _ in range(10):
+                try:
+                    await runtime.env.PROBE.getByName("b").record("x")
+                except JsException:
+                    failed += 1
+                await asyncio.sleep(10)
+            other = await runtime.env.PROBE.getByName("c").record("y")
+            return failed, other, stub
+        return go()
+
+    outage = Outage("Probe:b", 0, 45_000, alarms=False, calls=True)
+    (failed, other, _), _ = run_with(Faults(outages=(outage,), external=True), scenario)
+    assert failed == 5 and other == 1  # 0 s to 40 s failed, 50 s on worked; another object was never touched

@@ -156,3 +156,7 @@ class Probe(DurableObject):
 class Default(WorkerEntrypoint):
     async def hello(self, name):
         return {"hello": name}
+
+    async def scheduled(self, controller, env, ctx):
+        """A Cron Trigger's run: record it in the object named "cron"."""
+        await env.PROBE.getByName("cron").record(f"{controller.cron} {controller.scheduledTime}")

@@ -21,7 +21,7 @@ Must not be imported by a deployed Worker: production is Cloudflare's runtime.
 
 from ._clock import DEFAULT_EPOCH_MS, Deadlock, RealClockLoop, VirtualClockLoop
 from ._dev_vars import parse_dev_vars
-from ._faults import Faults
+from ._faults import Faults, Outage
 from ._host import ALARM_MAX_RETRIES, ObjectHost, ObjectStats
 from ._runtime import DurableObjectNamespace, DurableObjectStub, Runtime, load_worker_module
 from ._serve import LocalServer, local_runtime, serve
@@ -44,6 +44,7 @@ __all__ = [
     "LocalServer",
     "ObjectHost",
     "ObjectStats",
+    "Outage",
     "RealClockLoop",
     "Runtime",
     "VirtualClockLoop",

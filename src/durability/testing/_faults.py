@@ -10,6 +10,7 @@ question names the class it is about, and whoever asked acts on the answer.
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 
@@ -23,6 +24,28 @@ class CallPlan:
     lose_reply: bool = False
     duplicate: bool = False
     evict_after_ms: float | None = None
+
+
+@dataclass(frozen=True)
+class Outage:
+    """One object out of order for a while, ``after_ms`` from the runtime's
+    start for ``ms``: every alarm run fails before its handler runs (the
+    runtime retries it as usual, then gives up), and with ``calls`` every
+    call into it fails as a lost request. The instance is not evicted.
+
+    ``target`` names the object as the runtime's trace does
+    (``"Class:name"``) or a whole class (``"Class"``).
+    """
+
+    target: str
+    after_ms: float
+    ms: float
+    alarms: bool = True
+    calls: bool = False
+
+    def covers(self, class_name: str, name: str, elapsed_ms: float) -> bool:
+        return self.target in (class_name, f"{class_name}:{name}") and (
+            self.after_ms <= elapsed_ms < self.after_ms + self.ms)
 
 
 @dataclass
@@ -43,6 +66,7 @@ class Faults:
     crash_before_commit: float = 0.0  #: a write batch is lost with its instance, before commit
     alarm_failure: float = 0.0  #: an alarm invocation fails after its handler ran
     duplicate_alarm: float = 0.0  #: a successful alarm is delivered once more
+    outages: tuple[Outage, ...] = ()  #: objects out of order for a while (see ``Outage``)
     external: bool = False
     targets: frozenset[str] = field(default_factory=frozenset)
 
@@ -56,16 +80,22 @@ class Faults:
         if not 0 <= low <= high:
             raise ValueError(f"Faults.latency_ms must be (low, high) with 0 <= low <= high, not {self.latency_ms!r}")
         self.targets = frozenset(self.targets)
+        self.outages = tuple(self.outages)
+        for outage in self.outages:
+            if not isinstance(outage, Outage) or outage.ms < 0 or outage.after_ms < 0:
+                raise ValueError(f"Faults.outages takes Outage(target, after_ms, ms), not {outage!r}")
 
 
 class FaultPlanner:
     """Answers the runtime's questions about faults, from one seeded source."""
 
-    def __init__(self, faults: Faults | None, rng: random.Random) -> None:
+    def __init__(self, faults: Faults | None, rng: random.Random,
+                 elapsed_ms: Callable[[], float] = lambda: 0.0) -> None:
         self.faults = faults or Faults()
         self.rng = rng
         self.enabled = faults is not None
         self.paused = 0
+        self.elapsed_ms = elapsed_ms  #: virtual ms since the runtime started, for outages
 
     def _applies(self, class_name: str, from_object: bool) -> bool:
         f = self.faults
@@ -94,6 +124,16 @@ class FaultPlanner:
             if self._chance(f.evict):
                 plan.evict_after_ms = self.rng.uniform(0, f.evict_window_ms)
         return plan
+
+    def out_of_order(self, class_name: str, name: str, what: str, from_object: bool = True) -> bool:
+        """Whether an outage covers the object now, for its ``"alarms"`` or its
+        ``"calls"`` (those of the driving test only with ``external``). An
+        outage names its object itself: ``targets`` does not apply."""
+        if not self.enabled or self.paused or not (from_object or self.faults.external):
+            return False
+        elapsed = self.elapsed_ms()
+        return any(getattr(outage, what) and outage.covers(class_name, name, elapsed)
+                   for outage in self.faults.outages)
 
     def alarm_eviction(self, class_name: str) -> float | None:
         """Milliseconds into an alarm's run at which to evict its object, or None."""

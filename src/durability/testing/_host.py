@@ -84,6 +84,8 @@ class ObjectFaultPolicy(Protocol):
 
     def alarm_fails(self, class_name: str) -> bool: ...
 
+    def out_of_order(self, class_name: str, name: str, what: str, from_object: bool = True) -> bool: ...
+
     def duplicate_alarm(self, class_name: str) -> bool: ...
 
 
@@ -130,6 +132,11 @@ class ObjectHost:
         self._alarm_timer: asyncio.TimerHandle | None = None
         self._alarm_retry = 0
         self._alarm_running = False
+
+    @property
+    def name(self) -> str:
+        """The object's name, or its id when it has none (as the trace names it)."""
+        return self.object_id.name or self.object_id.toString()
 
     @property
     def loop(self) -> RuntimeLoop:
@@ -373,6 +380,8 @@ class ObjectHost:
         if evict_after is not None:
             self.loop.call_later_exact(evict_after / 1000, self.evict_if_current, self.generation)
         try:
+            if self._services.faults.out_of_order(self.class_name, self.name, "alarms"):
+                raise JsException("the alarm's run failed before its handler ran (an outage)")
             info = JsDict(retryCount=retry, isRetry=retry > 0, scheduledTime=scheduled)
             mark = self.batch_mark()
             await self.run_event(self._alarm_event(info))

@@ -14,16 +14,18 @@ import asyncio
 import contextlib
 import contextvars
 import importlib.util
+import inspect
 import os
 import random
 import sys
 import tomllib
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from pathlib import Path
 from types import ModuleType
 from typing import Any, Literal
 
 from ._clock import DEFAULT_EPOCH_MS, RealClockLoop, RuntimeLoop, VirtualClockLoop, patched_wall_clock
+from ._cron import CronSchedule
 from ._faults import FaultPlanner, Faults
 from ._host import (
     RESET_MESSAGE,
@@ -122,13 +124,16 @@ class Runtime:
     reach the objects, ``asyncio.sleep`` and alarms run on the virtual
     clock, and ``time.time()`` reads it. ``clock="real"`` runs on real time
     instead, with real sockets, to serve the Worker locally (``epoch_ms``
-    then does not apply: the clock starts at the real time).
+    then does not apply: the clock starts at the real time). ``crons``, or
+    ``[triggers] crons`` of the file, run ``Default.scheduled`` on that
+    clock from the first ``run`` on; ``scheduled()`` runs it once at will.
     """
 
     def __init__(self, module: ModuleType, durable_objects: dict[str, str], *,
                  vars: dict[str, Any] | None = None, seed: int = 0,
                  faults: Faults | None = None, epoch_ms: int = DEFAULT_EPOCH_MS,
-                 entrypoint: str = "Default", clock: Literal["virtual", "real"] = "virtual") -> None:
+                 entrypoint: str = "Default", clock: Literal["virtual", "real"] = "virtual",
+                 crons: Sequence[str] = ()) -> None:
         if clock not in ("virtual", "real"):
             raise ValueError(f"clock must be 'virtual' or 'real', not {clock!r}")
         self.module = module
@@ -137,12 +142,16 @@ class Runtime:
         random.seed(seed)  # user code that draws from `random` replays too
         self.loop: RuntimeLoop = VirtualClockLoop(epoch_ms) if clock == "virtual" else RealClockLoop()
         self.loop.set_task_factory(_task_factory)
-        self.faults = FaultPlanner(faults, self.rng)
+        started = self.loop.now_ms()
+        self.faults = FaultPlanner(faults, self.rng, lambda: self.loop.now_ms() - started)
         self.errors: list[tuple[str, BaseException]] = []
         self.trace: list[tuple[float, str, str, str]] = []  #: (ms, object, event, detail)
         self._hosts: dict[tuple[str, str], ObjectHost] = {}
         self._system_tasks: set[asyncio.Task[Any]] = set()
         self._entrypoint = getattr(module, entrypoint, None)
+        #: the Cron Triggers: ``Default.scheduled`` runs at each, on the runtime's clock
+        self.crons = tuple(CronSchedule.parse(cron) for cron in crons)
+        self._crons_started = False
         bindings: dict[str, Any] = {}
         for binding, class_name in durable_objects.items():
             cls = getattr(module, class_name, None)
@@ -174,6 +183,7 @@ class Runtime:
         }
         merged = dict(settings.get("vars", {}))
         merged.update(vars or {})
+        options.setdefault("crons", settings.get("triggers", {}).get("crons", ()))
         return cls(module, objects, vars=merged, **options)
 
     # -- driving the runtime ---------------------------------------------
@@ -181,7 +191,14 @@ class Runtime:
         """Run ``awaitable`` to completion on the virtual clock and return its result."""
         asyncio.set_event_loop(self.loop)
         with patched_wall_clock(self.loop):
-            return self.loop.run_until_complete(_await(awaitable))
+            return self.loop.run_until_complete(self._with_crons(awaitable))
+
+    async def _with_crons(self, awaitable: Awaitable[Any]) -> Any:
+        if not self._crons_started:  # from the first run on, as a deployed Worker's triggers
+            self._crons_started = True
+            for schedule in self.crons:
+                self.spawn_system(self._cron_loop(schedule))
+        return await awaitable
 
     def advance(self, seconds: float) -> None:
         """Let ``seconds`` of virtual time pass: alarms and timers due in it run."""
@@ -257,12 +274,12 @@ class Runtime:
         return task
 
     def report_background_error(self, host: ObjectHost | None, error: BaseException) -> None:
-        where = f"{host.class_name}:{host.object_id.name or host.object_id}" if host else "runtime"
+        where = f"{host.class_name}:{host.name}" if host else "runtime"
         self.errors.append((where, error))
         self.log_event(host, "background error", repr(error))
 
     def log_event(self, host: ObjectHost | None, event: str, detail: str = "") -> None:
-        name = f"{host.class_name}:{host.object_id.name or host.object_id}" if host else "-"
+        name = f"{host.class_name}:{host.name}" if host else "-"
         self.trace.append((round(self.loop.now_ms(), 3), name, event, detail))
 
     # -- RPC ----------------------------------------------------------------
@@ -276,7 +293,7 @@ class Runtime:
         try:
             if plan.request_delay_ms:
                 await self.loop.sleep_exact(plan.request_delay_ms / 1000)
-            if plan.lose_request:
+            if plan.lose_request or self.faults.out_of_order(host.class_name, host.name, "calls", caller is not None):
                 self.log_event(host, "lost request", method)
                 raise reset_error(RESET_MESSAGE)
             if plan.evict_after_ms is not None:
@@ -300,6 +317,34 @@ class Runtime:
             await host.call(method, [rpc_copy(arg) for arg in args])
         except Exception:
             pass  # nobody waits for a duplicate's outcome
+
+    # -- Cron Triggers ---------------------------------------------------------
+    async def _cron_loop(self, schedule: CronSchedule) -> None:
+        while True:
+            at = schedule.next_after(self.loop.now_ms())
+            await asyncio.sleep(max(0.0, at - self.loop.now_ms()) / 1000)
+            try:
+                await self.scheduled(schedule.expression, at)
+            except Exception as error:  # the trigger fires again at its next time
+                self.report_background_error(None, error)
+
+    async def scheduled(self, cron: str = "", scheduled_time: float | None = None) -> None:
+        """Run ``Default.scheduled(controller, env, ctx)`` once, as a Cron Trigger does."""
+        instance = self._entrypoint_instance()
+        handler = getattr(instance, "scheduled", None)
+        if handler is None:
+            raise ValueError(f"{self.module.__name__}: Default has no scheduled() handler")
+        when = self.loop.now_ms() if scheduled_time is None else scheduled_time
+        controller = JsDict(cron=cron, scheduledTime=when, type="scheduled")
+        self.log_event(None, "scheduled", cron)
+        args = [controller, self.env, ExecutionContext(self.spawn_system)]
+        try:
+            taken = len(inspect.signature(handler).parameters)
+        except (TypeError, ValueError):
+            taken = len(args)
+        result = handler(*args[:max(1, taken)])
+        if inspect.isawaitable(result):
+            await result
 
     # -- the Default entrypoint ---------------------------------------------
     def _entrypoint_instance(self) -> Any:
