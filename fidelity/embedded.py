@@ -28,3 +28,11 @@ class EmbeddedDriver:
 
     def now_ms(self) -> float:
         return self.runtime.now_ms()
+
+    def lose_alarm(self, class_name: str, name: str) -> None:
+        """As if the runtime gave up on the object's alarm and evicted it."""
+        namespace = next(n for n in self.runtime.namespaces.values() if n.class_name == class_name)
+        host = self.runtime.host_of(namespace.getByName(name))
+        host.alarm_at = None
+        host._arm_alarm_timer()
+        host.evict()

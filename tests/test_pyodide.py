@@ -15,7 +15,7 @@ from webhook_receiver import Receiver
 from durability.testing import Runtime
 from fidelity.embedded import EmbeddedDriver
 from fidelity.pyodide_host import ROOT, PyodideHostError, run_host
-from fidelity.scenarios import account_jobs, http_bodies, uploads, webhooks
+from fidelity.scenarios import account_jobs, http_bodies, resume, uploads, webhooks
 
 pytestmark = [pytest.mark.pyodide]
 
@@ -166,4 +166,14 @@ def test_webhooks_go_through_the_sdk_s_fetch_in_pyodide_as_on_cpython():
         assert {(d["method"], d["redirect"], d["idempotency_key"], d["content_type"]) for d in sent} == {
             ("POST", "manual", job_id, "application/json")}
     assert fetches["peak"]["acct-a"] <= LIMITS["acct-a"]
+    assert in_pyodide["background_errors"] == []
+
+
+def test_a_read_resumes_a_lost_alarm_in_pyodide_as_on_cpython():
+    # The scheduler checks its alarm from a task its constructor starts: the
+    # loop, the task and getAlarm/setAlarm through the real SDK's storage.
+    in_pyodide = run_host({"kind": "scenario", "module": "scenarios.resume", "function": "run"})
+    with Runtime.from_wrangler(ROOT / "wrangler.toml") as runtime:
+        embedded = runtime.run(resume.run(EmbeddedDriver(runtime)))
+    assert in_pyodide["result"] == embedded == {"before": 0, "count": 5, "after": 5}
     assert in_pyodide["background_errors"] == []

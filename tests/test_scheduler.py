@@ -320,8 +320,9 @@ def test_a_memory_timer_is_derived_again_by_a_new_instance(runtime):
 
 
 def test_a_memory_timer_outlives_an_alarm_whose_retries_run_out(runtime):
-    # The platform gave up on the alarm; the next call that syncs (any
-    # change) arms it again for the timers the new instance derived.
+    # The platform gave up on the alarm and the instance went: a read is the
+    # next call, and the new instance it starts sets the alarm again for the
+    # timers it derived. (Before, only a call that synced did.)
     stub = runtime.env.TIMERS.getByName("t")
 
     async def scenario():
@@ -329,13 +330,125 @@ def test_a_memory_timer_outlives_an_alarm_whose_retries_run_out(runtime):
         await stub.forget_alarm()
         runtime.evict(stub)
         await asyncio.sleep(5)
-        before = await runtime.env.TIMERS.getByName("t").runs()
-        await runtime.env.TIMERS.getByName("t").schedule("kick", 60_000)
+        before = await runtime.env.TIMERS.getByName("t").runs()  # a read starts the new instance
         await asyncio.sleep(1)
         return before, [r["key"] for r in await runtime.env.TIMERS.getByName("t").runs()]
 
     before, after = runtime.run(scenario())
     assert before == [] and after == ["p"]
+
+
+def test_a_new_instance_whose_alarm_is_in_place_writes_nothing_to_check_it(runtime):
+    stub = runtime.env.TIMERS.getByName("t")
+
+    async def scenario():
+        await stub.plan("p", 60_000)
+        runtime.evict(stub)
+        host = runtime.host_of(stub)
+        writes, alarm_writes = host.db.rows_written, host.stats.alarm_writes
+        await runtime.env.TIMERS.getByName("t").runs()  # a new instance, checked
+        await asyncio.sleep(1)
+        return host.db.rows_written - writes, host.stats.alarm_writes - alarm_writes
+
+    assert runtime.run(scenario()) == (0, 0)
+
+
+@pytest.mark.parametrize("call", ["wake", "peek", "schedule"])
+def test_a_live_instance_whose_alarm_was_lost_resumes_at_a_wake_a_read_or_a_write(runtime, call):
+    # The instance lives on, and believes its alarm is set. A sweep's wake()
+    # checks at once; a read through the library (resume_if_overdue) or a sync, once the
+    # alarm is overdue.
+    from durability.scheduler import OVERDUE_MS
+
+    stub = runtime.env.TIMERS.getByName("t")
+
+    async def scenario():
+        await stub.plan("p", 1_000)
+        host = runtime.host_of(stub)
+        host.alarm_at = None  # the runtime dropped it; the instance was not told
+        host._arm_alarm_timer()
+        await asyncio.sleep(2)
+        missed = len(await stub.runs())
+        if call != "wake":
+            await asyncio.sleep(OVERDUE_MS / 1000)
+        if call == "schedule":
+            await stub.schedule("later", 600_000)
+        else:
+            await getattr(stub, call)()
+        await asyncio.sleep(1)
+        return missed, [r["key"] for r in await stub.runs()]
+
+    missed, runs = runtime.run(scenario())
+    assert missed == 0 and runs == ["p"]
+
+
+def test_an_object_whose_alarm_keeps_failing_sets_it_again_once_per_overdue_period_not_per_call():
+    # Every alarm run fails for 20 minutes. Reads and writes keep coming, every
+    # 10 s: each overdue alarm is set again once (the runtime then retries it
+    # and gives up again), not once per call.
+    from durability.scheduler import OVERDUE_MS
+    from durability.testing import Outage
+
+    with timers_runtime(faults=Faults(outages=(Outage("Timers:t", 0, 1_200_000),))) as runtime:
+        stub = runtime.env.TIMERS.getByName("t")
+
+        async def scenario():
+            with runtime.no_faults():
+                await stub.plan("p", 1_000)
+            host = runtime.host_of(stub)
+            writes = host.stats.alarm_writes
+            for n in range(90):  # 15 minutes
+                await stub.peek()
+                await stub.schedule(f"later-{n}", 3_600_000)  # a sync; its timer is an hour away
+                await asyncio.sleep(10)
+            return host.stats.alarm_writes - writes
+
+        written = runtime.run(scenario())
+    assert 1 <= written <= 900_000 // OVERDUE_MS + 1
+
+
+def test_a_failed_alarm_run_counts_as_an_alarm_owed_that_a_read_notices_once_given_up():
+    # alarm() itself fails (its dispatch raises), then every retry fails
+    # before its handler runs and the runtime gives up. A read three minutes
+    # later still notices: the run that failed left an alarm owed.
+    from durability.scheduler import OVERDUE_MS
+    from durability.testing import Outage
+
+    with timers_runtime(faults=Faults(outages=(Outage("Timers:t", 1_500, 300_000),))) as runtime:
+        stub = runtime.env.TIMERS.getByName("t")
+
+        async def scenario():
+            await stub.plan("p", 1_000)
+            scheduler = runtime.host_of(stub).instance.scheduler
+
+            async def broken(started):
+                raise RuntimeError("the dispatch fails")
+
+            scheduler._dispatch = broken  # the first run, at 1 s, fails in alarm() itself
+            await asyncio.sleep(400)  # the outage (from 1.5 s) fails every retry: given up
+            del scheduler._dispatch
+            given_up = [e for _, name, e, _ in runtime.trace if name == "Timers:t"].count("alarm abandoned")
+            await asyncio.sleep(OVERDUE_MS / 1000)
+            await stub.peek()
+            await asyncio.sleep(1)
+            return given_up, [r["key"] for r in await stub.runs()]
+
+        assert runtime.run(scenario()) == (1, ["p"])
+
+
+def test_a_read_before_the_alarm_is_overdue_writes_nothing(runtime):
+    stub = runtime.env.TIMERS.getByName("t")
+
+    async def scenario():
+        await stub.plan("p", 600_000)
+        host = runtime.host_of(stub)
+        alarm_writes = host.stats.alarm_writes
+        for _ in range(5):
+            await stub.peek()
+            await stub.wake()
+        return host.stats.alarm_writes - alarm_writes
+
+    assert runtime.run(scenario()) == 0
 
 
 def test_a_failing_memory_timer_is_retried_with_backoff(runtime):

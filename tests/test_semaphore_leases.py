@@ -272,6 +272,22 @@ def test_reports_heartbeat_a_lease_and_an_unreported_one_is_retired_not_forgotte
     assert book.leases == {}
 
 
+def test_a_late_report_of_an_older_instance_frees_nothing_its_successor_still_runs():
+    # Found by the campaign (over, seed 31): the client drew twice and
+    # released the second draw, whose item went; it restarted, found one
+    # draw running and stopped the lease at one. Then a request of the old
+    # instance, sent before, reported two draws and one release. That
+    # release was the second draw's: the one draw running stays charged.
+    book = Book(policy(per_lease=2), total=10)
+    lease = issue(book)
+    book.sync("a", LeaseReport(lease.lease_id, "g", 2, 1, 0, stopped=True))  # the new instance
+    assert book.leases[lease.lease_id].footprint == 1
+    assert [o.status for o in book.sync("a", LeaseReport(lease.lease_id, "g", 2, 2, 1))] == [RETIRED]
+    assert book.leases[lease.lease_id].footprint == 1  # still running
+    assert [o.status for o in book.sync("a", LeaseReport(lease.lease_id, "g", 1, 1, 1, stopped=True))] == [SETTLED]
+    assert book.leases == {} and book.footprint() == 0
+
+
 def test_lowering_the_limit_retires_live_leases_on_the_next_round():
     book = Book(policy(per_lease=4), total=10)
     lease = issue(book, count=4)

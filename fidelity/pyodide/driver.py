@@ -34,6 +34,10 @@ class PyodideDriver:
     def now_ms(self):
         return float(self._now_ms())
 
+    def lose_alarm(self, class_name, name):
+        """As if the runtime gave up on the object's alarm and evicted it."""
+        self._host.loseAlarm(class_name, name)
+
 
 async def run_scenario(scenario, driver, args_json):
     return await scenario(driver, **json.loads(args_json))

@@ -271,6 +271,13 @@ export class WorkerHost {
     return object;
   }
 
+  // As if the runtime gave up on an object's alarm and evicted the object.
+  loseAlarm(className, name) {
+    const object = this.object(className, new DurableObjectNamespace(this, className).idFromName(name));
+    object.setAlarm(null);
+    object.reset();
+  }
+
   track(promise) {
     const tracked = Promise.resolve(promise).catch((error) => this.errors.push(String(error?.message ?? error)));
     this.background.add(tracked);

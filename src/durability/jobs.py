@@ -228,6 +228,7 @@ class JobRunner:
         """``{"status": "pending"}`` (also while an attempt runs), ``{"status":
         "completed", "result": ...}``, ``{"status": "failed", "error": "..."}``
         or ``{"status": "not_found"}``."""
+        self._durability.scheduler.resume_if_overdue()  # a read resumes an object whose alarm was lost
         row = self._durability._row(id) if isinstance(id, str) else None
         return {"status": JobStatus.NOT_FOUND} if row is None else _state(row)
 

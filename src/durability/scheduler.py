@@ -19,6 +19,13 @@ a durable one costs two (the upsert, then the delete once it ran); the alarm
 still covers it, so an evicted object wakes up, derives it again and runs
 it. What is lost on eviction is only a failing timer's backoff: it is
 retried at once by the new instance.
+
+The alarm itself can be lost: the runtime drops an alarm whose run failed
+seven times in a row. So every new instance, whichever call started it (a
+read included), checks the alarm once its constructor is done and sets it
+again for the earliest timer if it is missing or later (``resume``); a live
+instance does so at its next sync, or its next ``resume_if_overdue()``, once the alarm it
+set is overdue. Neither writes anything while the alarm is where it belongs.
 """
 
 from __future__ import annotations
@@ -63,6 +70,11 @@ _TABLES = ["durability_timers"]
 
 _UNKNOWN = object()
 BACKSTOP_MS = 60_000
+#: an alarm this long past its time that has not run is taken as lost (the
+#: runtime gave up on it): the next sync or ``resume_if_overdue()`` sets it again. Longer
+#: than the runtime's own retries take to start (6, from 2 s doubling: 2.1
+#: to 2.6 min with jitter), so an alarm still being retried is left alone.
+OVERDUE_MS = 180_000
 #: an alarm's budget is drawn from [1 - BUDGET_SPREAD, 1] x alarm_budget_ms
 BUDGET_SPREAD = 0.25
 
@@ -123,6 +135,9 @@ class DurabilityScheduler:
         self._memory: dict[tuple[str, str], dict[str, Any]] = {}
         self._memory_versions = itertools.count(1)
         self._armed: Any = _UNKNOWN
+        self._armed_at = 0.0  #: when ``_armed`` was set or read: an alarm set anew is not overdue yet
+        self._alarm_runs = 0  #: alarm() calls in this instance, so that resume() never undoes one
+        self._resume_task: asyncio.Task[None] | None = None  #: a check of the alarm under way
         self._sync_lock = asyncio.Lock()
         # Timers whose handler is running now: scheduling one of them always
         # moves its version, or the run's end would delete the new request.
@@ -139,6 +154,7 @@ class DurabilityScheduler:
         # that deleted the timer and wrote it again (a version restarting
         # from zero would be taken for the one that ran).
         self._versions = GrowingCounter(self.sql, "SELECT max(version) AS n FROM durability_timers")
+        self._start_resume()
 
     migrate = public_migrate("scheduler", _TABLES, "the scheduler's tables")
 
@@ -246,24 +262,88 @@ class DurabilityScheduler:
         made until then: a holder whose grants are claimed one after another
         pushed its reclaim alarm later once per grant, about one row per
         admitted job, where it now re-arms about once per claim deadline.
-        The first call in a new instance arms without asking first, as an
-        await there would split the batch.
+        In a new instance that has not read its alarm yet, the call arms
+        without asking: an await there would split the batch. A new
+        instance's own check (``resume``) holds the lock while it reads the
+        alarm, so a sync made meanwhile sets the alarm a batch later; should
+        the instance crash in between, the next one checks again.
+        An alarm overdue by ``OVERDUE_MS`` is set again without asking.
         """
         if self._dispatching:
             return  # alarm() is running: it starts due timers itself and re-arms at its end
         async with self._sync_lock:
+            if self._overdue():
+                self._armed = _UNKNOWN  # it should have run long ago: the runtime gave up on it
             while True:
                 earliest = self._earliest()
                 if earliest is None or (self._armed not in (None, _UNKNOWN) and self._armed <= earliest):
                     return
                 # Recorded before the await: an alarm that fires meanwhile
                 # resets it to None, which the next pass then sees.
-                self._armed = earliest
+                self._note_armed(earliest)
                 try:
                     await self.sql.set_alarm(earliest)
                 except BaseException:
                     self._armed = _UNKNOWN
                     raise
+
+    def _start_resume(self) -> None:
+        """Once the constructor is done (participants have derived their
+        timers), check the alarm: this instance may have been started by a
+        read after the runtime gave up on it. Nothing runs this outside an
+        event (no loop runs then, and no instance serves anything)."""
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return
+        self._resume_task = loop.create_task(self._resume_quietly())  # kept: a loop holds tasks weakly
+
+    async def _resume_quietly(self) -> None:
+        try:
+            await self.resume()
+        except Exception as error:  # the next sync or read tries again
+            log.warning("checking the alarm failed: %r", error)
+        finally:
+            self._resume_task = None
+
+    async def resume(self) -> None:
+        """Make sure the alarm will run the earliest timer: set it again if
+        the runtime has none, or a later one, for this object.
+
+        A new instance does this by itself once its constructor is done, so
+        any call that starts one resumes its work. Call it from an RPC
+        method (``wake``, say) that a periodic sweep calls, to resume a live
+        instance whose alarm the runtime gave up on. It reads the alarm
+        (``getAlarm``, no row) and writes only when it must move.
+        """
+        if self._dispatching:
+            return  # alarm() is running: it re-arms at its end
+        async with self._sync_lock:
+            if self._earliest() is None:
+                return  # nothing is owed; an alarm left set fires once for nothing
+            runs = self._alarm_runs
+            current = await self.sql.get_alarm()
+            if runs == self._alarm_runs:  # no alarm started meanwhile (it knows better)
+                self._note_armed(current)
+        await self.sync()
+
+    def resume_if_overdue(self) -> None:
+        """For a synchronous read: resume in the background if the alarm this
+        instance knows of is overdue (the runtime gave up on it). Costs
+        nothing otherwise: a comparison in memory. (A new instance has
+        checked its alarm by itself.)"""
+        if not self._dispatching and self._resume_task is None and self._overdue():
+            self._start_resume()
+
+    def _note_armed(self, at: Any) -> None:
+        self._armed, self._armed_at = at, now_ms()
+
+    def _overdue(self) -> bool:
+        """The alarm this instance set (or read) should have run three minutes
+        ago and has not: an alarm set anew for a timer long due is not."""
+        armed = self._armed
+        return (armed is not None and armed is not _UNKNOWN
+                and max(armed, self._armed_at) < now_ms() - OVERDUE_MS)
 
     async def alarm(self, alarm_info: Any = None) -> None:
         """The object's ``alarm()`` delegates here: run due timers, then re-arm.
@@ -274,16 +354,33 @@ class DurabilityScheduler:
         slowest handler and a fresh alarm.
         """
         self._armed = None  # the alarm that fired is spent
+        self._alarm_runs += 1
+        self._dispatching = True  # from here: no sync and no resume() moves the alarm under this run
         started = now_ms()
-        if getattr(alarm_info, "retryCount", 0):
-            # Earlier runs of this alarm failed, and the runtime gives up after
-            # six retries: keep an alarm set while this run works, so that the
-            # timers are not stranded if it fails too. (Each run that follows a
-            # failure pays this one write; a healthy object never does.)
-            self._armed = math.ceil(started + BACKSTOP_MS)
-            await self.sql.set_alarm(self._armed)
+        try:
+            if getattr(alarm_info, "retryCount", 0):
+                # Earlier runs of this alarm failed, and the runtime gives up
+                # after six retries: keep an alarm set while this run works, so
+                # that the timers are not stranded if it fails too. (Each run
+                # that follows a failure pays this one write; a healthy object
+                # never does.)
+                self._note_armed(math.ceil(started + BACKSTOP_MS))
+                await self.sql.set_alarm(self._armed)
+            await self._dispatch(started)
+        except BaseException:
+            # The runtime retries a run that fails: an alarm is owed from now
+            # on, and a read notices if the runtime gives up on it as well.
+            self._note_armed(math.ceil(started))
+            raise
+        finally:
+            self._dispatching = False
+            self._starts_until = None
+        await self.sync()
+
+    async def _dispatch(self, started: float) -> None:
+        """Run due timers, up to ``max_concurrency`` at once, starting those
+        that come due meanwhile, until none runs or this alarm's budget ends."""
         running: dict[tuple[str, str], asyncio.Task[None]] = {}
-        self._dispatching = True
         self._starts_until = started + self.alarm_budget_ms * (1 - BUDGET_SPREAD * random.random())
         try:
             while True:
@@ -293,7 +390,7 @@ class DurabilityScheduler:
                         key = (row["participant"], row["key"])
                         running[key] = asyncio.ensure_future(self._run_timer(row))
                 if not running:
-                    break
+                    return
                 self._wake.clear()
                 waker = asyncio.ensure_future(self._wake.wait())
                 can_start = len(running) < self.max_concurrency and now_ms() < self._starts_until
@@ -308,11 +405,8 @@ class DurabilityScheduler:
                         del running[key]
                         task.result()  # _run_timer keeps handler errors to itself
         finally:
-            self._dispatching = False
-            self._starts_until = None
             for task in running.values():
                 task.cancel()
-        await self.sync()
 
     def starts_left_ms(self) -> float | None:
         """How much longer the alarm running now starts timers (None when none

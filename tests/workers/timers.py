@@ -50,6 +50,15 @@ class Timers(DurableObject):
         """As if the platform had given up on this object's alarm."""
         await self.ctx.storage.deleteAlarm()
 
+    async def wake(self):
+        """What a periodic sweep calls: resume a live instance whose alarm was lost."""
+        await self.scheduler.resume()
+
+    async def peek(self):
+        """A read that goes through the library, as a queue's status() does."""
+        self.scheduler.resume_if_overdue()
+        return self.ctx.storage.sql.exec("SELECT count(*) AS n FROM runs").one()["n"]
+
     async def write_old_timer_row(self, participant, key):
         """A timer row as an older deployment wrote it, for a participant now kept in memory."""
         self.ctx.storage.sql.exec(

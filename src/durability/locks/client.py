@@ -24,6 +24,7 @@ from dataclasses import replace
 from types import TracebackType
 from typing import Any, Literal, TypeVar, TypeVarTuple, Unpack, overload
 
+from .._calls import retryable
 from .._clock import now_ms, sleep_until
 from . import messages as m
 from .options import (
@@ -73,16 +74,6 @@ EXPIRED: LossReason = "expired"  #: its lease ended with no renewal tried in tim
 RENEWAL_FAILED: LossReason = "renewal_failed"  #: renewals were tried and failed until the lease ended
 MAX_HOLD: LossReason = "max_hold"  #: it reached max_hold
 REVOKED: LossReason = "revoked"  #: the holder object no longer knows the place
-
-
-def _retryable(error: BaseException) -> bool:
-    """A call that may not have run, or whose reply was lost: call again."""
-    if isinstance(error, asyncio.TimeoutError):
-        return True
-    for source in (error, getattr(error, "js_error", None)):
-        if source is not None and (getattr(source, "retryable", False) or getattr(source, "durableObjectReset", False)):
-            return True
-    return False
 
 
 def _backoff(attempt: int) -> float:
@@ -232,7 +223,7 @@ class Semaphore:
                 try:
                     reply = await self._call(key, "semaphore_acquire", message, call_wait_ms + CALL_SLACK_MS)
                 except Exception as error:
-                    if not _retryable(error):
+                    if not retryable(error):
                         raise
                     failures += 1
                     if failures >= MIN_ATTEMPTS and deadline is not None and now_ms() >= deadline:
@@ -269,7 +260,7 @@ class Semaphore:
                 await self._call(key, "semaphore_release", m.token_message(token), CALL_SLACK_MS)
                 return
             except Exception as error:
-                if not _retryable(error) or attempt == RELEASE_ATTEMPTS - 1:
+                if not retryable(error) or attempt == RELEASE_ATTEMPTS - 1:
                     # Not fatal: the place is freed when its lease ends.
                     log.warning("semaphore %s: release of %s failed: %r", self.name, key, error)
                     return

@@ -3,9 +3,11 @@
 Lives here: the runtime side of the holder: requests waiting for a round
 and the round timer (in memory), resolving the user's limit callbacks once
 per round (for the groups in demand and those holding leases), committing
-each round in one transaction before anyone hears back, the reclaim timer
-on the scheduler, each request held for a later round with whether it
-still counts as a heartbeat, ``usage()`` and ``migrate()``. It hands its
+each round in one transaction before anyone hears back (none for a round
+with nothing to write), the wait of a new instance restarted while busy
+before its first round, the reclaim timer on the scheduler, each request
+held for a later round with whether it still counts as a heartbeat,
+``usage()`` and ``migrate()``. It hands its
 replies to ``messages`` as typed values.
 Must not know: how a round decides (``allocation``) or how messages look on
 the wire (``messages``); how clients reach it (``client``).
@@ -115,6 +117,12 @@ class DurabilitySemaphore:
             empty, so a blocked client costs one request per wait, not one
             per round, and is present in every round that could serve it.
         grant_timeout_ms: how long granted permits stay reserved unclaimed.
+        rejoin_wait_ms: how long after it started a new instance whose books
+            hold permits (it restarted while busy) holds its first round, so
+            that the clients whose requests failed with the old instance are
+            back in line, oldest work first, before anything is handed out.
+            A first round waits ``round_wait_ms`` anyway: this matters only
+            when it is longer.
         leases: None (no leases), or the lease options: ``provisioning``
             (``{"mode": "strict"}``, ``{"mode": "under", "reserve": n}``,
             ``{"mode": "over", "extra": {"ratio": r} | {"count": n}}``),
@@ -128,7 +136,8 @@ class DurabilitySemaphore:
                  group_limit: Callable[[str], int | None] | None = None,
                  can_grant: Callable[[str, str], bool] | None = None,
                  round_wait_ms: float = 1_000, round_period_ms: float = 2_000,
-                 grant_timeout_ms: float = 10_000, leases: dict[str, Any] | None = None) -> None:
+                 grant_timeout_ms: float = 10_000, leases: dict[str, Any] | None = None,
+                 rejoin_wait_ms: float = 1_000) -> None:
         if not callable(limit):
             _non_negative_int(limit, "limit")
         self.scheduler = scheduler
@@ -138,6 +147,8 @@ class DurabilitySemaphore:
         self.round_wait_ms = _positive_ms(round_wait_ms, "round_wait_ms")
         self.round_period_ms = _positive_ms(round_period_ms, "round_period_ms")
         self.grant_timeout_ms = _positive_ms(grant_timeout_ms, "grant_timeout_ms")
+        self.rejoin_wait_ms = _positive_ms(rejoin_wait_ms, "rejoin_wait_ms")
+        self._started_at = now_ms()
         self.lease_policy = None if leases is None else LeasePolicy.from_options(leases)
         self.store = HolderStore(scheduler.sql)
         # The reclaim timer is due when the books say (next_reclaim_at): it
@@ -199,7 +210,10 @@ class DurabilitySemaphore:
             self.store.write(to_write)
             self._schedule_reclaim(due)
 
-        self.scheduler.transaction(write)
+        if to_write:
+            self.scheduler.transaction(write)
+        else:  # a round that hands out nothing (a long poll held over) writes no row: no transaction
+            self._schedule_reclaim(due)  # a timer in memory
         self._unwritten = unwritten
         self._lease_rows.update(to_write.leases_written)
         for lease_id in to_write.leases_deleted:
@@ -319,7 +333,17 @@ class DurabilitySemaphore:
         at = now + self.round_wait_ms
         if self._last_round_at is not None:
             at = max(at, self._last_round_at + self.round_period_ms)
+        elif self._holds_permits():
+            # This instance restarted while busy: the requests its old one
+            # held failed, and their clients ask again at once (a request
+            # that reached the holder is retried without backoff). Serving
+            # before they are back would serve whoever asked first.
+            at = max(at, self._started_at + self.rejoin_wait_ms)
         self._round = asyncio.ensure_future(self._round_at(at))
+
+    def _holds_permits(self) -> bool:
+        return any(grant.charged > 0 for grant in self._grants().values()) or any(
+            not lease.settled for lease in self._leases().values())
 
     async def _round_at(self, at: float) -> None:
         await sleep_until(at)
@@ -480,6 +504,7 @@ class DurabilitySemaphore:
     def usage_info(self) -> Usage:
         """The limit, permits outstanding (grants and lease footprint), and
         per-group usage, as the holder's books say."""
+        self.scheduler.resume_if_overdue()  # a read resumes an object whose alarm was lost
         # Settled grants and leases kept only to answer late reports charge nothing.
         grants = [grant for grant in self._grants().values() if not grant.settled]
         leases = [lease for lease in self._leases().values() if not lease.settled]

@@ -303,7 +303,13 @@ def apply_lease_report(working: Any, client_id: str, report: LeaseReport, ids: L
         _keep(working, lease, ids)
         return LeaseOutcome(lease.lease_id, status_of(lease), lease.drawn, lease.released, lease.permits)
     drawn = max(lease.drawn, min(report.drawn, lease.permits))
-    released = max(lease.released, min(report.released, drawn))
+    # A report counting more draws than the lease has permits was sent before
+    # the report that stopped the lease at fewer, by an older instance of the
+    # client: its releases may be of draws the stop never counted (their
+    # items gone, released), so it frees nothing. The instance that stopped
+    # the lease reports every release of the draws it counted.
+    heard = lease.released if report.drawn > lease.permits else min(report.released, drawn)
+    released = max(lease.released, heard)
     permits = drawn if report.stopped else lease.permits  # stopped: drawn is final
     retired = lease.retired or report.stopped
     expires_at = lease.expires_at if retired or ttl_ms is None else now + ttl_ms

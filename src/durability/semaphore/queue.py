@@ -40,6 +40,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
+from .._calls import retryable
 from .._checks import storable_text
 from .._clock import now_ms
 from .._listeners import notify
@@ -71,7 +72,7 @@ from .messages import (
     queued_grant_report,
     queued_lease_id,
 )
-from .queue_core import may_leave_line, move, pacing_interval, report_due, settle
+from .queue_core import ask_again_at_once, may_leave_line, move, pacing_interval, report_due, settle
 from .queue_store import (
     ADMITTED,
     CANCELLED,
@@ -264,6 +265,8 @@ class DurabilitySemaphoreQueue:
         self._rejoining: set[str] = set()
         #: lease id -> the version of its report a request in flight carries
         self._leases_in_flight: dict[str, int] = {}
+        #: per key, its requests that failed in a row (queue_core.ask_again_at_once)
+        self._failures: dict[str, int] = {}
 
     def _derive_timers(self) -> None:
         """Set again, in a new instance, the timers its rows imply."""
@@ -378,6 +381,7 @@ class DurabilitySemaphoreQueue:
         return item
 
     def status(self, item_id: str) -> dict[str, Any] | None:
+        self.scheduler.resume_if_overdue()  # a read resumes an object whose alarm was lost
         item = self.store.item(item_id)
         if item is None:
             return None
@@ -569,11 +573,31 @@ class DurabilitySemaphoreQueue:
         demand = self._demand(key)[:MAX_DEMAND_ENTRIES]
         wait = self._request_wait(key, demand)
         if wait is None:
+            if not demand:
+                self._failures.pop(key, None)  # nothing to ask for: no failures in a row any more
             await self._report_safely(key)  # claims get confirmed by a sync at once
             if rejoining:  # the lease reports that waited for this request go on their own
                 await self._report_leases_safely(key)
             return
-        await self._ask(key, demand, wait)
+        await self._ask_or_retry(key, demand, wait)
+
+    async def _ask_or_retry(self, key: str, demand: list[tuple[str, int, float]], wait: float) -> None:
+        """Ask; if the request fails, ask again now or leave it to the pump's
+        backoff (``queue_core.ask_again_at_once``)."""
+        sent_at = now_ms()
+        try:
+            await self._ask(key, demand, wait)
+        except Exception as error:
+            failures = self._failures.get(key, 0)
+            self._failures[key] = failures + 1
+            timed_out = isinstance(error, TimeoutError)
+            if not ask_again_at_once(retryable(error), now_ms() - sent_at, timed_out, failures):
+                raise  # the pump's timer retries it, under ``retries``
+            log.info("a request for %s failed: %r; asking again now", key, error)
+            self.scheduler.transaction(lambda: self.scheduler.schedule(PARTICIPANT, PUMP + key, now_ms()))
+            await self.scheduler.sync()
+            return
+        self._failures.pop(key, None)
 
     def _request_wait(self, key: str, demand: list[tuple[str, int, float]]) -> float | None:
         """How long the holder may hold the key's request now, or None: no

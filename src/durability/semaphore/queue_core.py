@@ -4,10 +4,11 @@ Lives here: the item life cycle as a transition table (``move``), the
 settlement of a grant's claims and releases by one report outcome
 (``settle``), which grant reports the holder may not have heard
 (``report_due``), the pacing interval kept in SQL (``pacing_interval``),
-and whether a served key may leave its holder's line until its next
-release (``may_leave_line``). Must not know: storage, timers, RPC or the
-clock; ``queue.py`` reads the rows, calls these, and writes what they
-return.
+whether a served key may leave its holder's line until its next release
+(``may_leave_line``), and whether a failed request is made again at once
+or under the backoff (``ask_again_at_once``). Must not know: storage,
+timers, RPC or the clock; ``queue.py`` reads the rows, calls these, and
+writes what they return.
 """
 
 from __future__ import annotations
@@ -96,3 +97,30 @@ def may_leave_line(line: dict[str, float], left: dict[str, float]) -> bool:
     ``queue.py``) instead of at once.
     """
     return bool(left) and all(group in line and oldest >= line[group] for group, oldest in left.items())
+
+
+#: a request that failed after this long in flight had reached the holder and
+#: waited there: the holder restarted under it, or its reply was lost
+REACHED_MS = 1_000
+#: failures in a row made again at once, however they failed; then the backoff
+AT_ONCE_IN_A_ROW = 3
+
+
+def ask_again_at_once(retryable: bool, in_flight_ms: float, timed_out: bool, failures_before: int) -> bool:
+    """Whether a failed request is made again now instead of under the backoff.
+
+    The first failure in a row is made again at once, whatever it was (lost
+    on the way, most often). So is one that reached the holder and failed
+    there (a restart under it, a lost reply): that says nothing against
+    asking again, back in line before the holder's next rounds, where a
+    backoff would leave younger work served first. A request that timed out
+    is not taken to have reached it (the holder may hang), and after
+    ``AT_ONCE_IN_A_ROW`` failures in a row the backoff applies anyway: it is
+    for a holder that stays out of reach, or fails every request it takes.
+    """
+    if not retryable:
+        return False  # a refusal, or a failure of this object's own: the backoff
+    if failures_before == 0:
+        return True
+    reached = in_flight_ms >= REACHED_MS and not timed_out
+    return reached and failures_before < AT_ONCE_IN_A_ROW
