@@ -45,6 +45,8 @@ from .scenario import (
 )
 
 ROUND_MS = 3_000  #: round_wait_ms + round_period_ms of the campaign's holders
+SWEEP_CRON = "* * * * *"  #: the campaign Worker's sweep: every shard is called once a minute
+SWEEP_MS = 60_000
 OVER_EXTRA = 2  #: the extra of mode "over": leases get two permits above the limit
 
 
@@ -65,15 +67,18 @@ def liveness_bound_ms(scenario: Scenario, waiting_work_ms: float, limit: int, ca
                       cap: int | None) -> float:
     """How long after faults stop the last item of a key may wait to be admitted.
 
-    Once faults stop, a shard's failed request is retried within
-    ``RETRY_MAX_MS``; a permit whose release was lost comes back by the
-    ``finished()`` sweep (``FINISHED_CHECK_MS``, twice: a sweep may have just
-    run); a lease unreported past its ttl and unclaimed grants come back
-    within ``LEASE_TTL_MS`` and ``GRANT_TIMEOUT_MS``; each request waits at
-    most two rounds. Then the work still waiting needs its sum over the
-    limit (or over its group's limit), after the longest job running ends.
+    Once faults stop, an object whose alarm the runtime gave up on is called
+    by the sweep within ``SWEEP_MS`` and sets its alarm again; a shard's
+    failed request is retried within ``RETRY_MAX_MS``; a permit whose
+    release was lost comes back by the ``finished()`` sweep
+    (``FINISHED_CHECK_MS``, twice: a sweep may have just run); a lease
+    unreported past its ttl and unclaimed grants come back within
+    ``LEASE_TTL_MS`` and ``GRANT_TIMEOUT_MS``; each request waits at most
+    two rounds. Then the work still waiting needs its sum over the limit
+    (or over its group's limit), after the longest job running ends.
     """
-    recovery = 2 * RETRY_MAX_MS + 2 * FINISHED_CHECK_MS + LEASE_TTL_MS + GRANT_TIMEOUT_MS + 4 * ROUND_MS
+    recovery = (SWEEP_MS + 2 * RETRY_MAX_MS + 2 * FINISHED_CHECK_MS + LEASE_TTL_MS + GRANT_TIMEOUT_MS
+                + 4 * ROUND_MS)
     work = waiting_work_ms / max(limit, 1)
     if cap:
         work = max(work, capped_work_ms / cap)

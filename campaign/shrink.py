@@ -34,7 +34,7 @@ def as_pytest_case(scenario: Scenario, invariants: list[str]) -> str:
     name = f"test_campaign_{scenario.mode}_seed_{scenario.seed}" + (f"_{scenario.plant}" if scenario.plant else "")
     return (
         "from campaign.run import run\n"
-        "from campaign.scenario import Change, Hold, Job, Partition, Scenario\n\n\n"
+        "from campaign.scenario import Change, Hold, Job, Outage, Partition, Restart, Scenario\n\n\n"
         f"def {name}():\n"
         f"    # shrunk from a failing campaign run: {', '.join(invariants)}\n"
         f"    scenario = {scenario.to_literal()}\n"

@@ -14,7 +14,7 @@ The runner loads this module afresh for every run (so ``CONFIG`` and
 import random
 import time
 
-from workers import DurableObject
+from workers import DurableObject, WorkerEntrypoint
 
 from campaign.scenario import FINISHED_CHECK_MS, GRANT_TIMEOUT_MS, KEEP_DONE_MS, RETRY_MAX_MS
 from durability import Backoff, DurabilityScheduler
@@ -31,6 +31,7 @@ CONFIG = {
     "partitioned": {},  # shard name -> until (ms)
     "plant": None,
     "keep_done": True,  # False: the shards keep no done item (keep_done_ms=0)
+    "shards": 0,  # how many shards there are: the sweep calls every one
 }
 TRUTH = None
 
@@ -175,5 +176,20 @@ class Shard(DurableObject):
     async def _finished(self, ids):
         return [i for i in ids if i in TRUTH.stopped]
 
+    async def wake(self):
+        await self.scheduler.resume()
+
     async def alarm(self, alarm_info=None):
         await self.scheduler.alarm(alarm_info)
+
+
+class Default(WorkerEntrypoint):
+    async def scheduled(self, controller, env, ctx):
+        """The sweep (a Cron Trigger every minute), as the example Worker's:
+        every shard resumes work whose alarm the runtime gave up on. Holders
+        are not swept: every shard with work waiting calls its holder."""
+        for stub in [env.SHARD.getByName(f"s{i}") for i in range(CONFIG["shards"])]:
+            try:
+                await stub.wake()
+            except Exception:
+                pass  # faulted: the next sweep calls it again

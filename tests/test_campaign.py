@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from campaign.run import run
-from campaign.scenario import MODES, Change, Job, Partition, Scenario, generate, with_plant
+from campaign.scenario import MODES, Change, Job, Outage, Partition, Scenario, generate, smaller, with_plant
 from campaign.shrink import as_pytest_case, shrink
 from durability._sql import GrowingCounter
 from support import ROOT
@@ -159,13 +159,26 @@ def test_a_lease_the_client_never_heard_of_reaches_it_at_the_next_round():
     assert waited_after > 40_000 and other["leases"] == []  # the long poll, as before
 
 
-def test_a_shard_is_stranded_only_while_no_alarm_ran_since_the_runtime_gave_up():
-    from types import SimpleNamespace
+def test_campaign_grants_seed_15():
+    # Every alarm run of a shard failed for three minutes, one job queued
+    # there: the runtime tried seven times and gave up on the alarm, and the
+    # job stayed queued for good, as nothing called the shard again. Now the
+    # sweep calls it within a minute and it sets its alarm again.
+    scenario = Scenario(seed=15, mode='grants', limits=(2,), group_limits=(('capped', 1),), shards=2,
+                        jobs=(Job(at_ms=50126.5, shard=1, key=0, group='wf0', ms=1000),), permits_per_lease=4,
+                        keep_done=False, outages=(Outage(kind='shard', index=1, at_ms=27333.5, ms=177027.4),))
+    outcome = run(scenario)
+    assert not outcome.violations, outcome.violations.first
 
-    from campaign.run import _BudgetDriver
 
-    trace = [(1.0, "Shard:s0", "alarm", ""), (2.0, "Shard:s0", "alarm abandoned", "after 6 retries"),
-             (3.0, "Shard:s1", "alarm abandoned", "after 6 retries"), (4.0, "Shard:s1", "alarm", ""),
-             (5.0, "Shard:s12", "alarm abandoned", "after 6 retries"), (6.0, "Holder:k0", "alarm abandoned", "")]
-    driver = SimpleNamespace(runtime=SimpleNamespace(trace=trace))
-    assert _BudgetDriver.stranded_shards(driver) == {0, 12}
+def test_new_faults_are_drawn_and_shrink_away():
+    drawn = [generate(seed, "grants") for seed in range(200)]
+    blackouts = [o for s in drawn for o in s.outages if o.alarms]
+    outages = [o for s in drawn for o in s.outages if o.calls]
+    restarts = [r for s in drawn for r in s.restarts]
+    assert 40 < len(blackouts) < 80 and 20 < len(outages) < 60 and len(restarts) > 40
+    assert all(o.ms >= 170_000 for o in blackouts)  # long enough for the runtime to give up on an alarm
+    with_outage = next(s for s in drawn if s.outages)
+    assert with_outage.faults_end_ms == max(150_000, *(o.at_ms + o.ms for o in with_outage.outages))
+    assert eval(with_outage.to_literal()) == with_outage
+    assert any(not c.outages for c in smaller(with_outage))

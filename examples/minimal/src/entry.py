@@ -6,7 +6,10 @@ Lives here: one holder class (``TenantLimit``, one instance per tenant), one
 shard class (``TaskShard``, which queues tasks and runs each once its
 tenant admits it), the lock-style semaphore's holder class (``CallSlots``,
 the places of direct calls) and the ``Default`` entrypoint other Workers
-call over a service binding. Must not know: the embedded runtime; this module runs
+call over a service binding, whose ``scheduled`` handler (a Cron Trigger)
+calls every shard's ``wake`` every 15 minutes: a shard whose alarm the
+runtime gave up on resumes its tasks within that, even if nothing else
+calls it. Must not know: the embedded runtime; this module runs
 unmodified on Cloudflare and in its tests.
 """
 
@@ -91,6 +94,10 @@ class TaskShard(DurableObject):
         results = [await self.tasks.run.get_result(task_id) for task_id in ids]
         return [task_id for task_id, result in zip(ids, results) if result["status"] != "pending"]
 
+    async def wake(self):
+        """The sweep's call: sets the alarm again if the runtime gave up on it (writes nothing if not)."""
+        await self.scheduler.resume()
+
     async def alarm(self, alarm_info=None):
         await self.scheduler.alarm(alarm_info)
 
@@ -140,6 +147,14 @@ def _shard(env, task_id):
 
 class Default(WorkerEntrypoint):
     """Other Workers call these over a service binding (RPC)."""
+
+    async def scheduled(self, controller, env=None, ctx=None):
+        """The sweep: every shard once, one request each."""
+        for n in range(int(self.env.SHARDS)):
+            try:
+                await self.env.TASK_SHARD.getByName(f"shard-{n}").wake()
+            except Exception:
+                pass  # the next sweep calls it again
 
     async def submit(self, task):
         task = _task(task)  # a bad task gets a clear error before any call is made

@@ -62,6 +62,16 @@ def _count_running(runtime):
     return peaks, runs
 
 
+async def _submit_all(runtime, tasks):
+    for task in tasks:
+        while True:  # a repeated submit of an id is a no-op, so retrying is safe
+            try:
+                await runtime.call_entrypoint("submit", task)
+                break
+            except JsException:
+                await asyncio.sleep(0.1)
+
+
 @pytest.mark.parametrize("seed", [1, 2, 3])
 def test_the_limit_holds_under_faults(seed):
     # Calls between objects are lost, duplicated, delayed and reordered;
@@ -74,13 +84,7 @@ def test_the_limit_holds_under_faults(seed):
         peaks, runs = _count_running(runtime)
 
         async def scenario():
-            for task in tasks:
-                while True:  # a repeated submit of an id is a no-op, so retrying is safe
-                    try:
-                        await runtime.call_entrypoint("submit", task)
-                        break
-                    except JsException:
-                        await asyncio.sleep(0.1)
+            await _submit_all(runtime, tasks)
             await asyncio.sleep(600)
             with runtime.no_faults():
                 statuses = [await runtime.call_entrypoint("status", task["id"]) for task in tasks]
@@ -96,3 +100,32 @@ def test_the_limit_holds_under_faults(seed):
     assert all(u["outstanding"] == 0 for u in usage.values())
     events = {event for _, _, event, _ in runtime.trace}
     assert {"lost request", "lost reply", "duplicate"} <= events
+
+
+@pytest.mark.parametrize("seed", range(1, 11))
+def test_every_task_ends_when_left_alone_after_heavy_faults(seed):
+    # Heavy faults while 20 tasks of one tenant are submitted and for five
+    # minutes after; then nothing calls the Worker for an hour. Alarms that
+    # fail seven times in a row are given up by the runtime: the shards'
+    # sweep (Default.scheduled, every 15 minutes) sets them again, so no
+    # task stays queued.
+    faults = Faults(lost_request=0.3, lost_reply=0.3, duplicate=0.3, evict=0.15, crash_before_commit=0.15,
+                    alarm_failure=0.3, duplicate_alarm=0.3)
+    tasks = [{"id": f"task-{n}", "tenant": "acme", "work_ms": 1_000 + 250 * n} for n in range(20)]
+    with Runtime.from_wrangler(WRANGLER, seed=seed, faults=faults) as runtime:
+        peaks, runs = _count_running(runtime)
+
+        async def scenario():
+            await _submit_all(runtime, tasks)
+            await asyncio.sleep(300)
+            runtime.faults.enabled = False  # faults stop; nothing calls the Worker for an hour
+            await asyncio.sleep(3_600)
+            statuses = [await runtime.call_entrypoint("status", task["id"]) for task in tasks]
+            return statuses, await runtime.call_entrypoint("usage", "acme")
+
+        statuses, usage = runtime.run(scenario())
+    assert peaks == {"acme": 2}
+    # Every task ran to its end (one whose three attempts were all cut short failed).
+    assert {s["result"]["status"] for s in statuses} <= {"completed", "failed"}
+    assert set(runs) == {task["id"] for task in tasks}
+    assert usage["outstanding"] == 0
