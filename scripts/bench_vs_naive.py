@@ -2,7 +2,7 @@
 """The example Worker against what users would write instead, on the demo's workload.
 
     uv run scripts/bench_vs_naive.py [--jobs N] [--seed N] [--shards N] [--short] [--faults]
-                                     [--plot PATH] [--json]
+                                     [--plot PATH] [--json] [--record PATH]
 
 Runs, on the embedded runtime in virtual time and on exactly the same
 arrivals: the example Worker with grants, the example Worker with leases in
@@ -18,6 +18,9 @@ measured outside the objects. ``--faults`` adds the demo's faults (2% of
 calls lost, duplicated, delayed; evictions, crashes; 5% of releases lost)
 to every system. ``--plot`` writes a PNG (running ÷ limit over time per
 account for each system, and dollars per million jobs as bars).
+``--record`` writes every semaphore message a queue sent and the reply or
+failure it got, one JSON line each, in order: a refactor that keeps the
+wire must leave the file byte-identical.
 """
 
 from __future__ import annotations
@@ -110,6 +113,39 @@ async def drive(runtime: Runtime, system: str, args, work, ledger: measure.Ledge
     await asyncio.sleep(120)  # the last releases reach their holders; sweeps run
 
 
+@contextlib.contextmanager
+def recording(path: Path | None, system: str):
+    """Append each queue's semaphore messages and their replies to ``path``."""
+    if path is None:
+        yield
+        return
+    from durability.semaphore.client import SemaphoreClient
+
+    real = {name: getattr(SemaphoreClient, name) for name in ("request", "sync")}
+
+    def recorded(name):
+        async def call(self, key, message):
+            line = {"system": system, "call": name, "key": key, "message": message}
+            try:
+                line["reply"] = await real[name](self, key, message)
+            except BaseException as error:
+                line["failed"] = type(error).__name__
+                raise
+            finally:
+                with path.open("a") as out:
+                    out.write(json.dumps(line, sort_keys=True) + "\n")
+            return line["reply"]
+        return call
+
+    for name in real:
+        setattr(SemaphoreClient, name, recorded(name))
+    try:
+        yield
+    finally:
+        for name, method in real.items():
+            setattr(SemaphoreClient, name, method)
+
+
 def run_system(system: str, args, work, limits: dict) -> dict:
     ledger = measure.Ledger()
     rng = random.Random(args.seed + 1)
@@ -121,7 +157,7 @@ def run_system(system: str, args, work, limits: dict) -> dict:
     lost = contextlib.nullcontext()
     if args.faults and not system.startswith("naive"):  # the naive Worker loses its own (bench/naive.py)
         lost = LostReleases(runtime.module.DurabilitySemaphoreQueue, 0.05, rng)
-    with runtime, WriteBreakdown() as writes, lost:
+    with runtime, WriteBreakdown() as writes, lost, recording(args.record, system):
         runtime.run(drive(runtime, system, args, work, ledger))
         totals = runtime.totals()
     jobs = len(ledger.started_at)
@@ -215,6 +251,7 @@ def main() -> int:
     parser.add_argument("--plot", type=Path, help="write a PNG here")
     parser.add_argument("--breakdown", action="store_true", help="rows written per job, by table and kind")
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--record", type=Path, help="append every semaphore message and reply here (JSON lines)")
     args = parser.parse_args()
     accounts = [f"account-{i}" for i in range(args.accounts)]
     limits = limits_of(accounts)
