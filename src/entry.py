@@ -12,7 +12,7 @@ with ``DurabilitySemaphoreQueue``; the account's ``AccountLimit`` holder
 admits them, oldest first across all shards, within the account's limit
 (``ACCOUNT_LIMITS`` per account, else ``ACCOUNT_CONCURRENCY``) and each
 workflow's limit (``WORKFLOW_LIMITS``). An admitted job runs through the
-``Durability`` runner; its permit goes back when the job ends, and the
+``DurabilityJobs`` runner; its permit goes back when the job ends, and the
 queue's ``finished()`` sweep returns any permit whose release was lost.
 
 Webhooks: a job submitted with a ``url`` is POSTed there once its work is
@@ -56,7 +56,7 @@ from urllib.parse import urlsplit
 from workers import DurableObject, Response, WorkerEntrypoint, fetch as fetch_url
 
 import operator_pages
-from durability import Backoff, Durability, DurabilityOutbox, DurabilityScheduler, NonRetryableError, locks
+from durability import Backoff, DurabilityJobs, DurabilityOutbox, DurabilityScheduler, NonRetryableError, locks
 from durability.locks import PlaceLost, WaitTimeout, semaphore
 from durability.semaphore import DurabilitySemaphore, DurabilitySemaphoreQueue
 from durability.transforms import timeout
@@ -323,7 +323,7 @@ class JobShard(DurableObject):
     def __init__(self, ctx, env):
         super().__init__(ctx, env)
         self.scheduler = DurabilityScheduler(ctx, max_concurrency=64)
-        self.jobs = Durability(
+        self.jobs = DurabilityJobs(
             self.scheduler,
             handlers={"run": lambda job: run_job(self.env, job)},
             on_lifecycle_event=self._on_job_event,

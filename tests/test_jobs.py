@@ -1,10 +1,11 @@
-"""Durability: durable jobs run to completion or final failure, retried with backoff."""
+"""DurabilityJobs: durable jobs run to completion or final failure, retried with backoff."""
 
 import asyncio
 from pathlib import Path
 
 import pytest
 
+import durability
 from durability.testing import Faults, JsException, Runtime, load_worker_module
 
 JOBS = Path(__file__).resolve().parent / "workers" / "jobs.py"
@@ -362,3 +363,7 @@ def test_a_retry_costs_three_rows_written(runtime):
     written, result = runtime.run(scenario())
     assert result["result"]["attempt"] == 2
     assert written == [3, 6]  # the retry: its failure, the alarm set for it, the next attempt's start
+
+
+def test_the_job_runner_keeps_its_first_name():
+    assert durability.Durability is durability.DurabilityJobs

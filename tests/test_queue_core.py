@@ -4,10 +4,24 @@ import pytest
 from hypothesis import given, strategies as st
 
 from durability.semaphore.messages import NOT_FOUND, OK, ReportOutcome
-from durability.semaphore.queue_core import TRANSITIONS, may_leave_line, move, pacing_interval, report_due, settle
-from durability.semaphore.queue_store import ADMITTED, CANCELLED, CLAIMING, QUEUED, RELEASED, LocalGrant
+from durability.semaphore.queue_core import may_leave_line, pacing_interval, report_due, settle
+from durability.semaphore.queue_states import (
+    ADMITTED,
+    CANCELLED,
+    CLAIMING,
+    GONE,
+    PER_KEY,
+    QUEUED,
+    RELEASED,
+    TRANSITIONS,
+    LocalGrant,
+    TimerKind,
+    move,
+    parse_timer_key,
+    timer_key,
+)
 
-STATES = [QUEUED, CLAIMING, ADMITTED, RELEASED, CANCELLED]
+STATES = [QUEUED, CLAIMING, ADMITTED, RELEASED, CANCELLED, GONE]
 
 
 def grant(permits=2, claimed=0, confirmed=0, released=0):
@@ -20,8 +34,8 @@ def outcome(status=OK, claimed=0, released=0, permits=2):
 
 def test_the_life_cycle_allows_only_its_transitions():
     allowed = {(a, b) for a in STATES for b in STATES if b in TRANSITIONS[a]}
-    assert allowed == {(QUEUED, ADMITTED), (QUEUED, CANCELLED),
-                       (CLAIMING, ADMITTED), (CLAIMING, QUEUED), (ADMITTED, RELEASED)}
+    assert allowed == {(QUEUED, ADMITTED), (QUEUED, CANCELLED), (CLAIMING, ADMITTED), (CLAIMING, QUEUED),
+                       (ADMITTED, RELEASED), (ADMITTED, GONE), (RELEASED, GONE), (CANCELLED, GONE)}
     for a in STATES:
         for b in STATES:
             if (a, b) in allowed:
@@ -90,3 +104,16 @@ def test_pacing_is_kept_in_whole_seconds_rounded_up():
 ])
 def test_a_served_key_leaves_the_line_only_behind_the_mark_in_every_group(line, left, leaves):
     assert may_leave_line(line, left) is leaves
+
+
+def test_timer_keys_spell_their_kind_and_read_back():
+    for kind in TimerKind:
+        key = "acct:1" if kind in PER_KEY else None
+        spelled = timer_key(kind, key)
+        assert parse_timer_key(spelled) == (kind, key)
+    assert timer_key(TimerKind.PUMP, "k") == "pump:k" and timer_key(TimerKind.ADMIT) == "admit"  # as older instances
+    for wrong in ("pump", "admit:k", "nothing"):
+        with pytest.raises(ValueError):
+            parse_timer_key(wrong)
+    with pytest.raises(ValueError):
+        timer_key(TimerKind.REPORT)

@@ -269,3 +269,22 @@ def test_the_lock_client_reads_a_refusal_from_an_older_holder():
         asyncio.run(hold())
     assert raised.value.code == "invalid_message" and "limit is too high" in str(raised.value)
     assert lock_messages.refusal(_wire.ProtocolError("not_holder", "gone").reply()).code == "not_holder"
+
+
+def test_the_lock_client_reads_each_holder_reply_into_one_class():
+    reply = lock_messages.HolderReply.parse
+    granted = reply(lock_messages.granted("t1", 30_000, False))
+    assert (granted.status, granted.token, granted.lease_ms, granted.final) == ("granted", "t1", 30_000, False)
+    renewed = reply(lock_messages.renewed(5_000, True))
+    assert (renewed.status, renewed.lease_ms, renewed.final) == ("renewed", 5_000, True)
+    assert reply(lock_messages.status(lock_messages.TIMEOUT)).status == "timeout"
+    # A refusal in this release's shape and the previous one's, and a reply no client knows.
+    refusal = _wire.ProtocolError("not_holder", "no such place").reply()
+    assert reply(refusal).refused.code == "not_holder"
+    assert reply({"status": "error", "code": "unsupported", "message": "v9"}).refused.code == "unsupported"
+    assert reply({"what": 1}).refused.code == "unknown"
+    for broken in ({"status": "granted", "v": 1, "leaseMs": 1, "final": False},  # no token
+                   {"status": "renewed", "v": 1, "leaseMs": -1, "final": False},
+                   {"status": "granted", "v": 1, "token": "t", "leaseMs": 1, "final": "yes"}):
+        with pytest.raises(_wire.ProtocolError):
+            reply(broken)

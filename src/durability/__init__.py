@@ -5,7 +5,7 @@ only this package, the standard library and the ``workers`` SDK;
 ``durability.testing`` (the embedded runtime) is for tests and demos.
 """
 
-from .jobs import Durability, JobContext, JobEvent, NonRetryableError, current_job
+from .jobs import Durability, DurabilityJobs, JobContext, JobEvent, NonRetryableError, current_job
 from .outbox import DurabilityOutbox, OutboxChannel, OutboxMessage
 from .retry import Backoff
 from .scheduler import DurabilityScheduler, Timer
@@ -13,6 +13,7 @@ from .scheduler import DurabilityScheduler, Timer
 __all__ = [
     "Backoff",
     "Durability",
+    "DurabilityJobs",
     "DurabilityOutbox",
     "DurabilityScheduler",
     "JobContext",

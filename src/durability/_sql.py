@@ -45,8 +45,10 @@ class Sql:
             self.rollbacks += 1
             raise
 
-    async def sync(self) -> None:
-        """Wait until every write made so far is durable (``ctx.storage.sync()``)."""
+    async def flush(self) -> None:
+        """Wait until every write made so far is durable (``ctx.storage.sync()``;
+        not the scheduler's ``sync``, which moves the alarm, nor a ``sync``
+        message, which carries reports to a holder)."""
         await self._storage.sync()
 
     async def get_alarm(self) -> float | None:

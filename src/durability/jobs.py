@@ -1,4 +1,4 @@
-"""Durability: durable jobs, each run to completion or final failure, retried with backoff.
+"""DurabilityJobs: durable jobs, each run to completion or final failure, retried with backoff.
 
 Lives here: the job table, ``run(id=..., payload=...)`` that records a job
 idempotently on its id together with the scheduler timer that will run it,
@@ -180,10 +180,10 @@ def _json(value: Any) -> str:
     return json.dumps(value, separators=(",", ":"), allow_nan=False)
 
 
-class JobRunner:
-    """``durability.run``: call it to start a job; ``get_result(id)`` reads one."""
+class RunCall:
+    """``jobs.run``: call it to start a job; ``get_result(id)`` reads one."""
 
-    def __init__(self, durability: Durability) -> None:
+    def __init__(self, durability: DurabilityJobs) -> None:
         self._durability = durability
 
     async def __call__(self, id: str, payload: Any = None, handler: str | None = None) -> dict[str, Any]:
@@ -241,12 +241,12 @@ def _state(row: dict[str, Any]) -> dict[str, Any]:
     return {"status": JobStatus.PENDING}
 
 
-class Durability:
+class DurabilityJobs:
     """Durable jobs on a scheduler: each runs until it completes or its attempts are spent.
 
     Args:
         scheduler: the object's ``DurabilityScheduler``; jobs use its
-            participant ``durability.jobs`` (one ``Durability`` per scheduler).
+            participant ``durability.jobs`` (one ``DurabilityJobs`` per scheduler).
         handlers: handler name -> ``handler(payload)``, sync or async,
             returning a JSON value. Raising fails the attempt;
             ``NonRetryableError`` fails the job, with no further attempt.
@@ -260,7 +260,7 @@ class Durability:
                  on_lifecycle_event: Listener | None = None,
                  retries: Backoff | None = None) -> None:
         if not handlers:
-            raise ValueError("Durability needs at least one handler")
+            raise ValueError("DurabilityJobs needs at least one handler")
         for name, handler in handlers.items():
             if not isinstance(name, str) or not name:
                 raise ValueError(f"a handler name must be a non-empty string, not {name!r}")
@@ -271,7 +271,7 @@ class Durability:
         self.handlers = dict(handlers)
         self.on_lifecycle_event = on_lifecycle_event
         self.retries = retries or Backoff(max_attempts=3)
-        self.run = JobRunner(self)
+        self.run = RunCall(self)
         # Jobs whose attempt runs in this instance now: a second firing of
         # the timer meanwhile must not take it for an interrupted attempt.
         self._in_flight: set[str] = set()
@@ -403,3 +403,7 @@ class Durability:
         for event in events:
             await notify(self.on_lifecycle_event, event, log, "job %s: lifecycle listener failed on %s", event.id,
                          event.type)
+
+
+#: The name the job runner had first (and the spec's): kept, it is the same class.
+Durability = DurabilityJobs

@@ -31,7 +31,6 @@ set is overdue. Neither writes anything while the alarm is where it belongs.
 from __future__ import annotations
 
 import asyncio
-import itertools
 import logging
 import math
 import random
@@ -42,7 +41,8 @@ from typing import Any, TypeVar
 from ._checks import is_number
 from ._clock import now_ms, wait_s
 from ._schema import migrate, public_migrate
-from ._sql import GrowingCounter, Sql
+from ._sql import Sql
+from ._timer_stores import MemoryTimers, SqlTimers
 from .retry import Backoff, decide_retry
 
 T = TypeVar("T")
@@ -132,8 +132,7 @@ class DurabilityScheduler:
         # Timers of participants registered with durable=False:
         # (participant, key) -> a row shaped as _due returns it.
         self._volatile: set[str] = set()
-        self._memory: dict[tuple[str, str], dict[str, Any]] = {}
-        self._memory_versions = itertools.count(1)
+        self._memory = MemoryTimers()
         self._armed: Any = _UNKNOWN
         self._armed_at = 0.0  #: when ``_armed`` was set or read: an alarm set anew is not overdue yet
         self._alarm_runs = 0  #: alarm() calls in this instance, so that resume() never undoes one
@@ -149,11 +148,7 @@ class DurabilityScheduler:
         self._starts_until: float | None = None  #: while dispatching: when this alarm stops starting timers
         self._wake = asyncio.Event()
         migrate(self.sql, "scheduler", _SCHEMA)
-        # Versions come from a counter that only grows in this instance: a run
-        # that ends deletes its timer only if no write came since, even one
-        # that deleted the timer and wrote it again (a version restarting
-        # from zero would be taken for the one that ran).
-        self._versions = GrowingCounter(self.sql, "SELECT max(version) AS n FROM durability_timers")
+        self._rows = SqlTimers(self.sql)
         self._start_resume()
 
     migrate = public_migrate("scheduler", _TABLES, "the scheduler's tables")
@@ -190,61 +185,46 @@ class DurabilityScheduler:
         self._wake.set()
         # A running timer's due time is being consumed: any request is a new one.
         always = (participant, key) in self._running
-        if participant in self._volatile:
-            current = self._memory.get((participant, key))
-            if current is not None and not always and (
-                    at_ms >= current["due_at"] if earlier_only else at_ms == current["due_at"]):
-                return
-            self._memory[(participant, key)] = {"participant": participant, "key": key, "due_at": at_ms,
-                                                "attempt": 0, "version": next(self._memory_versions)}
-            return
-        when = "1" if always else (
-            "excluded.due_at < durability_timers.due_at" if earlier_only
-            else "durability_timers.due_at != excluded.due_at")
-        self.sql.exec(
-            "INSERT INTO durability_timers (participant, key, due_at, version) VALUES (?, ?, ?, ?) "
-            "ON CONFLICT (participant, key) DO UPDATE SET due_at = excluded.due_at, "
-            f"attempt = 0, version = excluded.version WHERE {when}",
-            participant, key, at_ms, self._versions.next(),
-        )
+        self._store_of(participant).upsert(participant, key, at_ms, earlier_only=earlier_only, always=always)
+
+    def _store_of(self, participant: str) -> SqlTimers | MemoryTimers:
+        return self._memory if participant in self._volatile else self._rows
 
     def cancel(self, participant: str, key: str) -> None:
-        if participant in self._volatile:
-            self._memory.pop((participant, key), None)
-            return
-        self.sql.exec(
-            "DELETE FROM durability_timers WHERE participant = ? AND key = ?", participant, key
-        )
+        self._store_of(participant).cancel(participant, key)
 
     def timer(self, participant: str, key: str) -> Timer | None:
-        if participant in self._volatile:
-            row = self._memory.get((participant, key))
-        else:
-            row = self.sql.one(
-                "SELECT due_at, attempt FROM durability_timers WHERE participant = ? AND key = ?",
-                participant, key,
-            )
+        row = self._store_of(participant).get(participant, key)
         return None if row is None else Timer(participant, key, row["due_at"], row["attempt"])
 
     def timers(self, participant: str) -> list[Timer]:
         """Every timer ``participant`` has set, soonest first."""
-        if participant in self._volatile:
-            rows = [t for (p, _), t in self._memory.items() if p == participant]
-        else:
-            rows = self.sql.exec(
-                "SELECT key, due_at, attempt FROM durability_timers WHERE participant = ?", participant)
+        rows = self._store_of(participant).of(participant)
         return sorted((Timer(participant, r["key"], r["due_at"], r["attempt"]) for r in rows),
                       key=lambda t: t.due_at)
 
     def transaction(self, fn: Callable[[], T]) -> T:
-        """Run ``fn`` atomically (no awaits inside); then ``await sync()``."""
-        return self.sql.transaction(fn)
+        """Run ``fn`` atomically (no awaits inside); then ``await sync()``.
+
+        If it fails, its writes roll back and so do the timers it set in
+        memory: a timer never stands for a write that did not happen."""
+        memory = self.memory_snapshot()
+        try:
+            return self.sql.transaction(fn)
+        except BaseException:
+            self.memory_restore(memory)
+            raise
+
+    def memory_snapshot(self) -> dict[tuple[str, str], dict[str, Any]]:
+        """The timers kept in memory, for ``memory_restore`` to put back."""
+        return self._memory.snapshot()
+
+    def memory_restore(self, snapshot: dict[tuple[str, str], dict[str, Any]]) -> None:
+        self._memory.restore(snapshot)
 
     # -- the physical alarm ------------------------------------------------
     def _earliest(self) -> int | None:
-        row = self.sql.one("SELECT min(due_at) AS due FROM durability_timers")
-        due = [row["due"]] if row is not None and row["due"] is not None else []
-        due += [timer["due_at"] for timer in self._memory.values()]
+        due = self._rows.earliest() + self._memory.earliest()
         # Alarms hold whole milliseconds; round up so the timer is due when it fires.
         return math.ceil(min(due)) if due else None
 
@@ -418,14 +398,9 @@ class DurabilityScheduler:
         return max(0.0, self._starts_until - now_ms())
 
     def _due(self, now: float, running: Container[tuple[str, str]], limit: int) -> list[dict[str, Any]]:
-        rows = self.sql.exec(
-            "SELECT participant, key, due_at, attempt, version FROM durability_timers "
-            "WHERE due_at <= ? ORDER BY due_at",
-            now,
-        )
         # A row of a participant now kept in memory (written by an older
         # deployment) still runs once, and is then deleted.
-        rows = [*rows, *(dict(t, memory=True) for t in self._memory.values() if t["due_at"] <= now)]
+        rows = self._rows.due(now) + self._memory.due(now)
         rows.sort(key=lambda r: r["due_at"])
         chosen: dict[tuple[str, str], dict[str, Any]] = {}
         for row in rows:
@@ -435,34 +410,13 @@ class DurabilityScheduler:
         return list(chosen.values())[:limit]
 
     def _next_due(self, running: Container[tuple[str, str]]) -> float | None:
-        rows = self.sql.exec("SELECT participant, key, due_at FROM durability_timers ORDER BY due_at")
-        due = [r["due_at"] for r in rows if (r["participant"], r["key"]) not in running][:1]
-        due += [t["due_at"] for k, t in self._memory.items() if k not in running]
+        due = self._rows.next_due(running) + self._memory.next_due(running)
         return min(due) if due else None
-
-    def _current_version(self, participant: str, key: str, memory: bool) -> int | None:
-        if memory:
-            row = self._memory.get((participant, key))
-        else:
-            row = self.sql.one(
-                "SELECT version FROM durability_timers WHERE participant = ? AND key = ?", participant, key)
-        return None if row is None else row["version"]
-
-    def _forget(self, participant: str, key: str, version: int, memory: bool) -> None:
-        """Delete a timer that ran, unless it was written since."""
-        if memory:
-            if self._current_version(participant, key, memory) == version:
-                del self._memory[(participant, key)]
-            return
-        self.sql.exec(
-            "DELETE FROM durability_timers WHERE participant = ? AND key = ? AND version = ?",
-            participant, key, version,
-        )
 
     async def _run_timer(self, row: dict[str, Any]) -> None:
         participant, key, version = row["participant"], row["key"], row["version"]
-        memory = bool(row.get("memory"))
-        if self._current_version(participant, key, memory) != version:
+        store = self._memory if row.get("memory") else self._rows  # where the row came from
+        if store.version(participant, key) != version:
             return  # cancelled or moved by another timer of this alarm
         timer = Timer(participant, key, row["due_at"], row["attempt"])
         entry = self._participants.get(participant)
@@ -473,30 +427,22 @@ class DurabilityScheduler:
                 raise LookupError(f"no participant {participant!r} is registered")
             await entry[0](timer)
         except Exception as error:
-            self._after_failure(timer, version, memory, backoff, error)
+            self._after_failure(timer, version, store, backoff, error)
             return
         finally:
             self._running.pop((participant, key), None)
-        self._forget(participant, key, version, memory)  # done, unless the handler moved it meanwhile
+        store.forget(participant, key, version)  # done, unless the handler moved it meanwhile
 
-    def _after_failure(self, timer: Timer, version: int, memory: bool, backoff: Backoff,
+    def _after_failure(self, timer: Timer, version: int, store: SqlTimers | MemoryTimers, backoff: Backoff,
                        error: Exception) -> None:
         failures = timer.attempt + 1
         decision = decide_retry(backoff, failures, now_ms(), random.random())
         if not decision.retry:
             log.error("timer %s/%s failed %d times: %r; giving up",
                       timer.participant, timer.key, failures, error)
-            self._forget(timer.participant, timer.key, version, memory)
+            store.forget(timer.participant, timer.key, version)
             return
         log.warning("timer %s/%s failed (attempt %d): %r; retrying",
                     timer.participant, timer.key, failures, error)
-        if memory:
-            current = self._memory.get((timer.participant, timer.key))
-            if current is not None and current["version"] == version:
-                current.update(due_at=decision.at_ms, attempt=failures, version=next(self._memory_versions))
-            return
-        self.sql.exec(
-            "UPDATE durability_timers SET due_at = ?, attempt = ?, version = ? "
-            "WHERE participant = ? AND key = ? AND version = ?",
-            decision.at_ms, failures, self._versions.next(), timer.participant, timer.key, version,
-        )
+        assert decision.at_ms is not None  # a retry has its time
+        store.retry(timer.participant, timer.key, version, decision.at_ms, failures)

@@ -287,7 +287,7 @@ class Shard(DurableObject):
         now = time.time() * 1000
         entry = LeaseEntry(lease["lease_id"], lease["group"], lease["permits"], 0, lease["ttl_ms"],
                            now + lease["ttl_ms"], False)
-        self.queue.scheduler.transaction(lambda: self.queue._learn_leases(key, (entry,), now))
+        self.queue.ctx.commit_now(lambda: self.queue.leases.learn(key, (entry,), now))
         return await self.leases()
 
     async def vias(self):

@@ -13,14 +13,14 @@ import time
 
 from workers import DurableObject
 
-from durability import Backoff, Durability, DurabilityScheduler, NonRetryableError, current_job
+from durability import Backoff, DurabilityJobs, DurabilityScheduler, NonRetryableError, current_job
 
 
 class Jobs(DurableObject):
     def __init__(self, ctx, env):
         super().__init__(ctx, env)
         self.scheduler = DurabilityScheduler(ctx)
-        self.jobs = Durability(
+        self.jobs = DurabilityJobs(
             scheduler=self.scheduler,
             handlers={"run": self._run_job},
             on_lifecycle_event=self._on_job_event,
@@ -108,7 +108,7 @@ class Jobs(DurableObject):
         }
 
     async def drop(self, version=None):
-        Durability.migrate(self.ctx, version)
+        DurabilityJobs.migrate(self.ctx, version)
         rows = self.ctx.storage.sql.exec(
             "SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name"
         ).toArray()
@@ -134,7 +134,7 @@ class Plain(DurableObject):
     def __init__(self, ctx, env):
         super().__init__(ctx, env)
         self.scheduler = DurabilityScheduler(ctx)
-        self.jobs = Durability(
+        self.jobs = DurabilityJobs(
             scheduler=self.scheduler,
             handlers={"echo": lambda payload: payload, "upper": lambda payload: str(payload).upper(),
                       "whoami": whoami},

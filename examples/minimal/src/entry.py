@@ -18,7 +18,7 @@ import zlib
 
 from workers import DurableObject, WorkerEntrypoint
 
-from durability import Backoff, Durability, DurabilityScheduler, locks
+from durability import Backoff, DurabilityJobs, DurabilityScheduler, locks
 from durability.locks import WaitTimeout, WouldBlock, semaphore
 from durability.semaphore import DurabilitySemaphore, DurabilitySemaphoreQueue
 from durability.transforms import timeout
@@ -62,7 +62,7 @@ class TaskShard(DurableObject):
     def __init__(self, ctx, env):
         super().__init__(ctx, env)
         self.scheduler = DurabilityScheduler(ctx)
-        self.tasks = Durability(
+        self.tasks = DurabilityJobs(
             self.scheduler,
             handlers={"run": lambda task: do_task(task)},  # looked up at each call
             on_lifecycle_event=self._on_task_event,

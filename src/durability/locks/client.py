@@ -203,10 +203,14 @@ class Semaphore:
         # A fresh stub per call: a stub is broken once a call on it fails.
         return self.namespace.getByName(f"{self.name}:{key}")
 
-    async def _call(self, key: str, method: str, message: dict[str, Any], timeout_ms: float | None) -> dict[str, Any]:
+    async def _call(self, key: str, method: str, message: dict[str, Any], timeout_ms: float | None) -> m.HolderReply:
+        """The holder's reply, read; a reply that is not well formed reads as a refusal."""
         call = getattr(self._stub(key), method)(message)
         reply = await (call if timeout_ms is None else asyncio.wait_for(call, timeout_ms / 1000))
-        return dict(reply)
+        try:
+            return m.HolderReply.parse(reply)
+        except m.ProtocolError as error:
+            return m.HolderReply(m.ERROR, refused=error)
 
     async def _acquire(self, key: str, options: HoldOptions) -> Permit | None:
         """A place, or None when the wait ran out; raises ``HolderRefused`` on a refused message."""
@@ -232,16 +236,15 @@ class Semaphore:
                     await asyncio.sleep(_backoff(failures - 1) / 1000)
                     continue
                 failures = 0
-                status = reply.get("status")
-                if status == m.GRANTED:
+                if reply.status == m.GRANTED and reply.token is not None:
                     # The holder counts the lease from the call's arrival, which is no
                     # earlier than ``sent``: counted from ``sent``, it ends no later.
-                    return Permit(self, key, reply["token"], sent + reply["leaseMs"], bool(reply["final"]), options)
-                if status == m.TIMEOUT:
+                    return Permit(self, key, reply.token, sent + reply.lease_ms, reply.final, options)
+                if reply.status == m.TIMEOUT:
                     return None
-                if status == m.PENDING:
+                if reply.status == m.PENDING:
                     continue
-                refused = m.refusal(reply)
+                refused = reply.refused or m.ProtocolError(m.INVALID_MESSAGE, f"{reply.status} is no answer to acquire")
                 raise HolderRefused(refused.code, str(refused))
         except asyncio.CancelledError:
             # The caller gave up: leave the line, and free a place granted meanwhile.
@@ -336,11 +339,11 @@ class Permit:
                 log.info("semaphore %s: renewal of %s failed: %r", self._semaphore.name, self.key, error)
                 self._renewal_failed, next_at = True, now_ms() + retry
                 continue
-            if reply.get("status") == m.RENEWED:
+            if reply.status == m.RENEWED:
                 self._renewal_failed, next_at = False, sent + interval
-                self.valid_until = max(self.valid_until, sent + reply["leaseMs"])
-                self._final = bool(reply["final"])
-            elif m.refusal(reply).code == m.NOT_HOLDER:
+                self.valid_until = max(self.valid_until, sent + reply.lease_ms)
+                self._final = reply.final
+            elif reply.refused is not None and reply.refused.code == m.NOT_HOLDER:
                 self._lose(REVOKED)
                 return
             else:

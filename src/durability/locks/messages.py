@@ -3,7 +3,7 @@
 Lives here: the four messages clients send (acquire, renew, release,
 cancel), written (``Acquire.to_wire``, ``token_message``,
 ``cancel_message``) and checked into typed values, the replies the holder
-returns, and reading a refusal. Must not know: storage, time, the line's
+returns, and reading them back (``HolderReply``, a refusal included). Must not know: storage, time, the line's
 rules.
 
 A message that breaks any rule below is refused whole, and changes nothing,
@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from .._checks import int_in, number_in, storable_text
+from .._checks import MAX_SAFE_INTEGER, int_in, number_in, storable_text
 from .._wire import ErrorCode, ProtocolError as ProtocolError
 from .options import MAX_DURATION_MS, MAX_LIMIT, MAX_TTL_MS, MIN_LIMIT, MIN_TTL_MS
 
@@ -121,6 +121,42 @@ def token_message(token: str) -> dict[str, Any]:
 
 def cancel_message(request_id: str) -> dict[str, Any]:
     return {"v": VERSION, "requestId": request_id}
+
+
+@dataclass(frozen=True)
+class HolderReply:
+    """A holder's reply, read: its status and the fields that status carries."""
+
+    status: str
+    token: str | None = None  #: ``granted``: the place's token
+    lease_ms: float = 0.0  #: ``granted``, ``renewed``: the lease, counted from the call's arrival
+    final: bool = False  #: ``granted``, ``renewed``: max_hold is reached with this lease: no renewal
+    refused: ProtocolError | None = None  #: any status this client does not know: the refusal it is
+
+    @classmethod
+    def parse(cls, reply: Any) -> HolderReply:
+        """Raises ``ProtocolError`` (``invalid_message``) for a granted or
+        renewed reply without the fields it must carry."""
+        reply = dict(reply) if isinstance(reply, dict) else {"message": repr(reply)}
+        status = reply.get("status")
+        if status == GRANTED:
+            return cls(GRANTED, _identifier(reply, "token"), _lease_ms(reply), _final(reply))
+        if status == RENEWED:
+            return cls(RENEWED, lease_ms=_lease_ms(reply), final=_final(reply))
+        if status in (PENDING, TIMEOUT, RELEASED, NOT_HELD, CANCELLED):
+            return cls(status)
+        return cls(ERROR, refused=refusal(reply))
+
+
+def _lease_ms(reply: dict[str, Any]) -> float:
+    return _ms(reply, "leaseMs", 0, MAX_SAFE_INTEGER)
+
+
+def _final(reply: dict[str, Any]) -> bool:
+    final = reply.get("final", False)
+    if not isinstance(final, bool):
+        raise ProtocolError(INVALID_MESSAGE, "final must be true or false")
+    return final
 
 
 def refusal(reply: dict[str, Any]) -> ProtocolError:

@@ -32,7 +32,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from .queue_store import ADMITTED, CLAIMING, RELEASED, Counts, LocalGrant, QueueStore
+from .queue_states import ADMITTED, CLAIMING, RELEASED, Counts, LocalGrant
+from .queue_store import QueueStore
 
 
 class GrantBook:
@@ -65,6 +66,14 @@ class GrantBook:
 
     def _held(self, grant_id: str) -> bool:
         return grant_id in self._terms or grant_id not in self._settled
+
+    def snapshot(self) -> tuple[dict[str, LocalGrant], dict[str, tuple[float, int]], set[str]]:
+        """What this book keeps in memory, for ``restore`` to put back (a commit that failed)."""
+        return dict(self._terms), dict(self._settled), set(self._rows)
+
+    def restore(self, snapshot: tuple[dict[str, LocalGrant], dict[str, tuple[float, int]], set[str]]) -> None:
+        terms, settled, rows = snapshot
+        self._terms, self._settled, self._rows = dict(terms), dict(settled), set(rows)
 
     def keep(self, grant: LocalGrant) -> None:
         """Keep a grant's terms and claims (its confirmed and released counts are its items')."""

@@ -1,16 +1,16 @@
 """DurabilitySemaphore: the holder of one shared concurrency budget, inside its Durable Object.
 
 Lives here: the runtime side of the holder: requests waiting for a round
-and the round timer (in memory), resolving the user's limit callbacks once
-per round (for the groups in demand and those holding leases), committing
-each round in one transaction before anyone hears back (none for a round
-with nothing to write), the wait of a new instance restarted while busy
-before its first round, the reclaim timer on the scheduler, each request
-held for a later round with whether it still counts as a heartbeat,
-``usage()`` and ``migrate()``. It hands its
-replies to ``messages`` as typed values.
-Must not know: how a round decides (``allocation``) or how messages look on
-the wire (``messages``); how clients reach it (``client``).
+and the round timer (in memory), the user's limit callbacks resolved once
+per round (``holder_limits``) for the groups in demand and those holding
+leases, committing each round in one transaction before anyone hears back
+(none for a round with nothing to write), the wait of a new instance
+restarted while busy before its first round, the reclaim timer on the
+scheduler, each request held for a later round with whether it still
+counts as a heartbeat, ``usage()`` and ``migrate()``. It hands its
+replies to ``messages`` as typed values. Must not know: how a round
+decides (``allocation``), how messages look on the wire (``messages``),
+or how clients reach it (``client``).
 """
 
 from __future__ import annotations
@@ -20,9 +20,9 @@ import logging
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, Literal, overload
+from typing import TYPE_CHECKING, Any
 
-from .._checks import is_int, is_number
+from .._checks import is_number
 from .._clock import now_ms, sleep_until
 from .._schema import public_migrate
 from ..scheduler import DurabilityScheduler, Timer
@@ -46,6 +46,7 @@ from .allocation import (
     run_round,
     usage,
 )
+from .holder_limits import UserLimits
 from .leases import Lease, LeaseIds, LeasePolicy, lease_usage, needs_row, retire_expired, retire_ineligible
 from .messages import (
     MAX_REPORTS,
@@ -72,12 +73,6 @@ PARTICIPANT = "durability.semaphore"
 WAITING_HEARD_MS = 60_000
 RECLAIM = "reclaim"
 LEASE_ID_BLOCK = 64  #: lease ids reserved per write of the issued count
-
-
-def _non_negative_int(value: Any, what: str) -> int:
-    if not is_int(value) or value < 0:
-        raise TypeError(f"{what} must resolve to a non-negative int, not {value!r}")
-    return value
 
 
 def _positive_ms(value: Any, what: str) -> float:
@@ -138,12 +133,8 @@ class DurabilitySemaphore:
                  round_wait_ms: float = 1_000, round_period_ms: float = 2_000,
                  grant_timeout_ms: float = 10_000, leases: dict[str, Any] | None = None,
                  rejoin_wait_ms: float = 1_000) -> None:
-        if not callable(limit):
-            _non_negative_int(limit, "limit")
+        self.limits = UserLimits(limit, group_limit, can_grant)
         self.scheduler = scheduler
-        self.limit = limit
-        self.group_limit = group_limit
-        self.can_grant = can_grant
         self.round_wait_ms = _positive_ms(round_wait_ms, "round_wait_ms")
         self.round_period_ms = _positive_ms(round_period_ms, "round_period_ms")
         self.grant_timeout_ms = _positive_ms(grant_timeout_ms, "grant_timeout_ms")
@@ -424,58 +415,12 @@ class DurabilitySemaphore:
         for client_id in [c for c, (at, _) in self._blocked.items() if at < now - WAITING_HEARD_MS]:
             del self._blocked[client_id]
 
-    def _waiting_by_reason(self) -> tuple[WaitingUsage, ...]:
-        """Demand left waiting, by group and reason, as clients last told it."""
-        totals: dict[tuple[str, str], list[int]] = {}
-        since = now_ms() - WAITING_HEARD_MS
-        for at, blocked in self._blocked.values():
-            if at < since:
-                continue  # a client not heard of for this long has stopped asking
-            for group, (reason, count) in blocked.items():
-                total = totals.setdefault((group, reason), [0, 0])
-                total[0] += count
-                total[1] += 1
-        return tuple(WaitingUsage(group, str(reason), count, clients)
-                     for (group, reason), (count, clients) in sorted(totals.items()))
-
     def _resolve_limits(self, requests: list[Request]) -> Limits:
         """The user's callbacks, once per round: for every group in demand, and
         for every live lease, whose eligibility the round checks again."""
-        total = self._resolve(self.limit) if callable(self.limit) else self.limit
-        groups: dict[str, int | None | ResolutionFailed] = {}
-        permitted: dict[tuple[str, str], bool] = {}
         wanted = [(r.client_id, d.group) for r in requests for d in r.demand]
         wanted += [(lease.client_id, lease.group) for lease in self._leases().values() if not lease.retired]
-        for client_id, group in wanted:
-            if self.group_limit is not None and group not in groups:
-                groups[group] = self._resolve(self.group_limit, group, optional=True)
-            key = (client_id, group)
-            if self.can_grant is not None and key not in permitted:
-                try:
-                    permitted[key] = bool(self.can_grant(*key))
-                except Exception:
-                    log.exception("can_grant raised for %s; refusing", key)
-                    permitted[key] = False
-        return Limits(total, groups, permitted)
-
-    @overload
-    @staticmethod
-    def _resolve(fn: Callable[..., Any], *args: Any, optional: Literal[False] = False) -> int | ResolutionFailed: ...
-
-    @overload
-    @staticmethod
-    def _resolve(fn: Callable[..., Any], *args: Any, optional: bool) -> int | None | ResolutionFailed: ...
-
-    @staticmethod
-    def _resolve(fn: Callable[..., Any], *args: Any, optional: bool = False) -> int | None | ResolutionFailed:
-        try:
-            value = fn(*args)
-            if optional and value is None:
-                return None
-            return _non_negative_int(value, "a limit")
-        except Exception as error:
-            log.warning("limit callback failed for %s: %r", args or "the limit", error)
-            return ResolutionFailed(error)
+        return self.limits.for_round(wanted)
 
     @staticmethod
     def _new_grant_id() -> str:
@@ -510,7 +455,7 @@ class DurabilitySemaphore:
         leases = [lease for lease in self._leases().values() if not lease.settled]
         granted, groups = usage(grants)
         leased, leased_groups = lease_usage(leases)
-        limit = self._resolve(self.limit) if callable(self.limit) else self.limit
+        limit = self.limits.total()
         in_use: dict[str, int] = {}
         for grant in grants:
             in_use[grant.group] = in_use.get(grant.group, 0) + grant.claimed - grant.released
@@ -519,7 +464,7 @@ class DurabilitySemaphore:
         per_group = {}
         for group in sorted(set(groups) | set(leased_groups)):
             outstanding = groups.get(group, 0) + leased_groups.get(group, 0)
-            ceiling = self._resolve(self.group_limit, group, optional=True) if self.group_limit else None
+            ceiling = self.limits.ceiling(group)
             per_group[group] = GroupUsage(outstanding, in_use[group], outstanding - in_use[group],
                                           leased_groups.get(group, 0),
                                           None if isinstance(ceiling, ResolutionFailed) else ceiling)
@@ -535,7 +480,7 @@ class DurabilitySemaphore:
             grants=len(grants),
             leases=len(leases),
             groups=per_group,
-            waiting=self._waiting_by_reason(),
+            waiting=_waiting_by_reason(self._blocked, now_ms()),
         )
 
 
@@ -564,3 +509,18 @@ def _grants_reply(outcome: ClientOutcome, next_request_at: float, contended: boo
         all_leases_listed=True,
         line=line or {},
     )
+
+def _waiting_by_reason(blocked: dict[str, tuple[float, dict[str, tuple[str, int]]]],
+                       now: float) -> tuple[WaitingUsage, ...]:
+    """Demand left waiting, by group and reason, as clients last told it."""
+    totals: dict[tuple[str, str], list[int]] = {}
+    since = now - WAITING_HEARD_MS
+    for at, by_group in blocked.values():
+        if at < since:
+            continue  # a client not heard of for this long has stopped asking
+        for group, (reason, count) in by_group.items():
+            total = totals.setdefault((group, reason), [0, 0])
+            total[0] += count
+            total[1] += 1
+    return tuple(WaitingUsage(group, str(reason), count, clients)
+                 for (group, reason), (count, clients) in sorted(totals.items()))

@@ -36,10 +36,9 @@ were made). What a crash loses is recovered without a lease row:
   knows at once. (A lease settled here whose items are still kept is so
   rebuilt and reported once more: the holder answers it settled.)
 
-The terms kept here are not undone by a transaction that rolls back (nor
-are a grant book's): a lease learned in one keeps being drawn from here,
-though its key's row may not have been written; a storage failure
-mid-transaction is the only way there.
+The terms kept here are memory, changed inside the queue's transactions:
+the queue takes a ``snapshot`` before each commit and ``restore``s it if
+the commit fails, so memory never holds what storage does not.
 
 Before, a lease had a row (written when learned, deleted once settled: two
 rows per lease, about two per admitted job under contention). Rows older
@@ -51,7 +50,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from .queue_store import ADMITTED, RELEASED, Counts, LocalLease, QueueStore
+from .queue_states import ADMITTED, RELEASED, Counts, LocalLease
+from .queue_store import QueueStore
 
 #: The ttl taken for a lease known only from its items (its terms were lost
 #: with an instance): it only spaces the reports of a stopped lease.
@@ -90,6 +90,14 @@ class LeaseBook:
         if lease_id not in self._terms and counts is None:
             return None
         return self._joined(lease_id, counts)
+
+    def snapshot(self) -> tuple[dict[str, LocalLease], dict[str, float], set[str]]:
+        """What this book keeps in memory, for ``restore`` to put back (a commit that failed)."""
+        return dict(self._terms), dict(self._settled), set(self._rows)
+
+    def restore(self, snapshot: tuple[dict[str, LocalLease], dict[str, float], set[str]]) -> None:
+        terms, settled, rows = snapshot
+        self._terms, self._settled, self._rows = dict(terms), dict(settled), set(rows)
 
     def keep(self, lease: LocalLease) -> None:
         """Keep a lease's terms (its drawn and released counts are its items')."""

@@ -4,9 +4,11 @@ Lives here: the camelCase messages clients send (``request``, ``sync``) and
 the replies the holder sends (``grants``, ``synced``, the refusal of
 ``durability._wire``), each as a typed class with ``to_wire`` (the dict the
 wire carries) and ``parse`` (the dict checked completely into the class);
-the bounds and the vocabularies (report statuses, blocked reasons); and the
-``usage`` reply. Every field name of the protocol is spelled here and
-nowhere else. Must not know: storage, time, allocation, how a message
+the bounds and the vocabularies (report statuses, blocked reasons); the
+``usage`` reply; the pacing and the line a grants reply carries
+(``pacing_in``, ``Reply.line``); and the bodies older queues put in their
+outbox (``queued_grant_report``, ``queued_lease_id``). Every field name of
+the protocol is spelled here and nowhere else. Must not know: storage, time, allocation, how a message
 travels.
 
 Every bound below is part of the protocol: a message beyond one is refused

@@ -1,14 +1,15 @@
-"""The queue's decisions, pure: what an item's state may become, and what a holder's answer means for a grant.
+"""The queue's decisions about grants, pacing, the line and retries, pure.
 
-Lives here: the item life cycle as a transition table (``move``), the
-settlement of a grant's claims and releases by one report outcome
-(``settle``), which grant reports the holder may not have heard
+Lives here: the settlement of a grant's claims and releases by one report
+outcome (``settle``), which grant reports the holder may not have heard
 (``report_due``), the pacing interval kept in SQL (``pacing_interval``),
-whether a served key may leave its holder's line until its next release
+a key's waiting demand per group (``Wanted``, ``oldest_of``), whether a
+served key may leave its holder's line until its next release
 (``may_leave_line``), and whether a failed request is made again at once
-or under the backoff (``ask_again_at_once``). Must not know: storage,
-timers, RPC or the clock; ``queue.py`` reads the rows, calls these, and
-writes what they return.
+or under the backoff (``ask_again_at_once``). The item life cycle is
+``queue_states``; the lease rules are ``queue_lease_rules``. Must not
+know: storage, timers, RPC or the clock; it imports only ``messages``,
+``queue_states`` and the standard library (tests/test_pure_modules.py).
 """
 
 from __future__ import annotations
@@ -17,26 +18,7 @@ import math
 from dataclasses import dataclass, replace
 
 from .messages import NOT_FOUND, OK, ReportOutcome
-from .queue_store import ADMITTED, CANCELLED, CLAIMING, QUEUED, RELEASED, LocalGrant
-
-#: state -> the states an item may move to from it.
-TRANSITIONS: dict[str, frozenset[str]] = {
-    # A claim writes no item (it holds the oldest queued ones, see
-    # queue_store): the holder's confirmation admits them, as a lease draw does.
-    QUEUED: frozenset({ADMITTED, CANCELLED}),
-    # Items versions before 4 wrote as claiming: the holder confirmed, or refused.
-    CLAIMING: frozenset({ADMITTED, QUEUED}),
-    ADMITTED: frozenset({RELEASED}),
-    RELEASED: frozenset(),
-    CANCELLED: frozenset(),
-}
-
-
-def move(state: str, to: str) -> str:
-    """The new state, if the life cycle allows it; else ValueError (nothing is written)."""
-    if to not in TRANSITIONS.get(state, frozenset()):
-        raise ValueError(f"an item cannot go from {state} to {to}")
-    return to
+from .queue_states import LocalGrant
 
 
 @dataclass(frozen=True)
@@ -82,6 +64,14 @@ def pacing_interval(ms: float) -> float:
     it is written once per key rather than on every reply (replies arrive a
     few ms apart from the holder's clock) and a new instance never asks early."""
     return max(0.0, math.ceil(ms / 1000) * 1000)
+
+
+Wanted = list[tuple[str, int, float]]  #: (group, count, oldest) waiting for permits, oldest group first
+
+
+def oldest_of(demand: Wanted) -> dict[str, float]:
+    """Per group, the enqueue time of the oldest item of ``demand``."""
+    return {group: oldest for group, _, oldest in demand}
 
 
 def may_leave_line(line: dict[str, float], left: dict[str, float]) -> bool:

@@ -1,6 +1,8 @@
 """The queue's storage: items, the keys' pacing rows, and every query on them.
 
-Lives here: the schema and SQL of ``DurabilitySemaphoreQueue``. Must not
+Lives here: the schema and SQL of ``DurabilitySemaphoreQueue``, and the one
+writer of item states (``move_item``, which refuses any move
+``queue_states.TRANSITIONS`` does not allow, a delete included). Must not
 know: the protocol with the holder, timers, or when anything happens.
 
 Items are a WITHOUT ROWID table keyed by id with no secondary index: each
@@ -40,12 +42,24 @@ from __future__ import annotations
 
 import json
 from collections.abc import Set as AbstractSet
-from dataclasses import dataclass
-from enum import StrEnum
-from typing import Any, NamedTuple
+from typing import Any
 
 from .._schema import migrate
 from .._sql import GrowingCounter, Sql
+from .queue_states import (
+    ADMITTED,
+    CLAIMING,
+    DONE,
+    GONE,
+    QUEUED,
+    RELEASED,
+    Counts,
+    Item,
+    LocalGrant,
+    LocalLease,
+    Via,
+    move,
+)
 
 COMPONENT = "semaphore-queue"
 ITEMS = "durability_queue_items"
@@ -112,96 +126,6 @@ _SCHEMA = {
     5: [f"ALTER TABLE {ITEMS} ADD COLUMN draw INTEGER"],
 }
 
-class ItemState(StrEnum):
-    """An item's state (the life cycle is queue_core.TRANSITIONS)."""
-
-    QUEUED = "queued"
-    CLAIMING = "claiming"
-    ADMITTED = "admitted"
-    RELEASED = "released"
-    CANCELLED = "cancelled"
-
-
-class Via(StrEnum):
-    """How an item was admitted."""
-
-    GRANT = "grant"  #: on a claim the holder confirmed
-    LEASE = "lease"  #: drawn from a lease, with no round trip
-
-
-QUEUED, CLAIMING, ADMITTED, RELEASED, CANCELLED = ItemState
-DONE = (RELEASED, CANCELLED)
-
-
-@dataclass(frozen=True)
-class Item:
-    id: str
-    key: str
-    group: str
-    body: Any
-    seq: int
-    enqueued_at: float
-    state: str
-    grant_id: str | None
-    via: str | None
-    admitted_at: float | None
-    draw: int | None = None  #: drawn from a lease: the draw's number in it (schema version 5 on)
-
-
-@dataclass(frozen=True)
-class LocalGrant:
-    grant_id: str
-    key: str
-    group: str
-    permits: int  #: as the holder last said
-    claimed: int  #: claims made here (cumulative): its items claiming, admitted or released
-    confirmed: int  #: claims the holder confirmed: its items admitted or released
-    released: int  #: releases made here (cumulative): its items released
-    claim_deadline: float
-    claiming_rows: int = 0  #: items written as claiming (versions before 4)
-    #: claims confirmed with no queued item left to admit: released at once
-    #: (counted in ``confirmed`` and ``released``)
-    extra: int = 0
-
-    @property
-    def pending(self) -> int:
-        """Claims the holder has not answered that hold queued items (not claiming rows)."""
-        return self.claimed - self.confirmed - self.claiming_rows
-
-    @property
-    def unclaimed(self) -> int:
-        return self.permits - self.claimed
-
-
-@dataclass(frozen=True)
-class LocalLease:
-    lease_id: str
-    key: str
-    group: str
-    permits: int  #: as issued
-    drawn: int  #: permits drawn here (cumulative); a drawn permit is never drawn again
-    released: int  #: drawn permits given back (cumulative)
-    stopped: bool  #: no more draws: retired by the holder, or returned by this queue
-    ttl_ms: float
-    renew_at: float  #: when to report it again (half its lifetime after the last answer)
-    settled_at: float | None  #: settled, in a row an older version kept (a settled lease's row now goes at once)
-
-    @property
-    def undrawn(self) -> int:
-        return 0 if self.stopped or self.settled_at is not None else self.permits - self.drawn
-
-    @property
-    def in_use(self) -> int:
-        return self.drawn - self.released
-
-
-class Counts(NamedTuple):
-    """The items admitted on one grant or drawn on one lease, counted."""
-
-    key: str
-    group: str
-    by_state: dict[str, int]  #: item state -> count
-    last_draw: int = 0  #: a lease's: the highest draw number of its items
 _LEASE_COLUMNS = "lease_id, key, grp, permits, drawn, released, stopped, ttl_ms, renew_at, settled_at"
 _ITEM_COLUMNS = "id, key, grp, body, seq, enqueued_at, state, grant_id, via, admitted_at, draw"
 _GRANT_COLUMNS = "grant_id, key, grp, permits, claimed, confirmed, released, claim_deadline"
@@ -327,17 +251,19 @@ class QueueStore:
         )
         return [_item(r) for r in rows]
 
-    def set_state(self, item_id: str, state: str, grant_id: str | None = None, via: str | None = None,
+    def move_item(self, item: Item, to: str, grant_id: str | None = None, via: str | None = None,
                   done_at: float | None = None, draw: int | None = None) -> None:
+        """Write ``item``'s next state (``GONE`` deletes its row), as the life
+        cycle allows; else ValueError, and nothing is written."""
+        move(item.state, to)
         self._changes += 1
+        if to == GONE:
+            self.sql.exec(f"DELETE FROM {ITEMS} WHERE id = ?", item.id)
+            return
         self.sql.exec(
             f"UPDATE {ITEMS} SET state = ?, grant_id = ?, via = ?, done_at = ?, draw = ? WHERE id = ?",
-            state, grant_id, via, done_at, draw, item_id,
+            to, grant_id, via, done_at, draw, item.id,
         )
-
-    def delete(self, item_id: str) -> None:
-        self._changes += 1
-        self.sql.exec(f"DELETE FROM {ITEMS} WHERE id = ?", item_id)
 
     # -- done items: kept a while, then deleted ----------------------------------
     def oldest_done(self) -> float | None:
@@ -358,11 +284,12 @@ class QueueStore:
         once it is settled), and those of ``held_keys``. True if more are due."""
         live = set(held) | {row["lease_id"] for row in self.sql.exec(f"SELECT lease_id FROM {LEASES}")}
         rows = self.sql.exec(
-            f"SELECT id, key, grant_id FROM {ITEMS} WHERE state IN (?, ?) AND done_at <= ?", *DONE, before)
-        due = [row["id"] for row in rows if row["grant_id"] not in live and row["key"] not in held_keys]
+            f"SELECT id, key, grant_id, state FROM {ITEMS} WHERE state IN (?, ?) AND done_at <= ?", *DONE, before)
+        due = [row for row in rows if row["grant_id"] not in live and row["key"] not in held_keys]
         self._changes += 1
-        for item_id in due[:limit]:
-            self.sql.exec(f"DELETE FROM {ITEMS} WHERE id = ?", item_id)
+        for row in due[:limit]:
+            move(row["state"], GONE)  # (a done item may go: the table says so)
+            self.sql.exec(f"DELETE FROM {ITEMS} WHERE id = ?", row["id"])
         return len(due) > limit
 
     def admitted(self) -> list[Item]:
