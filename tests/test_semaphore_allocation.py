@@ -25,12 +25,12 @@ from durability.semaphore.allocation import (
     ResolutionFailed,
     Working,
     apply_reports,
-    line_ahead,
     merged,
     reclaim,
     run_round,
     usage,
 )
+from durability.semaphore.holder_line import Line, permits_at_once
 from durability.semaphore.leases import SETTLED_MEMORY_MS, Lease, LeaseIds, LeasePolicy
 from durability.semaphore.messages import (
     EXPIRED,
@@ -726,6 +726,10 @@ def held(client_id, *demand):
     return Request(client_id, tuple(Demand(group, 1, at) for group, at in demand), ())
 
 
+def line_ahead(client_id, held_requests, limits_, policy=None, groups=("g0", "g1")):
+    return Line.of(held_requests, limits_, policy).ahead_of(client_id, groups)
+
+
 def test_the_line_mark_is_the_kth_oldest_other_request_held_k_the_permits_a_group_may_use():
     line = [held("c1", ("g0", 30.0)), held("c2", ("g0", 10.0), ("g1", 5.0)), held("c3", ("g0", 20.0)),
             held("c0", ("g0", 1.0), ("g1", 1.0))]
@@ -736,6 +740,8 @@ def test_the_line_mark_is_the_kth_oldest_other_request_held_k_the_permits_a_grou
     assert line_ahead("c0", line, limits(4)) == {}
     assert line_ahead("c0", line, limits(ResolutionFailed(RuntimeError("x")))) == {}
     assert line_ahead("c0", line, limits(1, {"g0": ResolutionFailed(RuntimeError("x")), "g1": 0})) == {}
+    # Only the groups the served client asked for are marked.
+    assert line_ahead("c0", line, limits(1), groups=("g1",)) == {"g1": 5.0}
     # A client is ahead once however often its request was delivered, and not
     # at all where it may not be granted.
     twice = [held("c1", ("g0", 10.0)), held("c1", ("g0", 10.0)), held("c2", ("g0", 20.0))]
@@ -744,3 +750,19 @@ def test_the_line_mark_is_the_kth_oldest_other_request_held_k_the_permits_a_grou
     # Over its limit by an extra for leases, a group turns over its ceiling's worth per job length.
     over = LeasePolicy.from_options({"provisioning": {"mode": "over", "extra": {"count": 2}}})
     assert line_ahead("c0", line, limits(1), over) == {"g0": 30.0}
+
+
+@given(st.lists(st.tuples(st.sampled_from(["c0", "c1", "c2", "c3", "c4"]), st.sampled_from(["g0", "g1", "g2"]),
+                          st.sampled_from([1.0, 2.0, 3.0, 5.0, 8.0])), max_size=14),
+       st.integers(0, 5), st.sampled_from(["c0", "c1", "c9"]))
+def test_the_line_mark_read_per_client_is_the_kth_oldest_of_the_others_recomputed_for_it(entries, total, served):
+    requests = [held(client, (group, at)) for client, group, at in entries]
+    marks = Line.of(requests, limits(total))
+    for group in ("g0", "g1", "g2"):
+        others: dict[str, float] = {}
+        for client, g, at in entries:
+            if g == group and client != served:
+                others[client] = min(at, others.get(client, at))
+        k = permits_at_once(group, limits(total), None)
+        expected = sorted(others.values())[k - 1] if 0 < k <= len(others) else None
+        assert marks.ahead_of(served, [group]).get(group) == expected

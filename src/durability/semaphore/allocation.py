@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, NamedTuple
 
 from .leases import (
     SETTLED_MEMORY_MS,
@@ -97,6 +97,12 @@ class Grant:
     @property
     def forget_at(self) -> float:
         return self.claim_deadline + SETTLED_MEMORY_MS
+
+    def counted(self, claimed: int, released: int) -> Grant:
+        """This grant with new counts: ``dataclasses.replace`` does the same,
+        at three times the cost, and a round makes one per report."""
+        return Grant(self.grant_id, self.client_id, self.group, self.permits, claimed, released,
+                     self.claim_deadline, self.reclaimed)
 
 
 @dataclass
@@ -208,8 +214,8 @@ def apply_report(working: Working, report: Report) -> ReportOutcome:
         return ReportOutcome(report.grant_id, NOT_FOUND, 0, 0, 0)
     claimed = max(grant.claimed, min(report.claimed, grant.permits))
     released = max(grant.released, min(report.released, claimed))
-    if (claimed, released) != (grant.claimed, grant.released):
-        working.put(replace(grant, claimed=claimed, released=released))
+    if claimed != grant.claimed or released != grant.released:
+        working.put(grant.counted(claimed, released))
     status = EXPIRED if grant.reclaimed and report.claimed > claimed else OK
     return ReportOutcome(report.grant_id, status, claimed, released, grant.permits)
 
@@ -302,24 +308,41 @@ class ClientOutcome:
     listed_leases: list[Lease] = field(default_factory=list)
 
 
-def held_grants(working: Working, client_id: str) -> list[Grant]:
-    """The client's grants fully claimed and not all released, newest first (at
-    most ``MAX_REPORTS``). Listing them costs the holder no row; a client that
-    knows them ignores them (they are never news), and one that lost its
-    record of a confirmed claim admits on it or gives it back."""
-    held = [g for g in working.grants() if g.client_id == client_id and g.unclaimed == 0 and not g.settled]
+def held_of(grants: Iterable[Grant]) -> list[Grant]:
+    """Of one client's grants, those fully claimed and not all released,
+    newest first (at most ``MAX_REPORTS``). Listing them costs the holder no
+    row; a client that knows them ignores them (they are never news), and
+    one that lost its record of a confirmed claim admits on it or gives it
+    back."""
+    held = [g for g in grants if g.unclaimed == 0 and not g.settled]
     held.sort(key=lambda g: (-g.claim_deadline, g.grant_id))
     return held[:MAX_REPORTS]
 
 
-def unheard_grants(working: Working, request: Request) -> list[Grant]:
-    """The requesting client's claimed grants made after the last it says it
-    heard of (a reply lost, or an instance gone since): the reply lists them,
-    and they serve its demand already. Only a client that takes what it is
-    granted says what it heard."""
+def held_grants(working: Working, client_id: str) -> list[Grant]:
+    """``held_of`` one client's grants, for a message that concerns it alone."""
+    return held_of(g for g in working.grants() if g.client_id == client_id)
+
+
+def held_by_client(working: Working, clients: Iterable[str]) -> dict[str, list[Grant]]:
+    """``held_of`` for each of ``clients``, in one pass over the book: a round
+    lists them for every client it serves, and a pass per client would make
+    the round quadratic in its clients."""
+    mine: dict[str, list[Grant]] = {client_id: [] for client_id in clients}
+    for grant in working.grants():
+        if grant.client_id in mine:
+            mine[grant.client_id].append(grant)
+    return {client_id: held_of(grants) for client_id, grants in mine.items()}
+
+
+def unheard_grants(request: Request, held: list[Grant]) -> list[Grant]:
+    """Of the requesting client's held grants (``held_of``), those made after
+    the last it says it heard of (a reply lost, or an instance gone since):
+    the reply lists them, and they serve its demand already. Only a client
+    that takes what it is granted says what it heard."""
     if not request.claims:
         return []
-    return [g for g in held_grants(working, request.client_id) if g.claim_deadline > request.heard_up_to]
+    return [g for g in held if g.claim_deadline > request.heard_up_to]
 
 
 def news_for(request: Request, outcome: ClientOutcome) -> bool:
@@ -413,9 +436,10 @@ class RoundState:
         return ceiling - self.granted_groups.get(group, 0) - self.leased_groups.get(group, 0)
 
 
-@dataclass(frozen=True)
-class Wanted:
-    """One client's demand in one group, net of what it holds there already."""
+class Wanted(NamedTuple):
+    """One client's demand in one group, net of what it holds there already
+    (a tuple: a round makes one per demand, and a frozen dataclass costs
+    several times more to make)."""
 
     client_id: str
     group: str
@@ -466,7 +490,9 @@ def apply_request_reports(state: RoundState, terms: RoundTerms, requests: list[R
         except ProtocolError as error:
             state.errors[index] = error
             continue
-        outcome = state.outcomes.setdefault(request.client_id, ClientOutcome())
+        outcome = state.outcomes.get(request.client_id)
+        if outcome is None:
+            outcome = state.outcomes[request.client_id] = ClientOutcome()
         outcome.reports.extend(reported)
         outcome.lease_reports.extend(lease_reported)
         state.latest[request.client_id] = request
@@ -491,8 +517,10 @@ def held_for_demand(state: RoundState) -> dict[tuple[str, str], int]:
     held: dict[tuple[str, str], int] = {}
     for grant in state.working.grants():
         _add(held, (grant.client_id, grant.group), grant.unclaimed)
-    for client_id, request in state.latest.items():
-        for grant in unheard_grants(state.working, request):
+    claiming = {client_id: request for client_id, request in state.latest.items() if request.claims}
+    held_now = held_by_client(state.working, claiming)
+    for client_id, request in claiming.items():
+        for grant in unheard_grants(request, held_now[client_id]):
             _add(held, (client_id, grant.group), grant.claimed - grant.released)
     return held
 
@@ -587,7 +615,7 @@ def serve_leases(state: RoundState, terms: RoundTerms, candidates: list[Wanted])
         new_leases = state.outcomes[wanted.client_id].new_leases
         covered = sum(lease.permits for lease in new_leases if lease.group == wanted.group)
         if wanted.want > covered:
-            issue_grant(state, terms, replace(wanted, want=wanted.want - covered))
+            issue_grant(state, terms, wanted._replace(want=wanted.want - covered))
 
 
 def issue_lease(state: RoundState, terms: RoundTerms, wanted: Wanted, size: int) -> None:
@@ -616,8 +644,8 @@ def list_for_replies(state: RoundState) -> None:
         outcome = outcomes.get(grant.client_id)
         if outcome is not None and grant.unclaimed > 0:
             outcome.open_grants.append(grant)
-    for client_id, outcome in outcomes.items():
-        outcome.held_grants = held_grants(working, client_id)
+    for client_id, held in held_by_client(working, outcomes).items():
+        outcomes[client_id].held_grants = held
     for lease in sorted(working.leases(), key=lambda lease: lease.drawn > 0):  # undrawn ones first
         outcome = outcomes.get(lease.client_id)
         if outcome is not None and not lease.settled and len(outcome.listed_leases) < MAX_REPORTS:
@@ -632,44 +660,3 @@ def result_of(state: RoundState, terms: RoundTerms) -> RoundResult:
     contended = any(reason in (LIMIT, GROUP_LIMIT)
                     for outcome in state.outcomes.values() for reason, _ in outcome.blocked.values())
     return RoundResult(changes, state.outcomes, state.errors, contended)
-
-
-def line_ahead(client_id: str, held: Iterable[Request], limits: Limits,
-               policy: LeasePolicy | None = None) -> dict[str, float]:
-    """Per group, how far back the line stands behind a served client: the
-    oldest-item time of the k-th oldest of the other clients waiting in the
-    group with a request held over, where k is the permits the group may use
-    at once (the ceiling the lease policy sets, or the group's own limit if
-    lower); groups with fewer than k such clients are left out. A client is
-    counted once per group, and only where it may be granted (``can_grant``
-    did not refuse it): work that cannot be served is ahead of no one.
-
-    A client whose next item is no older than that has at least k items of
-    others ahead of it: about one job's length of releases (every permit
-    turning over once) before its turn. It may wait for its own next release
-    to ask again, instead of holding a request the whole time
-    (``queue_core.may_leave_line``).
-    """
-    oldest: dict[tuple[str, str], float] = {}  # (group, client) -> its oldest waiting item
-    for request in held:
-        for demand in request.demand:
-            waiter = (demand.group, request.client_id)
-            if request.client_id != client_id and limits.permitted.get((request.client_id, demand.group), True):
-                oldest[waiter] = min(demand.oldest_at, oldest.get(waiter, demand.oldest_at))
-    times: dict[str, list[float]] = {}
-    for (group, _), at in oldest.items():
-        times.setdefault(group, []).append(at)
-    line = {}
-    for group, ages in times.items():
-        k = _permits_at_once(group, limits, policy)
-        if 0 < k <= len(ages):
-            line[group] = sorted(ages)[k - 1]
-    return line
-
-
-def _permits_at_once(group: str, limits: Limits, policy: LeasePolicy | None) -> int:
-    budgets = budgets_for(policy, limits.total)
-    own = limits.groups.get(group)
-    if budgets is None or isinstance(own, ResolutionFailed):
-        return 0
-    return budgets.ceiling if own is None else min(budgets.ceiling, own)

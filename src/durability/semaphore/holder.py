@@ -37,7 +37,6 @@ from .allocation import (
     apply_all_reports,
     apply_reports,
     held_grants,
-    line_ahead,
     merged,
     merged_leases,
     news_for,
@@ -47,6 +46,7 @@ from .allocation import (
     usage,
 )
 from .holder_limits import UserLimits
+from .holder_line import Line
 from .leases import Lease, LeaseIds, LeasePolicy, lease_usage, needs_row, retire_expired, retire_ineligible
 from .messages import (
     MAX_REPORTS,
@@ -365,44 +365,26 @@ class DurabilitySemaphore:
         self._commit(result.changes)
         self._contended = result.contended
         self._note_blocked(now, result.outcomes)
-        next_request_at = now + self.round_period_ms
-        # Only a client's latest request may be held over: an older one may be
-        # from an instance that is gone, and held, it would be served later
-        # with permits claimed for nobody. (A copy of the latest, the same
-        # message delivered twice, waits with it: one of them is answered to
-        # the client.)
-        latest = {waiting.request.client_id: waiting.request for waiting in batch}
-        held: list[_Waiting] = []
-        answered: list[tuple[_Waiting, ClientOutcome]] = []
-        for index, waiting in enumerate(batch):
-            request = waiting.request
-            if waiting.reply.done():
-                continue  # its caller is gone
-            if index in result.errors:
-                waiting.reply.set_result(result.errors[index].reply())
-                continue
-            outcome = result.outcomes[request.client_id]
-            superseded = latest[request.client_id] != request
-            if (not superseded and not news_for(request, outcome) and outcome.blocked
-                    and waiting.hold_until > next_request_at):
-                # Nothing new to tell: keep the request for the next round
-                # instead of having the client ask again (a long poll).
-                # Its reports were heard once: a lease must not stay alive
-                # on a request whose client may be gone since.
-                held.append(replace(waiting, heartbeat=False))
-            else:
-                answered.append((waiting, outcome))
+        held, answered = _hold_or_answer(batch, result, now + self.round_period_ms)
+        self._answer(answered, held, result.contended, limits, now)
+        self._waiting = held + self._waiting
+
+    def _answer(self, answered: list[tuple[_Waiting, ClientOutcome]], held: list[_Waiting], contended: bool,
+                limits: Limits, now: float) -> None:
         ttl_ms = self.lease_policy.ttl_ms if self.lease_policy is not None else 0
+        line: Line | None = None
         for waiting, outcome in answered:
             # A client handed permits may ask again at once: its request is
             # held for the next round anyway, and is then present in it,
             # instead of arriving just after it and waiting a period more.
             served = bool(outcome.new_grants or outcome.new_leases)
-            line = line_ahead(waiting.request.client_id, (h.request for h in held), limits,
-                              self.lease_policy) if served else {}
-            ask_at = now if served else next_request_at
-            waiting.reply.set_result(_grants_reply(outcome, ask_at, result.contended, ttl_ms, line).to_wire())
-        self._waiting = held + self._waiting
+            ahead: dict[str, float] = {}
+            if served:
+                if line is None:  # once per round: the held requests are the same for every reply
+                    line = Line.of((h.request for h in held), limits, self.lease_policy)
+                ahead = line.ahead_of(waiting.request.client_id, (d.group for d in waiting.request.demand))
+            ask_at = now if served else now + self.round_period_ms
+            waiting.reply.set_result(_grants_reply(outcome, ask_at, contended, ttl_ms, ahead).to_wire())
 
     def _note_blocked(self, now: float, outcomes: dict[str, ClientOutcome]) -> None:
         """What each client of the round still waits for, for ``usage()``. Kept
@@ -524,3 +506,36 @@ def _waiting_by_reason(blocked: dict[str, tuple[float, dict[str, tuple[str, int]
             total[1] += 1
     return tuple(WaitingUsage(group, str(reason), count, clients)
                  for (group, reason), (count, clients) in sorted(totals.items()))
+
+
+def _hold_or_answer(batch: list[_Waiting], result: RoundResult, next_request_at: float,
+                    ) -> tuple[list[_Waiting], list[tuple[_Waiting, ClientOutcome]]]:
+    """The requests held over for the next round (a long poll), and those
+    answered now with their outcome; refused and abandoned ones are done here."""
+    # Only a client's latest request may be held over: an older one may be
+    # from an instance that is gone, and held, it would be served later
+    # with permits claimed for nobody. (A copy of the latest, the same
+    # message delivered twice, waits with it: one of them is answered to
+    # the client.)
+    latest = {waiting.request.client_id: waiting.request for waiting in batch}
+    held: list[_Waiting] = []
+    answered: list[tuple[_Waiting, ClientOutcome]] = []
+    for index, waiting in enumerate(batch):
+        request = waiting.request
+        if waiting.reply.done():
+            continue  # its caller is gone
+        if index in result.errors:
+            waiting.reply.set_result(result.errors[index].reply())
+            continue
+        outcome = result.outcomes[request.client_id]
+        superseded = latest[request.client_id] != request
+        if (not superseded and not news_for(request, outcome) and outcome.blocked
+                and waiting.hold_until > next_request_at):
+            # Nothing new to tell: keep the request for the next round
+            # instead of having the client ask again. Its reports were
+            # heard once: a lease must not stay alive on a request whose
+            # client may be gone since.
+            held.append(replace(waiting, heartbeat=False))
+        else:
+            answered.append((waiting, outcome))
+    return held, answered
