@@ -70,18 +70,31 @@ def busy_share(ledger: Ledger, limits: dict[str, int]) -> tuple[float, dict[str,
     return (total_busy / total_time if total_time else 1.0), per_account
 
 
-def out_of_order_share(ledger: Ledger) -> float:
-    """The share of starts made while an older job of the same account still waited."""
+def out_of_order_share(ledger: Ledger, slack_ms: float = 0.0) -> float:
+    """The share of starts made while an older job of the same account still
+    waited (older by more than ``slack_ms``: 0 counts any).
+
+    A job started at s is late if a job submitted before it started after
+    s: with an account's jobs in order of start, that is the earliest
+    submission among the jobs started later than s (a suffix minimum), so
+    the count takes a sort, not a comparison of every pair.
+    """
     late = 0
     by_account: dict[str, list[str]] = {}
     for job_id in ledger.started_at:
         by_account.setdefault(ledger.account[job_id], []).append(job_id)
     for jobs in by_account.values():
-        for job_id in jobs:
-            start = ledger.started_at[job_id]
-            if any(ledger.submitted_at[o] < ledger.submitted_at[job_id] and ledger.started_at[o] > start
-                   for o in jobs):
-                late += 1
+        jobs.sort(key=lambda j: ledger.started_at[j])
+        earliest_later = float("inf")  # the earliest submission among jobs started after this start
+        index = len(jobs)
+        while index > 0:
+            start = ledger.started_at[jobs[index - 1]]
+            same = index
+            while same > 0 and ledger.started_at[jobs[same - 1]] == start:
+                same -= 1
+            late += sum(1 for j in jobs[same:index] if earliest_later < ledger.submitted_at[j] - slack_ms)
+            earliest_later = min([earliest_later, *(ledger.submitted_at[j] for j in jobs[same:index])])
+            index = same
     return late / max(len(ledger.started_at), 1)
 
 

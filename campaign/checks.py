@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from .scenario import (
     FINISHED_CHECK_MS,
     GRANT_TIMEOUT_MS,
+    GRANTS_ONLY,
     LEASE_TTL_MS,
     RETRY_MAX_MS,
     Scenario,
@@ -135,7 +136,7 @@ class Truth:
         self.admitted_at: dict[str, float] = {}
         self.stopped: set[str] = set()
         self.counted: dict[int, tuple[int, dict[str, int]]] = {}  #: key -> holder's (total, per group)
-        leases_on = scenario.mode != "grants"
+        leases_on = scenario.mode not in GRANTS_ONLY
         self.leases_on = History(leases_on)
         self.limits = [History(limit) for limit in scenario.limits]
         own = dict(scenario.group_limits)
@@ -212,6 +213,14 @@ class Truth:
                 if isinstance(limit, int) and groups.get(group, 0) > limit:
                     self.violations.add("issue", f"holder {key} counts {groups[group]} in {group}; limit {limit}")
         self._check_counted(key)
+
+    def child_committed(self, moved_back: list[str]) -> None:
+        """After each commit of a tree's child holder: only its counts'
+        monotony is its own (what runs under the key is checked against the
+        root, which counts what each child holds)."""
+        self.steps += 1
+        for detail in moved_back:
+            self.violations.add("monotonic", detail)
 
     def _check_counted(self, key: int) -> None:
         if key not in self.counted:

@@ -19,10 +19,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from durability.semaphore import allocation
+from durability.semaphore.tree import holder_for
 from durability.testing import Faults, Outage, Runtime, load_worker_module
 
 from .checks import SWEEP_CRON, Truth, Violations, liveness_bound_ms, overlaps_beyond_limits
-from .scenario import FAULTS_END_MS, LEASE_TTL_MS, Scenario
+from .scenario import FAULTS_END_MS, GRANTS_ONLY, LEASE_TTL_MS, Scenario
 
 ROOT = Path(__file__).resolve().parent.parent
 BUDGET_WORKER = Path(__file__).resolve().parent / "worker.py"
@@ -105,7 +106,7 @@ def _run_budget(scenario: Scenario) -> Outcome:
     module.CONFIG.update(limits=list(scenario.limits),
                          group_limits=[dict(scenario.group_limits) for _ in scenario.limits],
                          leases=lease_options(scenario), lose_releases=scenario.lose_releases, plant=scenario.plant,
-                         keep_done=scenario.keep_done, shards=scenario.shards)
+                         keep_done=scenario.keep_done, shards=scenario.shards, fan_out=scenario.fan_out)
     start = runtime.now_ms()
     try:
         with planted(scenario.plant):
@@ -188,11 +189,18 @@ class _BudgetDriver:
 
     async def restart(self, restart) -> None:
         await self.at(restart.at_ms)
-        self.runtime.evict(self.runtime.env.HOLDER.getByName(f"k{restart.key}"))
+        name = f"k{restart.key}" + (f"~child-{restart.child}" if restart.child >= 0 else "")
+        self.runtime.evict(self.runtime.env.HOLDER.getByName(name))
 
     async def partition(self, partition) -> None:
+        """The shard is cut off; in a tree, so is the child that serves it,
+        from its parent: past a grant's deadline, with its clients' work running."""
         await self.at(partition.at_ms)
-        self.config["partitioned"][f"s{partition.shard}"] = self.runtime.now_ms() + partition.ms
+        until = self.runtime.now_ms() + partition.ms
+        self.config["partitioned"][f"s{partition.shard}"] = until
+        if self.scenario.fan_out:
+            for key in range(self.scenario.keys):
+                self.config["partitioned"][holder_for(f"k{key}", f"s{partition.shard}", self.scenario.fan_out)] = until
 
     def restore(self) -> None:
         """Faults stop; limits, group limits and leases go back to where they started."""
@@ -202,7 +210,7 @@ class _BudgetDriver:
                 self.apply("limit", key, limit)
             if self.config["group_limits"][key].get("wf1") != own.get("wf1"):
                 self.apply("group_limit", key, own.get("wf1"))
-        if (self.config["leases"] is None) != (self.scenario.mode == "grants"):
+        if (self.config["leases"] is None) != (self.scenario.mode in GRANTS_ONLY):
             self.apply("leases", 0, "on")
 
     def bounds(self) -> dict[int, float]:
@@ -301,8 +309,20 @@ class _BudgetDriver:
                                 if r["lease_id"] not in known and r["drawn"] == r["released"] == 0
                                 and f"k{key}" not in registered.get(r["client_id"], set()))
             charged = sum(r["charged"] for r in grants) + sum(r["permits"] - r["released"] for r in leases)
+            if self.scenario.fan_out and charged == running:
+                charged = self.children_charged(key)  # a tree: what its children count must match too
             found[key] = (charged - never_learned, never_learned, running)
         return found
+
+    def children_charged(self, key: int) -> int:
+        """What the children of key's root count, together (a tree)."""
+        total = 0
+        for child in range(self.scenario.fan_out):
+            db = self.runtime.host_of(self.runtime.env.HOLDER.getByName(f"k{key}~child-{child}")).db
+            with contextlib.suppress(Exception):  # a child that never started has no table
+                total += sum(r["charged"] for r in db.inspect(
+                    "SELECT permits - released AS charged FROM durability_semaphore_grants"))
+        return total
 
     def leaks(self, books: dict[int, tuple[int, int, int]] | None = None, by_key: bool = False) -> list:
         """Each holder that counts more than really runs, beyond the leases their

@@ -14,8 +14,12 @@ import random
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, replace
 
-BUDGET_MODES = ("grants", "strict", "under", "over")
-MODES = BUDGET_MODES + ("locks",)
+BUDGET_MODES = ("grants", "strict", "under", "over", "tree")
+GRANTS_ONLY = ("grants", "tree")  #: modes without leases ("tree": a budget tree of holders, grants only)
+#: every mode the full campaign and CI's sample run; "tree" runs only when asked
+#: for (--mode tree) until its known failing seeds pass (docs/campaign.md)
+MODES = ("grants", "strict", "under", "over", "locks")
+ALL_MODES = BUDGET_MODES + ("locks",)
 PLANTS = ("over_grant", "double_report", "lost_release", "double_admit")
 
 LEASE_TTL_MS = 20_000
@@ -83,10 +87,12 @@ class Outage:
 
 @dataclass(frozen=True)
 class Restart:
-    """The holder of ``key`` evicted at ``at_ms``: with a burst just sent, mid-burst."""
+    """The holder of ``key`` evicted at ``at_ms``: with a burst just sent, mid-burst
+    (in mode "tree", ``child``: the root's ``n``-th child instead, -1 the root)."""
 
     key: int
     at_ms: float
+    child: int = -1
 
 
 @dataclass(frozen=True)
@@ -123,6 +129,7 @@ class Scenario:
     keep_done: bool = True
     outages: tuple[Outage, ...] = ()
     restarts: tuple[Restart, ...] = ()
+    fan_out: int = 0  #: mode "tree": children per root (shards reach them by a hash of their name)
 
     @property
     def faults_end_ms(self) -> float:
@@ -161,8 +168,8 @@ def _literal(value: object) -> str:
 
 def generate(seed: int, mode: str) -> Scenario:
     """One scenario of ``mode``, the same for the same seed."""
-    if mode not in MODES:
-        raise ValueError(f"mode must be one of {MODES}, not {mode!r}")
+    if mode not in ALL_MODES:
+        raise ValueError(f"mode must be one of {ALL_MODES}, not {mode!r}")
     rng = random.Random(f"{mode}:{seed}")
     faults, latency = _swarm(rng)
     if mode == "locks":
@@ -174,12 +181,13 @@ def generate(seed: int, mode: str) -> Scenario:
     shards = rng.randint(2, 5)
     group_limits = (("capped", rng.randint(1, 2)),) if rng.random() < 0.6 else ()
     jobs = _jobs(rng, keys, shards)
+    fan_out = rng.choice([2, 3]) if mode == "tree" else 0
     return Scenario(
         seed, mode, limits=limits, group_limits=group_limits, shards=shards,
         jobs=jobs, changes=_changes(rng, mode, keys), faults=faults, latency_ms=latency,
         partitions=_partitions(rng, shards), lose_releases=rng.choice([0.0, 0.05, 0.2]),
         permits_per_lease=rng.randint(1, 4), keep_done=rng.random() < 0.5,
-        outages=_outages(rng, keys, shards), restarts=_restarts(rng, keys, jobs),
+        outages=_outages(rng, keys, shards), restarts=_restarts(rng, keys, jobs, fan_out), fan_out=fan_out,
     )
 
 
@@ -213,7 +221,7 @@ def _changes(rng: random.Random, mode: str, keys: int) -> tuple[Change, ...]:
     changes = []
     for _ in range(rng.randint(0, 3)):
         at = round(rng.uniform(5_000, FAULTS_END_MS - 10_000), 1)
-        kind = rng.choice(["limit", "limit", "group_limit"] + (["leases"] if mode != "grants" else []))
+        kind = rng.choice(["limit", "limit", "group_limit"] + (["leases"] if mode not in GRANTS_ONLY else []))
         if kind == "limit":
             changes.append(Change(at, kind, rng.randrange(keys), rng.randint(0, 8)))
         elif kind == "group_limit":
@@ -248,14 +256,21 @@ def _outages(rng: random.Random, keys: int, shards: int) -> tuple[Outage, ...]:
     return tuple(found)
 
 
-def _restarts(rng: random.Random, keys: int, jobs: tuple[Job, ...]) -> tuple[Restart, ...]:
-    """Three runs in ten: a holder restarted within two seconds of a burst of its key's jobs."""
+def _restarts(rng: random.Random, keys: int, jobs: tuple[Job, ...], fan_out: int = 0) -> tuple[Restart, ...]:
+    """Three runs in ten: a holder restarted within two seconds of a burst of
+    its key's jobs (in a tree, the root or one of its children; half the runs
+    of a tree restart every child at once, with the root)."""
+    if fan_out and rng.random() < 0.5 and jobs:
+        job = rng.choice(jobs)
+        at = round(job.at_ms + rng.uniform(100, 2_000), 1)
+        return tuple(Restart(job.key, at, child) for child in range(-1, fan_out))
     if rng.random() >= 0.3 or not jobs:
         return ()
     found = []
     for _ in range(rng.randint(1, 2)):
         job = rng.choice(jobs)
-        found.append(Restart(job.key, round(job.at_ms + rng.uniform(100, 2_000), 1)))
+        child = rng.randrange(-1, fan_out) if fan_out else -1
+        found.append(Restart(job.key, round(job.at_ms + rng.uniform(100, 2_000), 1), child))
     return tuple(sorted(found, key=lambda restart: restart.at_ms))
 
 

@@ -32,6 +32,7 @@ CONFIG = {
     "plant": None,
     "keep_done": True,  # False: the shards keep no done item (keep_done_ms=0)
     "shards": 0,  # how many shards there are: the sweep calls every one
+    "fan_out": 0,  # mode "tree": each key's root lends to this many children (0: one holder per key)
 }
 TRUTH = None
 
@@ -41,22 +42,35 @@ def now_ms():
 
 
 def key_index(name):
-    return int(name[1:])  # "k0" -> 0
+    return int(name.split("~child-")[0][1:])  # "k0" -> 0, and "k0~child-1" (a tree's child) -> 0
+
+
+def cut_off(name):
+    return CONFIG["partitioned"].get(name, 0) > now_ms()
 
 
 class Holder(DurableObject):
-    """One instance per key ("k0", "k1", ...)."""
+    """One instance per key ("k0", "k1", ...), and in mode "tree" its children ("k0~child-1", ...)."""
 
     def __init__(self, ctx, env):
         super().__init__(ctx, env)
-        self.key = key_index(ctx.id.name)
+        self.name = ctx.id.name
+        self.key = key_index(self.name)
         self.scheduler = DurabilityScheduler(ctx)
+        parent = DurabilitySemaphore.client(binding="HOLDER").with_(self._unless_cut_off).bind(env)
         self.semaphore = DurabilitySemaphore(
             self.scheduler, limit=self._limit, group_limit=self._group_limit,
             grant_timeout_ms=GRANT_TIMEOUT_MS, leases=CONFIG["leases"],
+            parent=parent if CONFIG["fan_out"] else None,
         )
         self._semaphore_commit = self.semaphore._commit
         self.semaphore._commit = self._commit_and_report  # every commit is reported to TRUTH
+
+    async def _unless_cut_off(self, call):
+        """A tree's holder partitioned (its name in ``CONFIG["partitioned"]``) reaches neither parent nor child."""
+        if cut_off(self.name):
+            raise lost_connection()
+        return await call()
 
     def _limit(self):
         planted = 1 if CONFIG["plant"] == "over_grant" else 0  # a holder that grants one permit too many
@@ -71,6 +85,10 @@ class Holder(DurableObject):
     def _commit_and_report(self, changes):
         grants, leases = self.semaphore._grants(), self.semaphore._leases()
         moved_back = _moved_back(grants, leases, changes)
+        if "~child-" in self.name:
+            self._semaphore_commit(changes)
+            TRUTH.child_committed(moved_back)
+            return
         issued = {g.group for g in changes.written.values() if g.grant_id not in grants}
         issued |= {lease.group for lease in changes.leases_written.values() if lease.lease_id not in leases}
         self._semaphore_commit(changes)
@@ -122,11 +140,12 @@ class Shard(DurableObject):
         self.name = ctx.id.name
         self.scheduler = DurabilityScheduler(ctx)
         self.scheduler.register("work", self._work_ends)
-        server = limits.bind(env)
+        tree = DurabilitySemaphore.client(binding="HOLDER", fan_out=CONFIG["fan_out"]) if CONFIG["fan_out"] else None
+        server = (tree or limits).bind(env)
         send = server._send
 
         async def send_unless_partitioned(key, message):
-            if CONFIG["partitioned"].get(self.name, 0) > now_ms():
+            if cut_off(self.name):
                 raise lost_connection()
             return await send(key, message)
 

@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT / "src"), str(ROOT)]
 
 from campaign.run import run  # noqa: E402
-from campaign.scenario import MODES, PLANTS, generate, with_plant  # noqa: E402
+from campaign.scenario import ALL_MODES, MODES, PLANTS, generate, with_plant  # noqa: E402
 from campaign.shrink import as_pytest_case, shrink  # noqa: E402
 
 
@@ -104,7 +104,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seeds", type=int, default=50, help="runs per mode (seeds start..start+N-1)")
     parser.add_argument("--start", type=int, default=0, help="the first seed")
-    parser.add_argument("--mode", action="append", choices=MODES + ("all",),
+    parser.add_argument("--mode", action="append", choices=ALL_MODES + ("all",),
                         help="a mode to run (repeat it; default: all)")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="processes")
     parser.add_argument("--json", action="store_true", help="print a JSON list, one object per mode")

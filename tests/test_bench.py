@@ -67,3 +67,19 @@ def test_the_benchmark_runs_every_system_on_one_workload_within_the_limits(tmp_p
     # Polling more often costs more requests: the baseline behaves as described.
     assert rows[5]["requests_per_job"] > rows[4]["requests_per_job"]
     assert plot.stat().st_size > 10_000
+
+
+def test_the_tree_benchmark_prints_one_object_per_tree_scale_and_a_plot(tmp_path):
+    plot = tmp_path / "rates.png"
+    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_tree.py"), "--scales", "400",
+                           "--limit", "100", "--json", "--plot", str(plot)], capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stderr[-2_000:]  # the script fails itself if work ran above the limit
+    rows = json.loads(done.stdout)
+    keys = {"clients", "objects", "peak_requests_per_s_per_object", "busy_while_waiting", "out_of_order_share",
+            "rows_written_per_admission", "requests_per_admission"}
+    assert len(rows) == 1 and keys <= set(rows[0]) and keys <= set(rows[0]["single"])
+    tree, single = rows[0], rows[0]["single"]
+    assert (tree["clients"], tree["objects"], single["objects"]) == (400, 3, 1)
+    assert 0.5 < tree["busy_while_waiting"] <= 1 and tree["rows_written_per_admission"] > 0
+    assert plot.stat().st_size > 10_000

@@ -16,10 +16,11 @@ PURE = [
     "durability._checks", "durability._wire", "durability.locks.line",
     "durability.semaphore.messages", "durability.semaphore.allocation", "durability.semaphore.leases",
     "durability.semaphore.queue_states", "durability.semaphore.queue_core", "durability.semaphore.queue_lease_rules",
+    "durability.semaphore.holder_line", "durability.semaphore.tree",
 ]
 #: the standard library a pure module may use: nothing that waits, reads a clock, or touches the outside
 PURE_STDLIB = {"__future__", "bisect", "collections", "collections.abc", "dataclasses", "enum", "functools",
-               "heapq", "itertools", "math", "operator", "typing"}
+               "hashlib", "heapq", "itertools", "math", "operator", "typing"}
 #: modules that keep rows: they must not know the protocol or its decisions
 STORAGE = ["durability.semaphore.queue_store", "durability.semaphore.grant_book", "durability.semaphore.lease_book"]
 PROTOCOL = {"durability.semaphore.messages", "durability.semaphore.queue_core",

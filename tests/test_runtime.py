@@ -283,3 +283,55 @@ def test_reads_alone_open_no_write_batch(probe):
         return host.db.in_batch
 
     assert run(probe, scenario) is False
+
+
+def test_an_object_past_its_requests_per_second_answers_overloaded():
+    runtime = probe_runtime(max_requests_per_s=100)
+    stub = runtime.env.PROBE.getByName("a")
+
+    async def burst(count):
+        results = await asyncio.gather(*(runtime.env.PROBE.getByName("a").echo(1) for _ in range(count)),
+                                       return_exceptions=True)
+        return [r for r in results if isinstance(r, JsException)], len(results)
+
+    async def scenario():
+        refused, sent = await burst(150)
+        await asyncio.sleep(1.0)  # a second on, the window has room again
+        again, _ = await burst(50)
+        return refused, sent, again
+
+    with runtime:
+        refused, sent, again = runtime.run(scenario())
+        host = runtime.host_of(stub)
+        assert sent == 150 and len(refused) == 50 and not again
+        assert all(e.overloaded and not e.retryable and "is overloaded" in str(e) for e in refused)
+        # Refused calls never ran and are not billed; the peak is the limit.
+        assert host.stats.requests == 150 and host.stats.overloaded == 50
+        assert host.stats.peak_requests_per_s == 100
+        assert sorted(host.stats.requests_by_second.values()) == [50, 100]
+        assert runtime.totals()["overloaded"] == 50
+
+
+def test_the_request_limit_can_be_lifted():
+    with probe_runtime(max_requests_per_s=None) as runtime:
+        async def scenario():
+            return await asyncio.gather(*(runtime.env.PROBE.getByName("a").echo(1) for _ in range(3_000)))
+
+        assert len(runtime.run(scenario())) == 3_000
+        assert runtime.totals()["peak_requests_per_s"] == 3_000
+
+
+def test_each_object_is_charged_the_cpu_its_code_ran_for():
+    with probe_runtime() as runtime:
+        busy, idle = runtime.env.PROBE.getByName("busy"), runtime.env.PROBE.getByName("idle")
+
+        async def scenario():
+            await busy.spin(40)
+            await idle.echo(1)
+
+        runtime.run(scenario())
+        busy_stats, idle_stats = runtime.host_of(busy).stats, runtime.host_of(idle).stats
+        # Both halves of the spin, on either side of its await, are counted.
+        assert busy_stats.cpu_s >= 0.040
+        assert idle_stats.cpu_s < busy_stats.cpu_s / 4
+        assert busy_stats.cpu_ms_per_request >= 40

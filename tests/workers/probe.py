@@ -146,6 +146,15 @@ class Probe(DurableObject):
         self.ctx.waitUntil(later())
         return "replied"
 
+    async def spin(self, cpu_ms):
+        """Burn ``cpu_ms`` of CPU, half before an await and half after it."""
+        for _ in range(2):
+            start = time.process_time()
+            while time.process_time() - start < cpu_ms / 2000:
+                pass
+            await asyncio.sleep(0)
+        return "spun"
+
     async def keywords(self, first, options=None):
         return {"first": first, "options": options}
 

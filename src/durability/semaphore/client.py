@@ -3,7 +3,8 @@
 Lives here: ``SemaphoreClient`` (send a message to the holder of a key,
 remember each key's ``nextRequestAt``) and ``SemaphoreClientFactory``, which
 finds the holder's namespace in a caller's ``env``, reaches the holder with
-``getByName(key)`` and composes caller transforms such as a timeout.
+``getByName(key)`` (or, over a budget tree, the leaf holder of the key that
+serves the message's client) and composes caller transforms such as a timeout.
 Must not know: the holder's rules or storage, or how a message is spelled
 (it carries them as the wire's dicts; ``messages`` reads the pacing).
 """
@@ -14,6 +15,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from .messages import pacing_in
+from .tree import check_shape, holder_for
 
 Message = dict[str, Any]  #: a message or a reply, as the wire format spells it
 Send = Callable[[str, Message], Awaitable[Message]]
@@ -60,12 +62,19 @@ class SemaphoreClientFactory:
         namespace: instead of ``binding``, ``env -> namespace`` (the escape hatch).
         invoke: ``(stub, message) -> awaitable reply``: which RPC method of the
             holder class answers (default: ``stub.permits(message)``).
+        fan_out, depth: over a budget tree (holders made with ``parent=``),
+            each client id reaches one leaf holder of the key, the same one
+            always: ``depth`` levels below the root, ``fan_out`` children
+            each (``fan_out ** depth`` leaves). None: the key's one holder.
     """
 
     def __init__(self, *, binding: str | None = None,
                  namespace: Callable[[Any], Any] | None = None,
                  invoke: Callable[[Any, Message], Awaitable[Message]] = _default_invoke,
-                 transforms: tuple[tuple[Transform, tuple[Any, ...]], ...] = ()) -> None:
+                 transforms: tuple[tuple[Transform, tuple[Any, ...]], ...] = (),
+                 fan_out: int | None = None, depth: int = 1) -> None:
+        if fan_out is not None:
+            check_shape(fan_out, depth)
         if (binding is None) == (namespace is None):
             raise ValueError("give exactly one of binding= (a name in env) or namespace= (env -> namespace)")
         if binding is not None and (not isinstance(binding, str) or not binding):
@@ -74,11 +83,21 @@ class SemaphoreClientFactory:
         self.namespace = namespace
         self.invoke = invoke
         self.transforms = transforms
+        self.fan_out = fan_out
+        self.depth = depth
 
     def with_(self, transform: Transform, *args: Any) -> SemaphoreClientFactory:
         """A factory whose every call goes through ``transform(call, *args)`` too."""
         return SemaphoreClientFactory(binding=self.binding, namespace=self.namespace, invoke=self.invoke,
-                                      transforms=self.transforms + ((transform, args),))
+                                      transforms=self.transforms + ((transform, args),),
+                                      fan_out=self.fan_out, depth=self.depth)
+
+    def holder_name(self, key: str, message: Message) -> str:
+        """The name of the holder that answers ``message`` for ``key``."""
+        client_id = message.get("clientId")
+        if self.fan_out is None or not isinstance(client_id, str):
+            return key  # a message without a client id is refused by whichever holder gets it
+        return holder_for(key, client_id, self.fan_out, self.depth)
 
     def bind(self, env: Any) -> SemaphoreClient:
         """A client that reaches holders through ``env``."""
@@ -91,7 +110,7 @@ class SemaphoreClientFactory:
         async def send(key: str, message: Message) -> Message:
             async def direct() -> Message:
                 # A fresh stub per call: a stub is broken once a call on it fails.
-                return await self.invoke(namespace.getByName(key), message)
+                return await self.invoke(namespace.getByName(self.holder_name(key, message)), message)
 
             call: Callable[[], Awaitable[Any]] = direct
             for transform, args in self.transforms:

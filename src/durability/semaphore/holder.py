@@ -47,6 +47,7 @@ from .allocation import (
 )
 from .holder_limits import UserLimits
 from .holder_line import Line
+from .holder_tree import ParentLink, Waker, child_link, object_name as _object_name
 from .leases import Lease, LeaseIds, LeasePolicy, lease_usage, needs_row, retire_expired, retire_ineligible
 from .messages import (
     MAX_REPORTS,
@@ -63,9 +64,10 @@ from .messages import (
     parse,
 )
 from .store import COMPONENT as HOLDER_COMPONENT, TABLES as HOLDER_TABLES, HolderStore
+from .tree import OldestWaiting, parent_of, unmet_demand
 
 if TYPE_CHECKING:
-    from .client import SemaphoreClientFactory
+    from .client import SemaphoreClient, SemaphoreClientFactory
 
 log = logging.getLogger("durability.semaphore")
 PARTICIPANT = "durability.semaphore"
@@ -125,6 +127,14 @@ class DurabilitySemaphore:
             ``limited_groups`` (None or ``"withinGroupLimit"``); see
             ``leases.LeasePolicy``. Turning leases off retires live leases
             at the next round.
+        parent: a client of this holder class (``DurabilitySemaphore.client(
+            binding=...).bind(env)``), to make this holder part of a budget
+            tree. An object whose name is a child's (``<key>~child-<n>``, the
+            names a client with ``fan_out`` reaches) then borrows its budget
+            from its parent instead of having ``limit`` and ``group_limit``
+            of its own (the root applies those; ``can_grant`` applies at the
+            child, which knows the clients); the object named ``<key>`` is
+            the root. A tree hands out grants only (no ``leases``).
     """
 
     def __init__(self, scheduler: DurabilityScheduler, *, limit: int | Callable[[], int],
@@ -132,7 +142,7 @@ class DurabilitySemaphore:
                  can_grant: Callable[[str, str], bool] | None = None,
                  round_wait_ms: float = 1_000, round_period_ms: float = 2_000,
                  grant_timeout_ms: float = 10_000, leases: dict[str, Any] | None = None,
-                 rejoin_wait_ms: float = 1_000) -> None:
+                 rejoin_wait_ms: float = 1_000, parent: SemaphoreClient | None = None) -> None:
         self.limits = UserLimits(limit, group_limit, can_grant)
         self.scheduler = scheduler
         self.round_wait_ms = _positive_ms(round_wait_ms, "round_wait_ms")
@@ -141,6 +151,8 @@ class DurabilitySemaphore:
         self.rejoin_wait_ms = _positive_ms(rejoin_wait_ms, "rejoin_wait_ms")
         self._started_at = now_ms()
         self.lease_policy = None if leases is None else LeasePolicy.from_options(leases)
+        if parent is not None and self.lease_policy is not None:
+            raise ValueError("a budget tree hands out grants only: give parent= or leases=, not both")
         self.store = HolderStore(scheduler.sql)
         # The reclaim timer is due when the books say (next_reclaim_at): it
         # lives in memory, costs no row, and is derived again right here.
@@ -160,6 +172,17 @@ class DurabilitySemaphore:
         self._lease_rows: dict[str, Lease] = {}  #: each lease as its row holds it (see leases.needs_row)
         self._ids_reserved = 0  #: lease ids reserved in the row (set when the ids are loaded)
         self._schedule_reclaim(next_reclaim_at(self._grants().values(), self._leases().values()))
+        self._link, self._waker = _tree_parts(self, parent, can_grant)
+
+    def _ensure_round_if_waiting(self) -> bool:
+        if self._waiting:
+            self._ensure_round()
+        return bool(self._waiting)
+
+    def _tell_parent(self, requests: list[Request], outcomes: dict[str, ClientOutcome] | None) -> None:
+        """A child, after a round (what it left waiting) or a sync (None)."""
+        if self._link is not None:
+            self._link.after_round(unmet_demand(requests, outcomes) if outcomes is not None else None)
 
     migrate = public_migrate(HOLDER_COMPONENT, HOLDER_TABLES, "the holder's tables")
 
@@ -282,6 +305,8 @@ class DurabilitySemaphore:
             parsed = parse(message)
         except ProtocolError as error:
             return error.reply()
+        if self._waker is not None:
+            self._waker.heard_from(parsed.client_id)
         if isinstance(parsed, Sync):
             return await self._sync(parsed)
         waiter: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
@@ -307,6 +332,9 @@ class DurabilitySemaphore:
         if working.changes:
             self._commit(working.changes)
             await self.scheduler.sync()
+        self._tell_parent([], None)  # a child gives back what its clients released (and wakes, if it was woken)
+        if self._waker is not None:
+            self._waker.watch(lambda: _holding(self._grants()))
         ttl_ms = self.lease_policy.ttl_ms if self.lease_policy is not None else 0
         stopping = [lease for lease in working.leases()
                     if lease.client_id == sync.client_id and lease.retired and not lease.settled]
@@ -314,7 +342,9 @@ class DurabilitySemaphore:
         listed += held_grants(working, sync.client_id)
         return Reply("synced", tuple(outcomes), tuple(lease_outcomes),
                      tuple(_lease_entry(lease, ttl_ms) for lease in stopping[:MAX_REPORTS]), self._contended,
-                     grants=tuple(_grant_entry(g) for g in listed[:MAX_REPORTS])).to_wire()
+                     grants=tuple(_grant_entry(g) for g in listed[:MAX_REPORTS]),
+                     over_limit=bool(parent_of(sync.client_id)) and _over_limit(self.limits, self._grants()),
+                     ).to_wire()
 
     # -- rounds -----------------------------------------------------------------
     def _ensure_round(self) -> None:
@@ -356,24 +386,39 @@ class DurabilitySemaphore:
         now = now_ms()
         self._last_round_at = now
         requests = [waiting.request for waiting in batch]
+        if self._link is not None:
+            self._link.decide(_oldest_by_group(requests))
         limits = self._resolve_limits(requests)
         result: RoundResult = run_round(
-            self._grants(), requests, limits, now, self.grant_timeout_ms, self._new_grant_id,
+            self._grants(), requests, limits, now, self.grant_timeout_ms, _new_grant_id,
             leases=self._leases(), policy=self.lease_policy, lease_ids=self._lease_ids(),
             held_over=[index for index, waiting in enumerate(batch) if not waiting.heartbeat],
         )
         self._commit(result.changes)
         self._contended = result.contended
-        self._note_blocked(now, result.outcomes)
+        _note_blocked(self._blocked, now, result.outcomes)
+        self._tell_parent(requests, result.outcomes)
+        if self._waker is not None:
+            if result.contended:
+                self._waker.wake_quiet(_holding(self._grants()))
+            self._waker.watch(lambda: _holding(self._grants()))
         held, answered = _hold_or_answer(batch, result, now + self.round_period_ms)
-        self._answer(answered, held, result.contended, limits, now)
+        self._answer(answered, held, result, limits, now, requests)
         self._waiting = held + self._waiting
 
-    def _answer(self, answered: list[tuple[_Waiting, ClientOutcome]], held: list[_Waiting], contended: bool,
-                limits: Limits, now: float) -> None:
+    def _answer(self, answered: list[tuple[_Waiting, ClientOutcome]], held: list[_Waiting], result: RoundResult,
+                limits: Limits, now: float, requests: list[Request]) -> None:
         ttl_ms = self.lease_policy.ttl_ms if self.lease_policy is not None else 0
         line: Line | None = None
+        oldest: OldestWaiting | None = None
         for waiting, outcome in answered:
+            request = waiting.request
+            since: dict[str, float] = {}
+            over = False
+            if parent_of(request.client_id) is not None:  # a child of a tree: who else waits, and since when
+                oldest = oldest or OldestWaiting(requests, result.outcomes)
+                since = oldest.others(request.client_id, (d.group for d in request.demand))
+                over = _over_limit(self.limits, self._grants())
             # A client handed permits may ask again at once: its request is
             # held for the next round anyway, and is then present in it,
             # instead of arriving just after it and waiting a period more.
@@ -384,18 +429,8 @@ class DurabilitySemaphore:
                     line = Line.of((h.request for h in held), limits, self.lease_policy)
                 ahead = line.ahead_of(waiting.request.client_id, (d.group for d in waiting.request.demand))
             ask_at = now if served else now + self.round_period_ms
-            waiting.reply.set_result(_grants_reply(outcome, ask_at, contended, ttl_ms, ahead).to_wire())
-
-    def _note_blocked(self, now: float, outcomes: dict[str, ClientOutcome]) -> None:
-        """What each client of the round still waits for, for ``usage()``. Kept
-        in memory: a client that waits asks again, and is heard again, soon."""
-        for client_id, outcome in outcomes.items():
-            if outcome.blocked:
-                self._blocked[client_id] = (now, dict(outcome.blocked))
-            else:
-                self._blocked.pop(client_id, None)
-        for client_id in [c for c, (at, _) in self._blocked.items() if at < now - WAITING_HEARD_MS]:
-            del self._blocked[client_id]
+            reply = _grants_reply(outcome, ask_at, result.contended, ttl_ms, ahead)
+            waiting.reply.set_result(replace(reply, waiting_since=since, over_limit=over).to_wire())
 
     def _resolve_limits(self, requests: list[Request]) -> Limits:
         """The user's callbacks, once per round: for every group in demand, and
@@ -403,12 +438,6 @@ class DurabilitySemaphore:
         wanted = [(r.client_id, d.group) for r in requests for d in r.demand]
         wanted += [(lease.client_id, lease.group) for lease in self._leases().values() if not lease.retired]
         return self.limits.for_round(wanted)
-
-    @staticmethod
-    def _new_grant_id() -> str:
-        # Drawn from `random` so that seeded test runs replay; 80 bits make a
-        # collision between two grants of one holder negligible.
-        return f"g{random.getrandbits(80):020x}"
 
     # -- reclaim on the alarm ------------------------------------------------------
     async def _on_timer(self, timer: Timer) -> None:
@@ -539,3 +568,58 @@ def _hold_or_answer(batch: list[_Waiting], result: RoundResult, next_request_at:
         else:
             answered.append((waiting, outcome))
     return held, answered
+
+
+def _oldest_by_group(requests: list[Request]) -> dict[str, float]:
+    oldest: dict[str, float] = {}
+    for request in requests:
+        for demand in request.demand:
+            oldest[demand.group] = min(demand.oldest_at, oldest.get(demand.group, demand.oldest_at))
+    return oldest
+
+
+def _note_blocked(blocked: dict[str, tuple[float, dict[str, tuple[str, int]]]], now: float,
+                  outcomes: dict[str, ClientOutcome]) -> None:
+    """What each client of the round still waits for, for ``usage()``. Kept
+    in memory: a client that waits asks again, and is heard again, soon."""
+    for client_id, outcome in outcomes.items():
+        if outcome.blocked:
+            blocked[client_id] = (now, dict(outcome.blocked))
+        else:
+            blocked.pop(client_id, None)
+    for client_id in [c for c, (at, _) in blocked.items() if at < now - WAITING_HEARD_MS]:
+        del blocked[client_id]
+
+
+def _new_grant_id() -> str:
+    # Drawn from `random` so that seeded test runs replay; 80 bits make a
+    # collision between two grants of one holder negligible.
+    return f"g{random.getrandbits(80):020x}"
+
+
+def _tree_parts(holder: DurabilitySemaphore, parent: SemaphoreClient | None,
+                can_grant: Callable[[str, str], bool] | None) -> tuple[ParentLink | None, Waker | None]:
+    """A holder's place in a budget tree: its link to its parent (a child),
+    and the waker of its quiet children (a parent)."""
+    if parent is None:
+        return None, None
+    ctx = holder.scheduler.ctx
+    link = child_link(parent, ctx, holder.round_period_ms, holder._ensure_round_if_waiting,
+                      lambda: usage(holder._grants().values())[1], holder.store)
+    if link is not None:  # a child borrows its limit: every group's ceiling is what it holds there
+        holder.limits = UserLimits(link.borrowed.total, link.ceiling, can_grant)
+        link.ensure_exchanges()  # a new instance hears at once what it holds
+    waker = Waker(parent, _object_name(ctx), holder.round_period_ms)
+    waker.watch(lambda: _holding(holder._grants()))
+    return link, waker
+
+
+def _holding(grants: dict[str, Grant]) -> list[str]:
+    """The clients the books charge permits to."""
+    return [grant.client_id for grant in grants.values() if grant.charged > 0]
+
+
+def _over_limit(limits: UserLimits, grants: dict[str, Grant]) -> bool:
+    """Permits out beyond the limit (lowered since): a tree's children must hand out none they hold."""
+    total = limits.total()
+    return isinstance(total, int) and usage(grants.values())[0] > total

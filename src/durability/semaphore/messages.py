@@ -393,15 +393,22 @@ class Reply:
     #: not, and marks those new (older holders list only undrawn ones)
     all_leases_listed: bool = False
     #: per group, the oldest-item time at which the holder's line stands
-    #: behind a client it just served (``allocation.line_ahead``)
+    #: behind a client it just served (``holder_line.Line``)
     line: dict[str, float] = field(default_factory=dict)
+    #: to a child of a budget tree: per group it asked for, the oldest item
+    #: of other clients the round left waiting for capacity (``tree``)
+    waiting_since: dict[str, float] = field(default_factory=dict)
+    #: to a child of a budget tree: the parent's permits out exceed its limit
+    #: (it was lowered): hand out nothing of what it lent, give it back
+    over_limit: bool = False
 
     def to_wire(self) -> dict[str, Any]:
         """A ``grants`` reply carries every field; a ``synced`` one its own five, in its own order."""
         if self.type != "grants":
             return {"type": self.type, "v": VERSION, "reports": [o.to_wire() for o in self.reports],
                     "leaseReports": [o.to_wire() for o in self.lease_reports], "contended": self.contended,
-                    "leases": [e.to_wire() for e in self.leases], "grants": [e.to_wire() for e in self.grants]}
+                    "leases": [e.to_wire() for e in self.leases], "grants": [e.to_wire() for e in self.grants],
+                    **({"overLimit": True} if self.over_limit else {})}
         return {
             "type": "grants",
             "v": VERSION,
@@ -414,6 +421,8 @@ class Reply:
             "contended": self.contended,
             "nextRequestAt": self.next_request_at,
             "line": self.line,
+            **({"waitingSince": self.waiting_since} if self.waiting_since else {}),
+            **({"overLimit": True} if self.over_limit else {}),
         }
 
     @classmethod
@@ -516,7 +525,8 @@ def parse_reply(reply: Any, kind: str) -> Reply:
     # do not), so that a client learns of claims it made and then forgot.
     parsed = Reply(kind, _entries(reply, "reports", _report_outcome),
                    _entries(reply, "leaseReports", _lease_outcome), _entries(reply, "leases", _lease_entry),
-                   _flag(reply, "contended", "reply"), grants=_entries(reply, "grants", _grant_entry))
+                   _flag(reply, "contended", "reply"), grants=_entries(reply, "grants", _grant_entry),
+                   over_limit=_flag(reply, "overLimit", "reply"))
     if kind != "grants":
         return parsed
     for name in ("grants", "blocked"):
@@ -527,17 +537,19 @@ def parse_reply(reply: Any, kind: str) -> Reply:
         raise ProtocolError("malformed_reply", "nextRequestAt must be an epoch time in ms")
     return replace(parsed, grants=_entries(reply, "grants", _grant_entry), blocked=_entries(reply, "blocked", _blocked),
                    next_request_at=None if next_at is None else float(next_at),
-                   all_leases_listed=_flag(reply, "allLeasesListed", "reply"), line=_line(reply.get("line", {})))
+                   all_leases_listed=_flag(reply, "allLeasesListed", "reply"),
+                   line=_times_by_group(reply.get("line", {}), "line"),
+                   waiting_since=_times_by_group(reply.get("waitingSince", {}), "waitingSince"))
 
 
-def _line(line: Any) -> dict[str, float]:
-    """A grants reply's ``line`` (optional: older holders send none)."""
-    if not isinstance(line, dict) or len(line) > MAX_REPLY_ENTRIES:
-        raise ProtocolError("malformed_reply", "line must be an object of groups to epoch times in ms")
-    for group, at in line.items():
+def _times_by_group(times: Any, name: str) -> dict[str, float]:
+    """A grants reply's ``line`` or ``waitingSince`` (optional: older holders send neither)."""
+    if not isinstance(times, dict) or len(times) > MAX_REPLY_ENTRIES:
+        raise ProtocolError("malformed_reply", f"{name} must be an object of groups to epoch times in ms")
+    for group, at in times.items():
         if not storable_text(group, MAX_ID_LENGTH) or not number_in(at, 0, MAX_SAFE_INTEGER):
-            raise ProtocolError("malformed_reply", "line must be an object of groups to epoch times in ms")
-    return {group: float(at) for group, at in line.items()}
+            raise ProtocolError("malformed_reply", f"{name} must be an object of groups to epoch times in ms")
+    return {group: float(at) for group, at in times.items()}
 
 
 def pacing_in(reply: Any) -> float | None:

@@ -14,23 +14,30 @@ ids (``LEASE_ID_BLOCK``), not by every round that issues a lease. The
 holder keeps the books in memory and reads the tables once per instance.
 
 Version 2 added the lease tables; a version 1 holder migrates in place and
-keeps its grants.
+keeps its grants. Version 3 added the loans table: in a budget tree, what a
+child gave back of a loan from its parent (``tree.Loan``), written each
+time it gives permits of the loan back (before the report that says so
+leaves) and deleted once the parent settles it: two rows for a loan given
+back whole, none for one its parent never hears anything of.
 """
 
 from __future__ import annotations
 
 import random
+from collections.abc import Iterable
 
 from .._schema import migrate
 from .._sql import Sql
 from .allocation import Changes, Grant
 from .leases import Lease, LeaseIds
+from .tree import Loan
 
 COMPONENT = "semaphore"
 GRANTS = "durability_semaphore_grants"
 LEASES = "durability_semaphore_leases"
 LEASE_IDS = "durability_semaphore_lease_ids"
-TABLES = (GRANTS, LEASES, LEASE_IDS)
+LOANS = "durability_semaphore_loans"
+TABLES = (GRANTS, LEASES, LEASE_IDS, LOANS)
 _SCHEMA = {
     1: [
         f"""
@@ -67,6 +74,16 @@ _SCHEMA = {
         ) WITHOUT ROWID
         """,
     ],
+    3: [
+        f"""
+        CREATE TABLE IF NOT EXISTS {LOANS} (
+          grant_id TEXT PRIMARY KEY,
+          grp TEXT NOT NULL,
+          permits INTEGER NOT NULL,
+          released INTEGER NOT NULL
+        ) WITHOUT ROWID
+        """,
+    ],
 }
 _LEASE_COLUMNS = "lease_id, client_id, grp, permits, drawn, released, expires_at, retired, limit_at_issue"
 
@@ -94,6 +111,20 @@ class HolderStore:
                                  r["released"], r["expires_at"], bool(r["retired"]), r["limit_at_issue"])
             for r in rows
         }
+
+    def load_loans(self) -> dict[str, Loan]:
+        rows = self.sql.exec(f"SELECT grant_id, grp, permits, released FROM {LOANS} ORDER BY grant_id")
+        return {r["grant_id"]: Loan(r["grant_id"], r["grp"], r["permits"], r["released"], 0) for r in rows}
+
+    def write_loans(self, written: Iterable[Loan], deleted: Iterable[str]) -> None:
+        for loan in written:
+            self.sql.exec(
+                f"INSERT INTO {LOANS} (grant_id, grp, permits, released) VALUES (?, ?, ?, ?) "
+                "ON CONFLICT (grant_id) DO UPDATE SET released = excluded.released",
+                loan.grant_id, loan.group, loan.permits, loan.released,
+            )
+        for grant_id in deleted:
+            self.sql.exec(f"DELETE FROM {LOANS} WHERE grant_id = ?", grant_id)
 
     def lease_ids(self) -> LeaseIds:
         """The ids issued so far; the first call on a new table picks its epoch."""

@@ -103,9 +103,21 @@ class _VirtualSelector(selectors.BaseSelector):
 
 class RuntimeLoop(asyncio.SelectorEventLoop):
     """What both clocks share: Pyodide's timers, the runtime's exact timers,
-    and the wall clock as ``epoch_ms`` plus the loop's time."""
+    the wall clock as ``epoch_ms`` plus the loop's time, and CPU metering."""
 
     epoch_ms: float  #: the wall-clock milliseconds at loop time 0
+    #: Set by whoever runs the loop: for a callback scheduled in ``context``,
+    #: what to add its CPU seconds to (None: nothing). Every step of a task
+    #: is such a callback, in the task's own context.
+    meter_for: Callable[[Context], Callable[[float], None] | None] | None = None
+
+    def call_soon(
+        self, callback: Callable[[Unpack[_Ts]], object], *args: Unpack[_Ts], context: Context | None = None,
+    ) -> asyncio.Handle:
+        meter = self.meter_for(context) if self.meter_for is not None and context is not None else None
+        if meter is None:
+            return super().call_soon(callback, *args, context=context)
+        return super().call_soon(_metered, meter, callback, args, context=context)
 
     # A callback run at once gets a plain Handle, not the TimerHandle the base
     # class promises; asyncio's own callers (call_later, timeouts) only cancel it.
@@ -149,6 +161,14 @@ class RuntimeLoop(asyncio.SelectorEventLoop):
     def loop_time_for(self, epoch_ms: float) -> float:
         """The loop time at which wall-clock ``epoch_ms`` is reached."""
         return (epoch_ms - self.epoch_ms) / 1000.0
+
+
+def _metered(meter: Callable[[float], None], callback: Callable[..., object], args: tuple[Any, ...]) -> None:
+    start = time.process_time()
+    try:
+        callback(*args)
+    finally:
+        meter(time.process_time() - start)
 
 
 class VirtualClockLoop(RuntimeLoop):

@@ -14,13 +14,14 @@ runtime asks the host to act.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import contextvars
 import inspect
 import random
 import traceback
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from ._clock import RuntimeLoop
@@ -36,6 +37,11 @@ ALARM_JITTER = 0.25
 
 # What a caller sees when the object it called was reset under it.
 RESET_MESSAGE = "Network connection lost."
+
+# What a caller sees when the object it called takes no more requests for now.
+OVERLOADED_MESSAGE = "Durable Object is overloaded. Too many requests queued."
+# The soft limit on one object's requests (RPC calls and alarms), per second.
+DEFAULT_MAX_REQUESTS_PER_S = 1_000
 
 # The object whose code is running now (None for the test driving the runtime).
 current_host: contextvars.ContextVar[ObjectHost | None] = contextvars.ContextVar(
@@ -57,6 +63,13 @@ def reset_error(reason: str = RESET_MESSAGE) -> JsException:
     return error
 
 
+def overloaded_error() -> JsException:
+    error = JsException(OVERLOADED_MESSAGE)
+    error.overloaded = True  # as workerd marks it: retrying would only add to the load
+    error.retryable = False
+    return error
+
+
 def python_error(error: BaseException) -> JsException:
     """A Python exception as a remote caller receives it: a PythonError whose
     message is the formatted traceback (the stack itself does not travel)."""
@@ -73,6 +86,15 @@ class ObjectStats:
     alarm_writes: int = 0
     evictions: int = 0
     instances_created: int = 0
+    overloaded: int = 0  #: calls refused as overloaded (not billed, never run)
+    peak_requests_per_s: int = 0  #: the most requests taken within any one second
+    #: requests taken per second of the runtime's clock (second since it started -> count)
+    requests_by_second: dict[int, int] = field(default_factory=dict)
+    cpu_s: float = 0.0  #: CPU seconds the object's code ran for (every step of its tasks)
+
+    @property
+    def cpu_ms_per_request(self) -> float:
+        return 1000 * self.cpu_s / self.requests if self.requests else 0.0
 
 
 class ObjectFaultPolicy(Protocol):
@@ -97,6 +119,8 @@ class HostServices:
     rng: random.Random  #: the runtime's one seeded source, so a seed replays alarm jitter too
     env: Any  #: handed to each new instance's constructor
     faults: ObjectFaultPolicy
+    #: the rate past which calls are refused as overloaded (None: never)
+    max_requests_per_s: float | None
     spawn_system: Callable[[Awaitable[Any]], asyncio.Task[Any]]  #: work outside any instance
     log_event: Callable[[ObjectHost, str, str], None]
     report_background_error: Callable[[ObjectHost, BaseException], None]
@@ -132,6 +156,7 @@ class ObjectHost:
         self._alarm_timer: asyncio.TimerHandle | None = None
         self._alarm_retry = 0
         self._alarm_running = False
+        self._recent: collections.deque[float] = collections.deque()  # loop times of the last second's requests
 
     @property
     def name(self) -> str:
@@ -373,7 +398,7 @@ class ObjectHost:
             self.alarm_at = None  # getAlarm() is None while the handler runs
         self._alarm_running = True
         self.stats.alarm_invocations += 1
-        self.stats.requests += 1
+        self._count_request()
         self._services.log_event(self, "alarm", f"retry {retry}" if retry else "")
         succeeded = False
         evict_after = self._services.faults.alarm_eviction(self.class_name)
@@ -413,8 +438,13 @@ class ObjectHost:
 
     # -- an RPC call --------------------------------------------------------
     async def call(self, method: str, args: list[Any]) -> Any:
-        """Deliver one RPC call and return the reply as the caller receives it."""
-        self.stats.requests += 1
+        """Deliver one RPC call and return the reply as the caller receives it,
+        or refuse it as overloaded past the requests per second it may take."""
+        if self._over_rate():
+            self.stats.overloaded += 1
+            self._services.log_event(self, "overloaded", method)
+            raise overloaded_error()
+        self._count_request()
 
         async def event() -> Any:
             instance = await self.admit_event()
@@ -437,6 +467,31 @@ class ObjectHost:
             raise python_error(error) from None
         await self.flushed(since=mark)
         return reply
+
+    # -- load ---------------------------------------------------------------
+    def _window(self) -> collections.deque[float]:
+        """The loop times of the requests taken within the last second."""
+        now, recent = self.loop.time(), self._recent
+        while recent and recent[0] <= now - 1.0:
+            recent.popleft()
+        return recent
+
+    def _over_rate(self) -> bool:
+        limit = self._services.max_requests_per_s
+        return limit is not None and len(self._window()) >= limit
+
+    def _count_request(self) -> None:
+        """An RPC call or an alarm taken: billed, and counted against the rate
+        (an alarm is never refused, but it takes the object's time)."""
+        self.stats.requests += 1
+        recent = self._window()
+        recent.append(self.loop.time())
+        self.stats.peak_requests_per_s = max(self.stats.peak_requests_per_s, len(recent))
+        second = int(self.loop.time())
+        self.stats.requests_by_second[second] = self.stats.requests_by_second.get(second, 0) + 1
+
+    def charge_cpu(self, seconds: float) -> None:
+        self.stats.cpu_s += seconds
 
     async def admit_event(self) -> Any:
         """Wait for the input gate, then hand the event the live instance.

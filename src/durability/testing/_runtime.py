@@ -28,6 +28,7 @@ from ._clock import DEFAULT_EPOCH_MS, RealClockLoop, RuntimeLoop, VirtualClockLo
 from ._cron import CronSchedule
 from ._faults import FaultPlanner, Faults
 from ._host import (
+    DEFAULT_MAX_REQUESTS_PER_S,
     RESET_MESSAGE,
     HostServices,
     ObjectHost,
@@ -127,13 +128,21 @@ class Runtime:
     then does not apply: the clock starts at the real time). ``crons``, or
     ``[triggers] crons`` of the file, run ``Default.scheduled`` on that
     clock from the first ``run`` on; ``scheduled()`` runs it once at will.
+
+    Each object takes at most ``max_requests_per_s`` requests (RPC calls and
+    alarms) within any second of the clock, as production's soft limit of
+    about a thousand; a call past it fails as workerd's does ("Durable Object
+    is overloaded", ``overloaded`` set, not ``retryable``) and is neither
+    run nor billed. ``None`` lifts the limit. Each object's stats count its
+    requests per second and the CPU its code ran for (``ObjectStats``).
     """
 
     def __init__(self, module: ModuleType, durable_objects: dict[str, str], *,
                  vars: dict[str, Any] | None = None, seed: int = 0,
                  faults: Faults | None = None, epoch_ms: int = DEFAULT_EPOCH_MS,
                  entrypoint: str = "Default", clock: Literal["virtual", "real"] = "virtual",
-                 crons: Sequence[str] = ()) -> None:
+                 crons: Sequence[str] = (),
+                 max_requests_per_s: float | None = DEFAULT_MAX_REQUESTS_PER_S) -> None:
         if clock not in ("virtual", "real"):
             raise ValueError(f"clock must be 'virtual' or 'real', not {clock!r}")
         self.module = module
@@ -142,6 +151,7 @@ class Runtime:
         random.seed(seed)  # user code that draws from `random` replays too
         self.loop: RuntimeLoop = VirtualClockLoop(epoch_ms) if clock == "virtual" else RealClockLoop()
         self.loop.set_task_factory(_task_factory)
+        self.loop.meter_for = _cpu_meter
         started = self.loop.now_ms()
         self.faults = FaultPlanner(faults, self.rng, lambda: self.loop.now_ms() - started)
         self.errors: list[tuple[str, BaseException]] = []
@@ -163,7 +173,7 @@ class Runtime:
         self.env = Env(bindings)
         self._host_services = HostServices(
             loop=self.loop, rng=self.rng, env=self.env, faults=self.faults,
-            spawn_system=self.spawn_system, log_event=self.log_event,
+            max_requests_per_s=max_requests_per_s, spawn_system=self.spawn_system, log_event=self.log_event,
             report_background_error=self.report_background_error,
         )
 
@@ -255,15 +265,19 @@ class Runtime:
         self.host_of(stub).evict()
 
     def totals(self) -> dict[str, int]:
-        """Billing figures summed over every object: rows read and written, requests."""
+        """Billing figures summed over every object (rows read and written,
+        requests, calls refused as overloaded), and the highest requests per
+        second any one object took."""
         totals = {"rows_read": 0, "rows_written": 0, "requests": 0,
-                  "alarm_invocations": 0, "evictions": 0}
+                  "alarm_invocations": 0, "evictions": 0, "overloaded": 0, "peak_requests_per_s": 0}
         for host in self._hosts.values():
             totals["rows_read"] += host.db.rows_read
             totals["rows_written"] += host.db.rows_written + host.stats.alarm_writes
             totals["requests"] += host.stats.requests
             totals["alarm_invocations"] += host.stats.alarm_invocations
             totals["evictions"] += host.stats.evictions
+            totals["overloaded"] += host.stats.overloaded
+            totals["peak_requests_per_s"] = max(totals["peak_requests_per_s"], host.stats.peak_requests_per_s)
         return totals
 
     def spawn_system(self, coroutine: Awaitable[Any]) -> asyncio.Task[Any]:
@@ -378,6 +392,12 @@ class Runtime:
         request = IncomingRequest(url, **init)
         instance = self._entrypoint_instance()
         return await instance.fetch(request)
+
+
+def _cpu_meter(context: contextvars.Context) -> Callable[[float], None] | None:
+    """Each step run in an object's context is charged to that object."""
+    host = context.get(current_host)
+    return host.charge_cpu if host is not None else None
 
 
 def _task_factory(loop: asyncio.AbstractEventLoop, coroutine: Any,

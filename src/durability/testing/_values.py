@@ -47,6 +47,7 @@ class JsException(Exception):
     # Set only on some errors, as workerd sets them: read with getattr(error, name, False).
     durableObjectReset: bool  #: the object was reset under the call
     retryable: bool  #: the call may be tried again
+    overloaded: bool  #: the object took no more requests: do not try again now
 
     def __init__(self, message: str, name: str = "Error") -> None:
         super().__init__(f"{name}: {message}")

@@ -1,0 +1,29 @@
+"""A Worker module for scripts/bench_tree.py: one semaphore holder class, a root or a child.
+
+The holder reads its limit from ``env.LIMIT``; with ``env.TREE`` set it is
+part of a budget tree (``parent=``): the object named for the key is the
+root, and the objects the clients reach through ``fan_out`` are children.
+This class is exactly what an application would write.
+"""
+
+from workers import DurableObject
+
+from durability import DurabilityScheduler
+from durability.semaphore import DurabilitySemaphore
+
+
+class TreeBenchHolder(DurableObject):
+    def __init__(self, ctx, env):
+        super().__init__(ctx, env)
+        self.scheduler = DurabilityScheduler(ctx)
+        parent = DurabilitySemaphore.client(binding="HOLDER").bind(env) if env.TREE else None
+        self.semaphore = DurabilitySemaphore(self.scheduler, limit=lambda: int(self.env.LIMIT), parent=parent)
+
+    async def permits(self, message):
+        return await self.semaphore.handle(message)
+
+    async def usage(self):
+        return self.semaphore.usage()
+
+    async def alarm(self, alarm_info=None):
+        await self.scheduler.alarm(alarm_info)

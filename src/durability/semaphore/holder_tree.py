@@ -1,0 +1,261 @@
+"""A child holder's link to its parent in a budget tree: asking for permits, and giving them back.
+
+Lives here: ``ParentLink``, which a child holder tells after each round what
+its clients still wait for (per group, with the oldest item's time); it
+asks the parent for that, gives back at once what no client of the child
+uses (a sync), each at most once per period and one at a time, and yields
+to older work waiting at other children. The rules themselves (what
+is held, what is given back) are pure, in ``tree``.
+Must not know: how the child allocates, or SQL (the loans' rows are the
+store's). A loan is written each time permits of it are given back, before
+the report leaves, and deleted once settled (see ``tree.Borrowed``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from .._clock import now_ms, sleep_until
+from .client import SemaphoreClient
+from .messages import Demand, Reply, Request, Sync
+from .store import HolderStore
+from .tree import Borrowed, parent_of
+
+log = logging.getLogger("durability.semaphore")
+
+MAX_BACKOFF_MS = 30_000  #: the longest wait between failed exchanges with the parent
+#: a parent wakes a child that holds its permits and has not been heard
+#: from for this many round periods while others wait (see ``Waker``)
+WAKE_AFTER_PERIODS = 10
+#: how long an exchange waits for the parent's reply (its round comes within
+#: ``round_wait_ms``, a second by default) before it counts as failed
+EXCHANGE_TIMEOUT_MS = 30_000
+
+
+def object_name(ctx: Any) -> str:
+    """The holder object's name (``ctx.id.name``; "" for an object without one)."""
+    name = getattr(getattr(ctx, "id", None), "name", None)
+    return name if isinstance(name, str) else ""
+
+
+def child_link(parent: SemaphoreClient | None, ctx: Any, period_ms: float, on_lent: Callable[[], bool],
+               charged: Callable[[], dict[str, int]], store: HolderStore) -> ParentLink | None:
+    """The link of a holder whose object's name is a child's to its parent;
+    None for the root, or for a holder outside any tree."""
+    name = object_name(ctx)
+    parent_key = parent_of(name)
+    if parent is None or parent_key is None:
+        return None
+    return ParentLink(parent, parent_key, name, period_ms, on_lent, charged, store)
+
+
+class ParentLink:
+    """What a child holder borrowed from its parent, and the exchanges that keep it.
+
+    Two exchanges, each at most one at a time and once per period: a
+    ``request`` for what the child's clients wait for, answered at the
+    parent's next round, and a ``sync`` that gives permits back at once.
+    """
+
+    def __init__(self, parent: SemaphoreClient, parent_key: str, child_id: str, period_ms: float,
+                 on_lent: Callable[[], bool], charged: Callable[[], dict[str, int]], store: HolderStore) -> None:
+        self.parent = parent
+        self.parent_key = parent_key
+        self.child_id = child_id
+        self.period_ms = period_ms
+        #: the parent lent more: the child runs a round for the requests it holds (False: it holds none)
+        self.on_lent = on_lent
+        self.charged = charged  #: per group, the permits the child's grants charge now
+        self.store = store  #: the loans' rows: what the child holds, and what it gave back
+        self.borrowed = Borrowed(store.load_loans())
+        self.unmet: dict[str, Demand] = {}  #: per group, what the child's clients wait for
+        self._unmet_at = 0.0  #: when the round that left ``unmet`` ran
+        self.contended = False  #: the parent's last reply left demand waiting for capacity
+        #: per group, the oldest item the parent's last round left waiting at other children
+        self.waiting_since: dict[str, float] = {}
+        self.yielding: set[str] = set()  #: groups where this round hands out nothing: see ``decide``
+        self.over_limit = False  #: the parent's last reply said its permits out exceed its limit
+        self._asking: asyncio.Task[None] | None = None
+        self._giving: asyncio.Task[None] | None = None
+        self._last_ask_at: float | None = None
+        self._last_give_at: float | None = None
+        self._failures = 0
+
+    def decide(self, oldest_here: dict[str, float]) -> None:
+        """Before a round: in which groups the child yields. Where the
+        parent said others wait with items older than this child's oldest by
+        more than a permit takes to move (``yield_margin_ms``), a permit
+        freed here goes back to the parent for them instead of to younger
+        work here: the key's oldest work first, across children."""
+        if self.over_limit:  # the parent's limit was lowered: nothing it lent is handed out again
+            self.yielding = set(oldest_here) | set(self.borrowed.by_group())
+            return
+        self.yielding = {group for group, at in oldest_here.items()
+                         if group in self.waiting_since and self.waiting_since[group] < at - self.yield_margin_ms}
+
+    def ceiling(self, group: str) -> int:
+        """What the child may hand out in ``group`` this round: what it holds there, or nothing while it yields."""
+        return 0 if group in self.yielding else self.borrowed.capacity(group)
+
+    @property
+    def yield_margin_ms(self) -> float:
+        """Older by a round period: finer than that, rounds order no work either."""
+        return self.period_ms
+
+    def after_round(self, unmet: dict[str, Demand] | None) -> None:
+        """What a round of the child left waiting, per group, or, after a
+        sync (None), what the last round did."""
+        if unmet is not None:
+            self.unmet, self._unmet_at = unmet, now_ms()
+        self._give_back_idle()
+        self._persist()
+        self.ensure_exchanges()
+
+    def _persist(self) -> None:
+        """Write what changed in the loans (in the object's current batch)."""
+        written, deleted = self.borrowed.changes()
+        if written or deleted:
+            self.store.sql.transaction(lambda: self.store.write_loans(written, deleted))
+
+    def _forget_stale_demand(self) -> None:
+        """Demand no round of the child has confirmed for two periods is
+        gone: its clients were answered and did not ask again (a client
+        waiting asks once per period, or waits in a request held here)."""
+        if self.unmet and now_ms() - self._unmet_at > 2 * self.period_ms:
+            self.unmet = {}
+
+    def _give_back_idle(self) -> None:
+        """Permits held beyond what the child's grants charge, in a group
+        nobody waits in, go back to the parent: nothing hands them out
+        before the next round, and others may wait for them."""
+        self._forget_stale_demand()
+        charged = self.charged()
+        for group, held in self.borrowed.by_group().items():
+            idle = held - charged.get(group, 0)
+            if idle > 0 and (group not in self.unmet or group in self.yielding):
+                self.borrowed.give_back(group, idle)
+
+    def ensure_exchanges(self) -> None:
+        if self._asking is None and (self.unmet or not self.borrowed.heard):
+            self._asking = asyncio.ensure_future(self._ask_at(self._next_at(self._last_ask_at)))
+        if self._giving is None and self.borrowed.unconfirmed():
+            self._giving = asyncio.ensure_future(self._give_at(self._next_at(self._last_give_at)))
+
+    def _next_at(self, last: float | None) -> float:
+        if last is None:
+            return now_ms()
+        wait = self.period_ms if not self._failures else min(MAX_BACKOFF_MS, self.period_ms * 2**self._failures)
+        return max(now_ms(), last + wait)
+
+    def request(self) -> Request:
+        demand = () if self.borrowed.full() else tuple(self.unmet.values())
+        # Never held by the parent (no wait): the child hears every period
+        # who else waits (``waiting_since``), and yields to older work.
+        return Request(self.child_id, demand, self.borrowed.reports(), claims=True,
+                       heard_up_to=self.borrowed.heard_up_to)
+
+    async def _ask_at(self, at: float) -> None:
+        await sleep_until(at)
+        try:
+            await self._exchange(self.request().to_wire(), "grants", EXCHANGE_TIMEOUT_MS)
+        finally:
+            self._last_ask_at = now_ms()
+            self._asking = None
+        self.ensure_exchanges()
+
+    async def _give_at(self, at: float) -> None:
+        await sleep_until(at)
+        try:
+            await self._exchange(Sync(self.child_id, self.borrowed.reports()).to_wire(), "synced",
+                                 EXCHANGE_TIMEOUT_MS)
+        finally:
+            self._last_give_at = now_ms()
+            self._giving = None
+        self.ensure_exchanges()
+
+    async def _exchange(self, message: dict[str, Any], kind: str, timeout_ms: float) -> None:
+        send = self.parent.request if kind == "grants" else self.parent.sync
+        try:
+            # What a report gives back is written before it leaves: a new
+            # instance never counts on a permit its old one gave back.
+            self._persist()
+            await self.store.sql.flush()
+            async with asyncio.timeout(timeout_ms / 1000):  # a reply that never comes
+                sent = await send(self.parent_key, message)
+            reply = Reply.parse(sent, kind)
+        except Exception as error:  # unreachable, overloaded or refusing: ask again later
+            self._failures += 1
+            log.warning("budget tree: %s could not reach its parent %s: %r", self.child_id, self.parent_key, error)
+            return
+        self._failures = 0
+        self.contended = reply.contended
+        self.over_limit = reply.over_limit
+        if self.over_limit:
+            self.yielding |= set(self.borrowed.by_group())
+        if kind == "grants":
+            self.waiting_since = reply.waiting_since
+        if self.borrowed.take(reply.grants, reply.reports) > 0:
+            self.on_lent()
+        self._give_back_idle()
+        self._persist()
+
+
+class Waker:
+    """A parent's side: children that hold its permits and have gone quiet.
+
+    An evicted child whose clients have gone quiet never starts again by
+    itself: a give-back whose report was lost with it, or permits it holds
+    idle, would stay counted here for good. The parent calls such a child
+    (a ``sync`` that reports nothing): the new instance reads its loans,
+    asks its parent at once, and gives back what none of its clients uses.
+    A child is called when it holds permits and has not been heard from for
+    ``WAKE_AFTER_PERIODS`` periods: checked after each round that leaves
+    others waiting, and by a timer in memory while any child holds permits
+    (``watch``). Costs a call per quiet child per that many periods; nothing
+    is written.
+    """
+
+    def __init__(self, children: SemaphoreClient, own_key: str, period_ms: float) -> None:
+        self.children = children
+        self.own_key = own_key
+        self.after_ms = WAKE_AFTER_PERIODS * period_ms
+        self.started_at = now_ms()
+        self.heard: dict[str, float] = {}  #: child -> when it was last heard from, or woken
+        self._watching: asyncio.Task[None] | None = None
+
+    def watch(self, holding: Callable[[], list[str]]) -> None:
+        """While ``holding()`` names children that hold permits, wake the quiet ones now and then."""
+        if self._watching is None and any(parent_of(child) == self.own_key for child in holding()):
+            self._watching = asyncio.ensure_future(self._watch(holding))
+
+    async def _watch(self, holding: Callable[[], list[str]]) -> None:
+        try:
+            while True:
+                await asyncio.sleep(self.after_ms / 1000)
+                children = [child for child in holding() if parent_of(child) == self.own_key]
+                if not children:
+                    return
+                self.wake_quiet(children)
+        finally:
+            self._watching = None
+
+    def heard_from(self, client_id: str) -> None:
+        if parent_of(client_id) == self.own_key:
+            self.heard[client_id] = now_ms()
+
+    def wake_quiet(self, holding: Iterable[str]) -> None:
+        """Wake each child of ``holding`` (those the books charge) not heard from for a while."""
+        now = now_ms()
+        for child in set(holding):
+            if parent_of(child) == self.own_key and self.heard.get(child, self.started_at) < now - self.after_ms:
+                self.heard[child] = now
+                asyncio.ensure_future(self._wake(child))
+
+    async def _wake(self, child: str) -> None:
+        try:
+            await self.children.sync(child, Sync(self.own_key, ()).to_wire())
+        except Exception as error:  # tried again after as long, while others still wait
+            log.warning("budget tree: %s could not wake its child %s: %r", self.own_key, child, error)

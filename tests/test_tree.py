@@ -1,0 +1,240 @@
+"""The budget tree: a root holder lends to child holders, each serving the clients that hash to it.
+
+The pure rules (names, what a child holds and gives back) are driven
+directly; the tree itself runs on the embedded runtime with real queues,
+checked against the ground truth of what runs (``tests/workers/tree.py``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from hypothesis import given, strategies as st
+
+from durability.semaphore import DurabilitySemaphore
+from durability.semaphore.allocation import ClientOutcome
+from durability.semaphore.messages import GROUP_LIMIT, LIMIT, NOT_FOUND, OK, Demand, GrantEntry, ReportOutcome, Request
+from durability.semaphore.tree import Borrowed, holder_for, parent_of, unmet_demand
+from durability.testing import Runtime, load_worker_module
+
+TREE = Path(__file__).resolve().parent / "workers" / "tree.py"
+
+
+# -- names -----------------------------------------------------------------------------------
+def test_a_client_reaches_one_leaf_always_and_leaves_share_the_clients():
+    leaves = Counter(holder_for("acct", f"shard-{i}", fan_out=8) for i in range(8_000))
+    assert set(leaves) == {f"acct~child-{i}" for i in range(8)}
+    assert max(leaves.values()) < 1.1 * 1_000  # a hash spreads them evenly
+    assert holder_for("acct", "shard-1", 8) == holder_for("acct", "shard-1", 8)
+    deep = holder_for("acct", "shard-1", fan_out=4, depth=2)
+    assert parent_of(parent_of(deep)) == "acct" and parent_of("acct") is None
+
+
+@given(st.text(min_size=1, max_size=40), st.integers(min_value=0, max_value=1_023))
+def test_a_child_name_names_its_parent_and_nothing_else_does(key, index):
+    assert parent_of(f"{key}~child-{index}") == key
+    for not_a_child in (f"{key}~child-", f"{key}~child-0{index}", f"{key}~child-x", f"~child-{index}"):
+        assert parent_of(not_a_child) is None
+
+
+def test_a_tree_shape_is_checked_where_it_is_given():
+    for bad in ({"fan_out": 1}, {"fan_out": 0}, {"fan_out": 2, "depth": 0}, {"fan_out": True}):
+        with pytest.raises(ValueError):
+            DurabilitySemaphore.client(binding="HOLDER", **bad)
+
+
+# -- what a child holds ----------------------------------------------------------------------
+def entry(grant_id, group, claimed, released=0, deadline=1.0):
+    return GrantEntry(grant_id, group, claimed, claimed, deadline, released)
+
+
+def test_a_child_counts_what_its_parent_lists_and_gives_back_oldest_loans_first():
+    borrowed = Borrowed()
+    assert borrowed.total() == 0 and not borrowed.heard
+    assert borrowed.take([entry("a", "g", 3), entry("b", "g", 2, deadline=5.0), entry("c", "h", 4)], []) == 9
+    assert borrowed.heard and borrowed.heard_up_to == 5.0 and borrowed.by_group() == {"g": 5, "h": 4}
+    borrowed.give_back("g", 4)
+    assert [(r.grant_id, r.claimed, r.released) for r in borrowed.reports()] == [("a", 3, 3), ("b", 2, 1),
+                                                                                  ("c", 4, 0)]
+    assert borrowed.capacity("g") == 1 and borrowed.unconfirmed()
+    # A listing that is older than what was given back moves nothing back up.
+    borrowed.take([entry("b", "g", 2, released=0)], [ReportOutcome("a", OK, 3, 3, 3),
+                                                       ReportOutcome("b", OK, 2, 1, 2)])
+    assert set(borrowed.loans) == {"b", "c"} and borrowed.capacity("g") == 1 and not borrowed.unconfirmed()
+    borrowed.take([], [ReportOutcome("c", NOT_FOUND, 0, 0, 0)])
+    assert set(borrowed.loans) == {"b"}
+
+
+def test_a_listing_sent_before_a_loan_settled_does_not_bring_it_back():
+    borrowed = Borrowed()
+    borrowed.take([entry("a", "g", 1)], [])
+    borrowed.give_back("g", 1)
+    # The sync's reply settles it; the reply to a request sent before lists it unreleased.
+    borrowed.take([], [ReportOutcome("a", OK, 1, 1, 1)])
+    borrowed.take([entry("a", "g", 1, released=0)], [])
+    assert borrowed.total() == 0 and "a" not in borrowed.loans
+    written, deleted = borrowed.changes()
+    assert written == [] and deleted == ["a"]  # its row goes; nothing writes it again
+
+
+def test_once_quiet_no_loan_row_holds_a_permit():
+    module, runtime = tree_runtime(limit=2, fan_out=2)
+
+    async def scenario():
+        await submit_all(runtime, shards=4, per_shard=2, ms=2_000)
+        await until_done(module, runtime, 8)
+        await asyncio.sleep(5)
+
+    with runtime:
+        runtime.run(scenario())
+        rows = [row for host in runtime.hosts() if "~child-" in host.name
+                for row in host.db.inspect("SELECT grant_id, permits, released FROM durability_semaphore_loans")]
+        # Settled loans are deleted once the root confirms; none is left holding a permit.
+        assert all(row["released"] == row["permits"] for row in rows), rows
+        assert runtime.totals()["rows_written"] > 0
+
+
+def test_what_a_round_left_waiting_is_asked_of_the_parent_oldest_group_first():
+    requests = [Request("c1", (Demand("g", 5, 10.0), Demand("h", 1, 50.0)), ()),
+                Request("c2", (Demand("g", 2, 5.0),), ()),
+                Request("c3", (Demand("g", 9, 1.0),), ())]
+    outcomes = {"c1": ClientOutcome(blocked={"g": (LIMIT, 3), "h": (GROUP_LIMIT, 1)}),
+                "c2": ClientOutcome(blocked={"g": (LIMIT, 2)}),
+                "c3": ClientOutcome(blocked={"g": ("not_permitted", 9)})}  # not for the parent to serve
+    assert unmet_demand(requests, outcomes) == {"g": Demand("g", 5, 5.0), "h": Demand("h", 1, 50.0)}
+
+
+# -- the tree on the embedded runtime --------------------------------------------------------
+def tree_runtime(seed=1, **config):
+    module = load_worker_module(TREE)
+    module.reset(**config)
+    return module, Runtime(module, {"HOLDER": "TreeHolder", "SHARD": "Shard"}, seed=seed)
+
+
+def submit_all(runtime, shards, per_shard, ms=3_000, key="acct"):
+    async def submit():
+        for s in range(shards):
+            items = [{"id": f"s{s}-{i}", "key": key, "group": "g", "body": {"ms": ms}} for i in range(per_shard)]
+            await runtime.env.SHARD.getByName(f"s{s}").submit(items)
+    return submit()
+
+
+async def until_done(module, runtime, count, most_s=600):
+    for _ in range(most_s):
+        if len(module.WORLD["done"]) >= count:
+            return
+        await asyncio.sleep(1)
+
+
+def test_a_tree_keeps_the_limit_and_runs_everything():
+    module, runtime = tree_runtime(limit=4, fan_out=4)
+
+    async def scenario():
+        await submit_all(runtime, shards=8, per_shard=5)
+        await until_done(module, runtime, 40)
+        # Demand a child asked for and no round confirms again is dropped
+        # after two periods; what it held for it then goes back.
+        await asyncio.sleep(4)
+        return await runtime.env.HOLDER.getByName("acct").usage()
+
+    with runtime:
+        root_usage = runtime.run(scenario())
+        assert len(module.WORLD["done"]) == 40 and not module.WORLD["violations"]
+        assert module.WORLD["max_running"] == 4  # the whole limit was used
+        holders = {h.name for h in runtime.hosts() if h.class_name == "TreeHolder"}
+        assert holders == {"acct"} | {f"acct~child-{i}" for i in range(4)}
+        assert root_usage["outstanding"] == 0 and not runtime.errors  # every permit came back to the root
+
+
+def test_a_child_evicted_keeps_its_budget_counted_and_its_clients_are_served_once_it_is_back():
+    module, runtime = tree_runtime(limit=4, fan_out=2)
+
+    async def scenario():
+        await submit_all(runtime, shards=6, per_shard=4, ms=5_000)
+        await asyncio.sleep(3)
+        for host in runtime.hosts():
+            if host.name.startswith("acct~child-"):
+                host.evict()  # in the middle of their clients' work
+        await asyncio.sleep(1)
+        runtime.host_of(runtime.env.HOLDER.getByName("acct")).evict()
+        await until_done(module, runtime, 24)
+
+    with runtime:
+        runtime.run(scenario())
+        assert len(module.WORLD["done"]) == 24 and not module.WORLD["violations"]
+        assert module.WORLD["max_running"] <= 4
+
+
+def test_a_depth_two_tree_keeps_the_limit_too():
+    module, runtime = tree_runtime(limit=3, fan_out=2, depth=2)
+
+    async def scenario():
+        await submit_all(runtime, shards=8, per_shard=3, ms=2_000)
+        await until_done(module, runtime, 24)
+
+    with runtime:
+        runtime.run(scenario())
+        names = {h.name for h in runtime.hosts() if h.class_name == "TreeHolder"}
+        assert any(name.count("~child-") == 2 for name in names)
+        assert len(module.WORLD["done"]) == 24 and not module.WORLD["violations"]
+
+
+def test_a_lowered_limit_stops_the_children_within_a_period_or_two():
+    module, runtime = tree_runtime(limit=6, fan_out=3)
+    lowered_at = []
+
+    async def scenario():
+        await submit_all(runtime, shards=6, per_shard=6, ms=4_000)
+        await asyncio.sleep(6)
+        module.CONFIG["limit"] = 2
+        lowered_at.append(runtime.now_ms())
+        await until_done(module, runtime, 36)
+
+    with runtime:
+        runtime.run(scenario())
+        assert len(module.WORLD["done"]) == 36
+        # Children hear it at their next exchange (once per period, 1 s here)
+        # and hand out nothing more of what they hold until usage is under it.
+        window_ms = 3 * module.CONFIG["round_period_ms"]
+        late = [(at, running) for at, running in module.WORLD["starts"]
+                if at > lowered_at[0] + window_ms and running > 2]
+        assert not late and any(at > lowered_at[0] + window_ms for at, _ in module.WORLD["starts"])
+        early = [(at, running) for at, running in module.WORLD["starts"] if at < lowered_at[0]]
+        assert max(running for _, running in early) == 6  # the old limit was in use
+
+
+def test_a_child_gone_quiet_with_permits_is_woken_by_its_parent_and_gives_them_back():
+    module, runtime = tree_runtime(limit=2, fan_out=2)
+    children = {holder_for("acct", f"s{i}", 2) for i in range(4)}
+    assert len(children) == 2
+    busy_child = holder_for("acct", "s0", 2)
+    phase_two = []
+
+    async def scenario():
+        await submit_all(runtime, shards=4, per_shard=1, ms=3_000)
+        await asyncio.sleep(2)  # both children hold a permit for their shards' work
+        module.CONFIG["cut"] |= children  # their give-backs fail from now on
+        await until_done(module, runtime, 4)
+        await asyncio.sleep(3)
+        for host in runtime.hosts():
+            if host.name in children:
+                host.evict()  # what they held lives in memory only: gone with them
+        module.CONFIG["cut"].clear()
+        # Only s0 has work now: the other child has no client to start it again.
+        phase_two.append(runtime.now_ms())
+        items = [{"id": f"late-{i}", "key": "acct", "group": "g", "body": {"ms": 3_000}} for i in range(6)]
+        await runtime.env.SHARD.getByName("s0").submit(items)
+        await until_done(module, runtime, 10)
+        await asyncio.sleep(5)
+        return await runtime.env.HOLDER.getByName("acct").usage()
+
+    with runtime:
+        usage = runtime.run(scenario())
+        assert len(module.WORLD["done"]) == 10 and not module.WORLD["violations"]
+        late = [running for at, running in module.WORLD["starts"] if at > phase_two[0]]
+        assert max(late) == 2  # the quiet child's permit came back, to the child with work
+        assert usage["outstanding"] == 0, usage  # and nothing stays counted for good
+        assert busy_child in {h.name for h in runtime.hosts()}
