@@ -9,6 +9,7 @@ dollars per million jobs. Must not know: which system ran the jobs.
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass, field
 
 PRICE_PER_MILLION = {"rows_written": 1.00, "rows_read": 0.001, "requests": 0.15}
@@ -70,14 +71,17 @@ def busy_share(ledger: Ledger, limits: dict[str, int]) -> tuple[float, dict[str,
     return (total_busy / total_time if total_time else 1.0), per_account
 
 
-def out_of_order_share(ledger: Ledger, slack_ms: float = 0.0) -> float:
+def out_of_order_share(ledger: Ledger, slack_ms: float = 0.0, together_ms: float = 0.0) -> float:
     """The share of starts made while an older job of the same account still
-    waited (older by more than ``slack_ms``: 0 counts any).
+    waited (older by more than ``slack_ms``: 0 counts any). A job that
+    started within ``together_ms`` after another counts as started with it:
+    the replies of one decision land a few milliseconds apart.
 
     A job started at s is late if a job submitted before it started after
-    s: with an account's jobs in order of start, that is the earliest
-    submission among the jobs started later than s (a suffix minimum), so
-    the count takes a sort, not a comparison of every pair.
+    s + together_ms: with an account's jobs in order of start, that is the
+    earliest submission among the jobs started after then (a suffix
+    minimum, found by bisection), so the count takes a sort, not a
+    comparison of every pair.
     """
     late = 0
     by_account: dict[str, list[str]] = {}
@@ -85,16 +89,13 @@ def out_of_order_share(ledger: Ledger, slack_ms: float = 0.0) -> float:
         by_account.setdefault(ledger.account[job_id], []).append(job_id)
     for jobs in by_account.values():
         jobs.sort(key=lambda j: ledger.started_at[j])
-        earliest_later = float("inf")  # the earliest submission among jobs started after this start
-        index = len(jobs)
-        while index > 0:
-            start = ledger.started_at[jobs[index - 1]]
-            same = index
-            while same > 0 and ledger.started_at[jobs[same - 1]] == start:
-                same -= 1
-            late += sum(1 for j in jobs[same:index] if earliest_later < ledger.submitted_at[j] - slack_ms)
-            earliest_later = min([earliest_later, *(ledger.submitted_at[j] for j in jobs[same:index])])
-            index = same
+        starts = [ledger.started_at[j] for j in jobs]
+        earliest_from = [float("inf")] * (len(jobs) + 1)  # earliest submission among jobs[k:]
+        for k in range(len(jobs) - 1, -1, -1):
+            earliest_from[k] = min(earliest_from[k + 1], ledger.submitted_at[jobs[k]])
+        for k, job_id in enumerate(jobs):
+            after = bisect.bisect_right(starts, starts[k] + together_ms)
+            late += earliest_from[after] < ledger.submitted_at[job_id] - slack_ms
     return late / max(len(ledger.started_at), 1)
 
 

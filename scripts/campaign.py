@@ -31,6 +31,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT / "src"), str(ROOT)]
 
+from bench.progress import Progress  # noqa: E402
 from campaign.run import run  # noqa: E402
 from campaign.scenario import ALL_MODES, MODES, PLANTS, generate, with_plant  # noqa: E402
 from campaign.shrink import as_pytest_case, shrink  # noqa: E402
@@ -46,15 +47,6 @@ def one(task: tuple[str, int, str | None]) -> dict:
     return {"mode": mode, "seed": seed, "steps": outcome.steps, "virtual_ms": outcome.virtual_ms,
             "violations": dict(outcome.violations.counts), "first": outcome.violations.first,
             "excused": dict(outcome.excused)}
-
-
-def progress(done: int, total: int, failed: int, started: float) -> None:
-    width = 30
-    filled = width * done // max(total, 1)
-    rate = done / max(time.time() - started, 1e-9)
-    sys.stderr.write(f"\r[{'#' * filled}{'.' * (width - filled)}] {done}/{total} runs, {failed} failed, "
-                     f"{rate:.1f} runs/s ")
-    sys.stderr.flush()
 
 
 def summarize(results: list[dict], modes: list[str]) -> list[dict]:
@@ -129,14 +121,16 @@ def main() -> int:
     tasks = [(mode, seed, args.plant) for seed in range(args.start, args.start + args.seeds) for mode in modes]
     started = time.time()
     results, failed = [], 0
+    bar = Progress(len(tasks))
     with multiprocessing.get_context("spawn").Pool(args.jobs) as pool:
         for result in pool.imap_unordered(one, tasks, chunksize=4):
             results.append(result)
             if result["violations"]:
                 failed += 1
-                sys.stderr.write(f"\r{result['mode']} seed {result['seed']} failed: {result['first']}\n")
-            progress(len(results), len(tasks), failed, started)
-    sys.stderr.write("\n")
+                bar.note(f"{result['mode']} seed {result['seed']} failed: {result['first']}")
+            rate = len(results) / max(time.time() - started, 1e-9)
+            bar.show(len(results), f"{len(results)}/{len(tasks)} runs, {failed} failed, {rate:.1f} runs/s")
+    bar.end()
     summary = summarize(results, modes)
     if args.json:
         print(json.dumps([{k: row[k] for k in ("mode", "runs", "steps_checked", "violations", "virtual_hours")}

@@ -37,6 +37,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT / "src"), str(ROOT)]
 
 from bench import measure  # noqa: E402
+from bench.progress import Progress  # noqa: E402
 from bench.workload import LostReleases  # noqa: E402
 from durability.testing import Faults, JsException, Runtime  # noqa: E402
 
@@ -147,19 +148,20 @@ async def workload(runtime: Runtime, args: argparse.Namespace, ledger: Ledger, a
     # Wait for every job to end, then for the finished() sweep to return lost permits.
     deadline = runtime.now_ms() + SETTLE_MS
     last_report = 0.0
+    bar = Progress(args.jobs, width=40)
     while runtime.now_ms() < deadline:
         await asyncio.sleep(30)
         ended = await ended_jobs(runtime, ledger)
         if not args.json and runtime.now_ms() - last_report >= 60_000:
             last_report = runtime.now_ms()
-            progress(len(ended), args.jobs, runtime)
+            progress(bar, len(ended), args.jobs, runtime)
         if len(ended) == args.jobs:
             usages = await account_usages(runtime, accounts)
             if all(u["outstanding"] == 0 for u in usages.values()):
                 break
     if not args.json:
-        progress(len(ledger.outcome), args.jobs, runtime)
-        print(file=sys.stderr)
+        progress(bar, len(ledger.outcome), args.jobs, runtime)
+        bar.end()
     return await account_usages(runtime, accounts)
 
 
@@ -180,12 +182,9 @@ async def ended_jobs(runtime: Runtime, ledger: Ledger) -> dict[str, str]:
     return ledger.outcome
 
 
-def progress(done: int, total: int, runtime: Runtime) -> None:
-    width = 40
-    filled = int(width * done / total)
+def progress(bar: Progress, done: int, total: int, runtime: Runtime) -> None:
     minutes, seconds = divmod(int(runtime.loop.time()), 60)
-    print(f"\r[{'#' * filled}{'.' * (width - filled)}] {done}/{total} jobs ended, "
-          f"{minutes}m{seconds:02d}s virtual", end="", file=sys.stderr, flush=True)
+    bar.show(done, f"{done}/{total} jobs ended, {minutes}m{seconds:02d}s virtual")
 
 
 def main() -> int:

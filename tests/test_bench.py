@@ -5,6 +5,7 @@ import subprocess
 import sys
 
 import pytest
+from hypothesis import given, strategies as st
 
 from bench.measure import Ledger, busy_share, dollars_per_million, makespan, out_of_order_share
 from bench.workload import arrivals
@@ -33,6 +34,25 @@ def test_busy_share_counts_idle_permits_only_while_jobs_wait():
 def test_out_of_order_share_counts_starts_ahead_of_an_older_waiting_job():
     book = ledger(("old", "x", 5, 0, 10, 15), ("new", "x", 5, 1, 2, 7), ("other", "y", 5, 0, 20, 25))
     assert out_of_order_share(book) == pytest.approx(1 / 3)
+
+
+def test_starts_a_moment_apart_count_as_one_decision_when_asked():
+    # "new" started 3 ms before "old", which had waited longer: late, unless starts 100 ms apart are together.
+    book = ledger(("old", "x", 5, 0, 10_003, 20_000), ("new", "x", 5, 5_000, 10_000, 20_000))
+    assert out_of_order_share(book) == pytest.approx(1 / 2)
+    assert out_of_order_share(book, slack_ms=2_000) == pytest.approx(1 / 2)
+    assert out_of_order_share(book, slack_ms=2_000, together_ms=100) == 0.0
+    assert out_of_order_share(book, slack_ms=6_000) == 0.0  # older by less than the slack
+
+
+@given(st.lists(st.tuples(st.integers(0, 50), st.integers(0, 50)), max_size=40),
+       st.sampled_from([0, 5]), st.sampled_from([0, 3]))
+def test_out_of_order_share_is_the_count_of_every_pair(jobs, slack, together):
+    book = ledger(*((f"j{i}", "x", 1, sub, sub + wait, sub + wait + 1) for i, (sub, wait) in enumerate(jobs)))
+    late = sum(any(book.submitted_at[i] < book.submitted_at[j] - slack
+                   and book.started_at[i] > book.started_at[j] + together for i in book.started_at)
+               for j in book.started_at)
+    assert out_of_order_share(book, slack, together) == pytest.approx(late / max(len(jobs), 1))
 
 
 def test_makespan_and_its_lower_bound():
@@ -83,3 +103,24 @@ def test_the_tree_benchmark_prints_one_object_per_tree_scale_and_a_plot(tmp_path
     assert (tree["clients"], tree["objects"], single["objects"]) == (400, 3, 1)
     assert 0.5 < tree["busy_while_waiting"] <= 1 and tree["rows_written_per_admission"] > 0
     assert plot.stat().st_size > 10_000
+
+
+def test_the_progress_bar_writes_plain_lines_when_stderr_is_no_terminal():
+    import io
+
+    from bench.progress import Progress
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    piped, terminal = io.StringIO(), Terminal()
+    for stream in (piped, terminal):
+        bar = Progress(1_000, stream=stream)
+        for done in range(1_001):
+            bar.show(done, f"{done}/1000")
+        bar.note("seed 3 failed")
+        bar.end()
+    assert "\r" not in piped.getvalue()
+    assert len(piped.getvalue().splitlines()) == 12  # each tenth, the end, and the note
+    assert terminal.getvalue().count("\r") == 1_002  # redrawn in place

@@ -19,7 +19,7 @@ from collections.abc import Callable
 
 from durability.semaphore.allocation import ClientOutcome, Grant, Limits, news_for, run_round
 from durability.semaphore.holder_line import Line
-from durability.semaphore.messages import Demand, Report, Request
+from durability.semaphore.messages import MAX_DEMAND_TIMES, Demand, Report, Request
 
 GROUPS = [f"g{i:02d}" for i in range(20)]
 TIMEOUT_MS = 30_000
@@ -45,11 +45,13 @@ class Workload:
         for client, queued in self.queued.items():
             if self.rng.random() < 0.25:
                 for group in self.rng.sample(GROUPS, self.rng.randint(1, 3)):
-                    queued.setdefault(group, []).extend([self.now] * self.rng.randint(1, 4))
+                    queued.setdefault(group, []).extend(self.now + k for k in range(self.rng.randint(1, 4)))
             for counts in self.mine[client].values():
                 if counts[1] < counts[0] and self.rng.random() < 0.4:
                     counts[1] = counts[0]
-            demand = tuple(Demand(g, len(items), items[0]) for g, items in queued.items() if items)
+            # As the queue sends it: the times of its oldest items (the round serves items oldest first).
+            demand = tuple(Demand(g, len(items), items[0], tuple(items[:MAX_DEMAND_TIMES]))
+                           for g, items in queued.items() if items)
             reports = tuple(Report(gid, c, r) for gid, (c, r) in self.mine[client].items())
             if demand or reports:
                 requests.append(Request(client, demand, reports, claims=True, heard_up_to=self.now + TIMEOUT_MS))

@@ -39,6 +39,7 @@ from durability.semaphore.messages import (
     LIMIT_RESOLUTION_ERROR,
     MAX_COUNT,
     MAX_DEMAND_ENTRIES,
+    MAX_DEMAND_TIMES,
     MAX_ID_LENGTH,
     MAX_REPORTS,
     NOT_FOUND,
@@ -312,6 +313,52 @@ def test_older_demand_short_on_the_limit_takes_everything_and_younger_waits():
     assert result.outcomes["old"].blocked == {"g1": (LIMIT, 1)}
     assert result.outcomes["young"].new_grants == []
     assert result.outcomes["young"].blocked == {"g0": (LIMIT, 2)}
+
+
+@st.composite
+def timed_demand(draw):
+    """Clients each with items of known enqueue times (some sending none), a limit, a group ceiling."""
+    requests = []
+    for i in range(draw(st.integers(1, 6))):
+        times = sorted(draw(st.lists(st.integers(0, 50), min_size=1, max_size=MAX_DEMAND_TIMES)))
+        extra = draw(st.integers(0, 3))  # items past the times given
+        sent = () if draw(st.integers(0, 4)) == 0 else tuple(T0 + t for t in times)
+        requests.append(Request(f"c{i}", (Demand("g0", len(times) + extra, T0 + times[0], sent),), ()))
+    return requests, draw(st.integers(0, 40)), draw(st.none() | st.integers(0, 40))
+
+
+def item_times(demand: Demand) -> list[float]:
+    """Where each of a demand's items stands in line: its time, or the last one given."""
+    times = demand.times or (demand.oldest_at,)
+    return list(times) + [times[-1]] * (demand.count - len(times))
+
+
+@FAST
+@given(timed_demand())
+def test_a_round_serves_items_oldest_first_across_clients(case):
+    requests, total, ceiling = case
+    result = run_round({}, requests, limits(total, {"g0": ceiling}), T0, TIMEOUT_MS, id_maker())
+    served, waiting = [], []
+    for request in requests:
+        outcome = result.outcomes[request.client_id]
+        got = sum(grant.permits for grant in outcome.new_grants)
+        assert len(outcome.new_grants) <= 1  # one grant per client and group, however many items
+        line = item_times(request.demand[0])
+        served += line[:got]
+        waiting += line[got:]
+        assert outcome.blocked.get("g0", (None, 0))[1] == len(line) - got
+    room = min(total, total if ceiling is None else ceiling)
+    assert len(served) == min(room, len(served) + len(waiting))  # no room left idle
+    assert not served or not waiting or max(served) <= min(waiting)  # and no item served before an older one
+
+
+def test_a_client_with_many_young_items_gets_only_its_old_ones():
+    requests = [Request("many", (Demand("g0", 10, T0, (T0, T0 + 1, *[T0 + 100 + i for i in range(8)])),), ()),
+                Request("one", (Demand("g0", 1, T0 + 50, (T0 + 50,)),), ())]
+    result = run_round({}, requests, limits(4), T0, TIMEOUT_MS, id_maker())
+    assert [g.permits for g in result.outcomes["many"].new_grants] == [3]
+    assert [g.permits for g in result.outcomes["one"].new_grants] == [1]
+    assert result.outcomes["many"].blocked == {"g0": (LIMIT, 7)}
 
 
 # -- reports: monotonic, clamped, never freeing capacity twice ------------------------
@@ -660,6 +707,13 @@ REFUSED = [
     ("negative-oldestAt", request_message(demand=[demand_entry(oldestAt=-1)]), "invalid_message"),
     ("bool-oldestAt", request_message(demand=[demand_entry(oldestAt=False)]), "invalid_message"),
     ("duplicate-group", request_message(demand=[demand_entry(), demand_entry(count=1)]), "invalid_message"),
+    ("times-not-list", request_message(demand=[demand_entry(times=T0)]), "invalid_message"),
+    ("times-not-from-oldestAt", request_message(demand=[demand_entry(times=[T0 + 1])]), "invalid_message"),
+    ("times-out-of-order", request_message(demand=[demand_entry(times=[T0, T0 + 2, T0 + 1])]), "invalid_message"),
+    ("times-past-count", request_message(demand=[demand_entry(count=1, times=[T0, T0])]), "invalid_message"),
+    ("times-nan", request_message(demand=[demand_entry(times=[T0, math.nan])]), "invalid_message"),
+    ("too-many-times", request_message(demand=[demand_entry(count=99, times=[T0] * (MAX_DEMAND_TIMES + 1))]),
+     "too_large"),
     ("too-many-demand", request_message(demand=[demand_entry(group=f"g{i}") for i in range(MAX_DEMAND_ENTRIES + 1)]),
      "too_large"),
     ("grants-not-list", request_message(grants=None), "invalid_message"),

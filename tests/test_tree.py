@@ -14,10 +14,12 @@ from pathlib import Path
 import pytest
 from hypothesis import given, strategies as st
 
+from durability._clock import now_ms
 from durability.semaphore import DurabilitySemaphore
-from durability.semaphore.allocation import ClientOutcome
+from durability.semaphore.allocation import ClientOutcome, ResolutionFailed
+from durability.semaphore.holder_tree import ParentLink
 from durability.semaphore.messages import GROUP_LIMIT, LIMIT, NOT_FOUND, OK, Demand, GrantEntry, ReportOutcome, Request
-from durability.semaphore.tree import Borrowed, holder_for, parent_of, unmet_demand
+from durability.semaphore.tree import Borrowed, closed_groups, holder_for, over_limit, parent_of, unmet_demand
 from durability.testing import Runtime, load_worker_module
 
 TREE = Path(__file__).resolve().parent / "workers" / "tree.py"
@@ -104,7 +106,73 @@ def test_what_a_round_left_waiting_is_asked_of_the_parent_oldest_group_first():
     outcomes = {"c1": ClientOutcome(blocked={"g": (LIMIT, 3), "h": (GROUP_LIMIT, 1)}),
                 "c2": ClientOutcome(blocked={"g": (LIMIT, 2)}),
                 "c3": ClientOutcome(blocked={"g": ("not_permitted", 9)})}  # not for the parent to serve
-    assert unmet_demand(requests, outcomes) == {"g": Demand("g", 5, 5.0), "h": Demand("h", 1, 50.0)}
+    # Without times a client's items left stand at its oldest; with them, the youngest are the ones left.
+    assert unmet_demand(requests, outcomes) == {"g": Demand("g", 5, 5.0, (5.0, 10.0)),
+                                                "h": Demand("h", 1, 50.0, (50.0,))}
+    timed = [Request("c1", (Demand("g", 4, 1.0, (1.0, 2.0, 3.0, 9.0)),), ()),
+             Request("c2", (Demand("g", 3, 4.0, (4.0, 5.0)),), ())]
+    left = {"c1": ClientOutcome(blocked={"g": (LIMIT, 2)}), "c2": ClientOutcome(blocked={"g": (LIMIT, 3)})}
+    assert unmet_demand(timed, left) == {"g": Demand("g", 5, 3.0, (3.0, 4.0, 5.0, 9.0))}
+
+
+def test_a_parent_closes_the_groups_its_own_round_would_grant_nothing_in():
+    ceilings = {"open": 5, "free": None, "lowered": 1, "broken": ResolutionFailed(RuntimeError("down"))}
+    out = {"open": 5, "free": 9, "lowered": 2, "broken": 1}
+    # At its ceiling a group stays open: a child reusing a permit there keeps the count.
+    assert closed_groups(out, ceilings.__getitem__) == ("broken", "lowered")
+    assert closed_groups({}, ceilings.__getitem__) == ()
+    assert not over_limit(4, 4) and over_limit(3, 4) and over_limit(ResolutionFailed(RuntimeError()), 0)
+
+
+class _Timers:
+    """A scheduler's timer calls, kept and never fired (a link's timers are not under test here)."""
+
+    def __init__(self):
+        self.timers = {}
+
+    def register(self, participant, handler, durable=True):
+        pass
+
+    def schedule(self, participant, key, at):
+        self.timers[(participant, key)] = at
+
+    def timer(self, participant, key):
+        return self.timers.get((participant, key))
+
+    def cancel(self, participant, key):
+        self.timers.pop((participant, key), None)
+
+    async def sync(self):
+        pass
+
+
+class _NoLoans:
+    def load_loans(self):
+        return {}
+
+
+def test_a_child_gives_back_only_what_older_work_elsewhere_waits_for():
+
+    async def scenario():
+        charged = {"g": 4}
+        link = ParentLink(None, "acct", "acct~child-0", 1_000.0, lambda: True, lambda: charged, _NoLoans(), _Timers())
+        link._persist = lambda: None  # no rows here
+        link.ensure_exchanges = lambda: None  # and no exchanges
+        link.borrowed.take([entry("a", "g", 4)], [])
+        now = now_ms()
+        link.waiting_since, link._since_heard_at = {"g": (now - 9_000, now - 8_000, now - 100)}, now
+        link.unmet = {"g": Demand("g", 3, now - 5_000)}
+        link._unmet_at = now
+        link.decide({"g": now - 5_000})
+        # Two items elsewhere are older by more than half a period; the third is not.
+        assert link.owed == {"g": 2} and link.ceiling("g") == 2
+        charged["g"] = 1  # three of its clients' permits came back
+        link.after_round(None)
+        assert link.borrowed.capacity("g") == 2  # two went back; one stays for the work waiting here
+        link.decide({"g": now - 5_000})
+        assert link.owed == {"g": 0} and link.ceiling("g") == 2  # nothing more until the parent speaks again
+
+    asyncio.run(scenario())
 
 
 # -- the tree on the embedded runtime --------------------------------------------------------
@@ -238,3 +306,55 @@ def test_a_child_gone_quiet_with_permits_is_woken_by_its_parent_and_gives_them_b
         assert max(late) == 2  # the quiet child's permit came back, to the child with work
         assert usage["outstanding"] == 0, usage  # and nothing stays counted for good
         assert busy_child in {h.name for h in runtime.hosts()}
+
+
+def test_a_parent_evicted_while_a_quiet_child_holds_its_permits_comes_back_on_its_alarm():
+    module, runtime = tree_runtime(limit=2, fan_out=2)
+    children = {holder_for("acct", f"s{i}", 2) for i in range(4)}
+
+    async def scenario():
+        await submit_all(runtime, shards=4, per_shard=1, ms=3_000)
+        await asyncio.sleep(2)
+        module.CONFIG["cut"] |= children  # their give-backs fail from now on
+        await until_done(module, runtime, 4)
+        await asyncio.sleep(3)
+        for host in runtime.hosts():
+            if host.name in children or host.name == "acct":
+                host.evict()  # the children forget what they held; the root, its waker
+        module.CONFIG["cut"].clear()
+        await asyncio.sleep(120)  # nobody calls anyone: only alarms may start an object
+
+    with runtime:
+        runtime.run(scenario())
+        root = runtime.host_of(runtime.env.HOLDER.getByName("acct"))
+        assert root.instance is not None  # its alarm started it again
+        rows = root.db.inspect("SELECT permits - released AS charged FROM durability_semaphore_grants")
+        assert sum(row["charged"] for row in rows) == 0, rows  # the children were woken and gave all back
+        assert len(module.WORLD["done"]) == 4 and not module.WORLD["violations"]
+
+
+def test_a_group_ceiling_the_root_cannot_read_stops_the_children_handing_out_in_it():
+    module, runtime = tree_runtime(limit=4, fan_out=2)
+    failing_from = []
+
+    def failing(group):
+        raise RuntimeError("the ceiling store is down")
+
+    async def scenario():
+        await submit_all(runtime, shards=4, per_shard=10, ms=1_000)
+        await asyncio.sleep(3)
+        module.CONFIG["group_limit"] = failing
+        failing_from.append(runtime.now_ms())
+        await asyncio.sleep(20)
+        module.CONFIG["group_limit"] = None
+        await until_done(module, runtime, 40)
+
+    with runtime:
+        runtime.run(scenario())
+        assert len(module.WORLD["done"]) == 40 and not module.WORLD["violations"]
+        # The children hear it at their next exchange (once per period), and
+        # fail closed as the root does: none reuses what it holds in the group.
+        window_ms = 2 * module.CONFIG["round_period_ms"]
+        starts = [at for at, _ in module.WORLD["starts"]]
+        assert any(at < failing_from[0] for at in starts)
+        assert not [at for at in starts if failing_from[0] + window_ms < at < failing_from[0] + 20_000]

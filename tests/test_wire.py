@@ -166,9 +166,13 @@ def lists(strategy):
 grants_replies = st.builds(Reply, st.just("grants"), lists(report_outcomes), lists(lease_outcomes),
                            lists(lease_entries), st.booleans(), grants=lists(grant_entries), blocked=lists(blocked),
                            next_request_at=st.none() | times, all_leases_listed=st.booleans(),
-                           line=st.dictionaries(ids, times, max_size=3))
+                           line=st.dictionaries(ids, times, max_size=3),
+                           waiting_since=st.dictionaries(ids, st.lists(times, min_size=1, max_size=3).map(
+                               lambda at: tuple(sorted(at))), max_size=3), over_limit=st.booleans(),
+                           closed_groups=lists(ids))
 synced_replies = st.builds(Reply, st.just("synced"), lists(report_outcomes), lists(lease_outcomes),
-                           lists(lease_entries), st.booleans(), grants=lists(grant_entries))
+                           lists(lease_entries), st.booleans(), grants=lists(grant_entries),
+                           over_limit=st.booleans(), closed_groups=lists(ids))
 limits = st.none() | st.integers(0, 2**53)
 usages = st.builds(Usage, limits, limits, counts, counts, counts, counts, counts,
                    st.dictionaries(ids, st.builds(GroupUsage, counts, counts, counts, counts, limits), max_size=3),
@@ -219,6 +223,14 @@ def test_the_holders_typed_usage_is_its_usage_reply():
     usage = Usage.parse(wire)
     assert json.loads(json.dumps(dataclasses.asdict(usage))) == typed
     assert (usage.outstanding, usage.groups["g"].in_use, usage.grants) == (2, 2, 1)
+
+
+@pytest.mark.parametrize("closed", ["g", [1], ["g"] * (m.MAX_REPLY_ENTRIES + 1), [""]])
+def test_a_reply_closing_groups_names_them_or_is_refused(closed):
+    wire = {**Reply("synced", (), (), (), False).to_wire(), "closedGroups": closed}
+    with pytest.raises(m.ProtocolError) as raised:
+        Reply.parse(wire, "synced")
+    assert raised.value.code == "malformed_reply"
 
 
 def test_a_malformed_usage_reply_is_refused():

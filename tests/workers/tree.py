@@ -11,13 +11,14 @@ from workers import DurableObject
 from durability import DurabilityScheduler
 from durability.semaphore import DurabilitySemaphore, DurabilitySemaphoreQueue
 
-CONFIG = {"limit": 4, "fan_out": 4, "depth": 1, "round_wait_ms": 200, "round_period_ms": 1_000, "cut": set()}
+CONFIG = {"limit": 4, "fan_out": 4, "depth": 1, "round_wait_ms": 200, "round_period_ms": 1_000, "cut": set(),
+          "group_limit": None}
 WORLD = {"running": set(), "max_running": 0, "violations": [], "admitted": {}, "done": set(), "starts": []}
 
 
 def reset(**config):
     CONFIG.update({"limit": 4, "fan_out": 4, "depth": 1, "round_wait_ms": 200, "round_period_ms": 1_000,
-                   "cut": set()}, **config)
+                   "cut": set(), "group_limit": None}, **config)
     WORLD.update(running=set(), max_running=0, violations=[], admitted={}, done=set(), starts=[])
 
 
@@ -26,10 +27,15 @@ class TreeHolder(DurableObject):
         super().__init__(ctx, env)
         self.scheduler = DurabilityScheduler(ctx)
         self.semaphore = DurabilitySemaphore(
-            self.scheduler, limit=lambda: CONFIG["limit"],
+            self.scheduler, limit=lambda: CONFIG["limit"], group_limit=self._group_limit,
             round_wait_ms=CONFIG["round_wait_ms"], round_period_ms=CONFIG["round_period_ms"],
             parent=DurabilitySemaphore.client(binding="HOLDER").with_(self._unless_cut).bind(env),
         )
+
+    @staticmethod
+    def _group_limit(group):
+        """``CONFIG["group_limit"]``: None (no ceiling of its own) or a callable of the group."""
+        return None if CONFIG["group_limit"] is None else CONFIG["group_limit"](group)
 
     async def _unless_cut(self, call):
         """A holder named in ``CONFIG["cut"]`` cannot reach its parent or its children."""

@@ -28,7 +28,7 @@ is kept for grants on which nothing was claimed).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any, NamedTuple
 
@@ -559,6 +559,7 @@ def serve_grants(state: RoundState, terms: RoundTerms) -> list[Wanted]:
     held = held_for_demand(state)
     drawable = {(lease.client_id, lease.group) for lease in state.working.leases() if lease.drawable > 0}
     candidates: list[Wanted] = []
+    granting: list[tuple[Wanted, Demand]] = []
     for client_id, demand in oldest_first(state):
         want = demand.count - held.get((client_id, demand.group), 0)
         if want <= 0:
@@ -568,19 +569,70 @@ def serve_grants(state: RoundState, terms: RoundTerms) -> list[Wanted]:
         if reason is not None:
             state.outcomes[client_id].blocked[demand.group] = (reason, want)
         elif not may_lease(state, terms, wanted):
-            issue_grant(state, terms, wanted)
+            granting.append((wanted, demand))
         elif (client_id, demand.group) not in drawable:
             candidates.append(wanted)
+    shares = item_shares(state, terms, granting)
+    for (wanted, _), most in zip(granting, shares):
+        issue_grant(state, terms, wanted, most)
     return candidates
 
 
-def issue_grant(state: RoundState, terms: RoundTerms, wanted: Wanted) -> None:
-    """Grant what room there is, up to the want; the rest waits, with why."""
+def item_shares(state: RoundState, terms: RoundTerms, granting: list[tuple[Wanted, Demand]]) -> list[int]:
+    """How many permits each demand gets when the room goes to items oldest
+    first across clients (``Demand.times``), not to each client's whole
+    demand at its oldest item's turn; a demand without times stands in
+    line at its oldest item with all of it. What a client holds for its
+    demand covers its oldest items. O(S log S) in the slices: at most
+    ``MAX_DEMAND_TIMES`` + 1 per demand."""
+    if not any(demand.times for _, demand in granting):
+        return [wanted.want for wanted, _ in granting]
+    assert terms.budgets is not None  # refusal() let only resolved limits through
+    room_total = terms.budgets.grant_room(state.granted, state.leased)
+    room_groups: dict[str, int] = {}
+    shares = [0] * len(granting)
+    in_line = sorted(piece for position, entry in enumerate(granting) for piece in _slices(position, *entry))
+    for _, index, count in in_line:
+        if room_total <= 0:
+            break
+        wanted = granting[index][0]
+        take = min(count, room_total)
+        if wanted.ceiling is not None:
+            assert not isinstance(wanted.ceiling, ResolutionFailed)
+            left = room_groups.get(wanted.group)
+            if left is None:
+                left = state.group_room(wanted.group, wanted.ceiling, room_total)
+            take = max(0, min(take, left))
+            room_groups[wanted.group] = left - take
+        shares[index] += take
+        room_total -= take
+    return shares
+
+
+def _slices(index: int, wanted: Wanted, demand: Demand) -> Iterator[tuple[float, int, int]]:
+    """(time, index, count): a demand's wanted items by enqueue time, runs of
+    one time together; the oldest ``count - want`` are covered already."""
+    times = demand.times or (demand.oldest_at,)
+    known = times[demand.count - wanted.want:][:wanted.want]
+    rest = wanted.want - len(known)
+    run_at, run = (known[0], 0) if known else (times[-1], 0)
+    for at in known:
+        if at != run_at:
+            yield run_at, index, run
+            run_at, run = at, 0
+        run += 1
+    if rest:  # past the times given: at the last one
+        run += rest
+    yield run_at, index, run
+
+
+def issue_grant(state: RoundState, terms: RoundTerms, wanted: Wanted, most: int | None = None) -> None:
+    """Grant what room there is, up to the want (and ``most``); the rest waits, with why."""
     # Only demand that refusal() let through gets here: its limits resolved.
     assert terms.budgets is not None and not isinstance(wanted.ceiling, ResolutionFailed)
     room_total = terms.budgets.grant_room(state.granted, state.leased)
     room_group = state.group_room(wanted.group, wanted.ceiling, room_total)
-    give = max(0, min(wanted.want, room_total, room_group))
+    give = max(0, min(wanted.want, room_total, room_group, wanted.want if most is None else most))
     outcome = state.outcomes[wanted.client_id]
     if give:
         # A client that takes what it is granted gets it claimed: the

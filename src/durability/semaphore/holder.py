@@ -64,7 +64,7 @@ from .messages import (
     parse,
 )
 from .store import COMPONENT as HOLDER_COMPONENT, TABLES as HOLDER_TABLES, HolderStore
-from .tree import OldestWaiting, parent_of, unmet_demand
+from .tree import OldestWaiting, closed_groups, over_limit, parent_of, unmet_demand
 
 if TYPE_CHECKING:
     from .client import SemaphoreClient, SemaphoreClientFactory
@@ -107,8 +107,11 @@ class DurabilitySemaphore:
         can_grant: ``(client_id, group) -> bool``; False blocks that demand
             (``not_permitted``).
         round_wait_ms: how long a request waits so that concurrent requests
-            are allocated together.
-        round_period_ms: the least time between two rounds.
+            are allocated together (a tree's parent with room serves a
+            child at once: nothing is contended).
+        round_period_ms: the least time between two rounds (a tree's
+            child its parent just lent more runs one ``round_wait_ms``
+            after the last).
             A request that asks to ``wait`` and gets nothing is held for the
             following rounds (up to its wait) instead of being answered
             empty, so a blocked client costs one request per wait, not one
@@ -162,6 +165,7 @@ class DurabilitySemaphore:
         self._ids: LeaseIds | None = None
         self._waiting: list[_Waiting] = []  #: requests waiting for a round
         self._round: asyncio.Task[None] | None = None
+        self._round_due = 0.0  #: when the pending round (``_round``) runs
         self._last_round_at: float | None = None
         self._contended = False  #: the last round left demand waiting for capacity
         #: per client, its demand the latest round it was in left waiting: (round ms, group -> (reason, count))
@@ -175,14 +179,18 @@ class DurabilitySemaphore:
         self._link, self._waker = _tree_parts(self, parent, can_grant)
 
     def _ensure_round_if_waiting(self) -> bool:
+        """A child its parent lent more: a round for the requests it holds as
+        soon as ``round_wait_ms`` after the last one, not a period: they are
+        all here, and the permits would idle until then."""
         if self._waiting:
-            self._ensure_round()
+            self._ensure_round(soon=True, spacing=self.round_wait_ms)
         return bool(self._waiting)
 
-    def _tell_parent(self, requests: list[Request], outcomes: dict[str, ClientOutcome] | None) -> None:
-        """A child, after a round (what it left waiting) or a sync (None)."""
+    def _tell_parent(self, requests: list[Request], outcomes: dict[str, ClientOutcome] | None,
+                     synced_by: str | None = None) -> None:
+        """A child, after a round (what it left waiting) or a sync (None, from ``synced_by``)."""
         if self._link is not None:
-            self._link.after_round(unmet_demand(requests, outcomes) if outcomes is not None else None)
+            self._link.after_round(unmet_demand(requests, outcomes) if outcomes is not None else None, synced_by)
 
     migrate = public_migrate(HOLDER_COMPONENT, HOLDER_TABLES, "the holder's tables")
 
@@ -311,7 +319,9 @@ class DurabilitySemaphore:
             return await self._sync(parsed)
         waiter: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
         self._waiting.append(_Waiting(parsed, waiter, now_ms() + parsed.wait_ms))
-        self._ensure_round()
+        # A parent with room serves a child without the batching wait: with
+        # nothing contended there is no order to keep (rounds stay a period apart).
+        self._ensure_round(soon=not self._contended and parent_of(parsed.client_id) is not None)
         return await waiter
 
     async def _sync(self, sync: Sync) -> dict[str, Any]:
@@ -332,7 +342,7 @@ class DurabilitySemaphore:
         if working.changes:
             self._commit(working.changes)
             await self.scheduler.sync()
-        self._tell_parent([], None)  # a child gives back what its clients released (and wakes, if it was woken)
+        self._tell_parent([], None, sync.client_id)  # a child gives back what its clients released, or wakes
         if self._waker is not None:
             self._waker.watch(lambda: _holding(self._grants()))
         ttl_ms = self.lease_policy.ttl_ms if self.lease_policy is not None else 0
@@ -343,23 +353,27 @@ class DurabilitySemaphore:
         return Reply("synced", tuple(outcomes), tuple(lease_outcomes),
                      tuple(_lease_entry(lease, ttl_ms) for lease in stopping[:MAX_REPORTS]), self._contended,
                      grants=tuple(_grant_entry(g) for g in listed[:MAX_REPORTS]),
-                     over_limit=bool(parent_of(sync.client_id)) and _over_limit(self.limits, self._grants()),
+                     **(_tree_limits(self.limits, self._grants()) if parent_of(sync.client_id) else {}),
                      ).to_wire()
 
     # -- rounds -----------------------------------------------------------------
-    def _ensure_round(self) -> None:
-        if self._round is not None:
-            return
-        now = now_ms()
-        at = now + self.round_wait_ms
+    def _ensure_round(self, soon: bool = False, spacing: float | None = None) -> None:
+        """The next round: ``round_wait_ms`` from now (none if ``soon``), and
+        ``spacing`` (a round period unless given) after the last one."""
+        at = now_ms() + (0 if soon else self.round_wait_ms)
         if self._last_round_at is not None:
-            at = max(at, self._last_round_at + self.round_period_ms)
+            at = max(at, self._last_round_at + (self.round_period_ms if spacing is None else spacing))
         elif self._holds_permits():
             # This instance restarted while busy: the requests its old one
             # held failed, and their clients ask again at once (a request
             # that reached the holder is retried without backoff). Serving
             # before they are back would serve whoever asked first.
             at = max(at, self._started_at + self.rejoin_wait_ms)
+        if self._round is not None:
+            if self._round_due <= at:
+                return
+            self._round.cancel()  # still asleep: it has taken no request yet
+        self._round_due = at
         self._round = asyncio.ensure_future(self._round_at(at))
 
     def _holds_permits(self) -> bool:
@@ -411,14 +425,15 @@ class DurabilitySemaphore:
         ttl_ms = self.lease_policy.ttl_ms if self.lease_policy is not None else 0
         line: Line | None = None
         oldest: OldestWaiting | None = None
+        tree_limits: dict[str, Any] | None = None
         for waiting, outcome in answered:
             request = waiting.request
-            since: dict[str, float] = {}
-            over = False
+            tree: dict[str, Any] = {}
             if parent_of(request.client_id) is not None:  # a child of a tree: who else waits, and since when
                 oldest = oldest or OldestWaiting(requests, result.outcomes)
-                since = oldest.others(request.client_id, (d.group for d in request.demand))
-                over = _over_limit(self.limits, self._grants())
+                tree_limits = tree_limits or _tree_limits(self.limits, self._grants(), limits.groups)
+                tree = {**tree_limits, "waiting_since": oldest.others(request.client_id,
+                                                                      (d.group for d in request.demand))}
             # A client handed permits may ask again at once: its request is
             # held for the next round anyway, and is then present in it,
             # instead of arriving just after it and waiting a period more.
@@ -430,7 +445,7 @@ class DurabilitySemaphore:
                 ahead = line.ahead_of(waiting.request.client_id, (d.group for d in waiting.request.demand))
             ask_at = now if served else now + self.round_period_ms
             reply = _grants_reply(outcome, ask_at, result.contended, ttl_ms, ahead)
-            waiting.reply.set_result(replace(reply, waiting_since=since, over_limit=over).to_wire())
+            waiting.reply.set_result(replace(reply, **tree).to_wire())
 
     def _resolve_limits(self, requests: list[Request]) -> Limits:
         """The user's callbacks, once per round: for every group in demand, and
@@ -464,21 +479,8 @@ class DurabilitySemaphore:
         # Settled grants and leases kept only to answer late reports charge nothing.
         grants = [grant for grant in self._grants().values() if not grant.settled]
         leases = [lease for lease in self._leases().values() if not lease.settled]
-        granted, groups = usage(grants)
-        leased, leased_groups = lease_usage(leases)
+        granted, leased = usage(grants)[0], lease_usage(leases)[0]
         limit = self.limits.total()
-        in_use: dict[str, int] = {}
-        for grant in grants:
-            in_use[grant.group] = in_use.get(grant.group, 0) + grant.claimed - grant.released
-        for lease in leases:
-            in_use[lease.group] = in_use.get(lease.group, 0) + lease.drawn - lease.released
-        per_group = {}
-        for group in sorted(set(groups) | set(leased_groups)):
-            outstanding = groups.get(group, 0) + leased_groups.get(group, 0)
-            ceiling = self.limits.ceiling(group)
-            per_group[group] = GroupUsage(outstanding, in_use[group], outstanding - in_use[group],
-                                          leased_groups.get(group, 0),
-                                          None if isinstance(ceiling, ResolutionFailed) else ceiling)
         policy = self.lease_policy
         resolved = None if isinstance(limit, ResolutionFailed) else limit
         return Usage(
@@ -490,9 +492,28 @@ class DurabilitySemaphore:
             retired_footprint=sum(lease.footprint for lease in leases if lease.retired or lease.expires_at <= now_ms()),
             grants=len(grants),
             leases=len(leases),
-            groups=per_group,
+            groups=_group_usages(grants, leases, self.limits),
             waiting=_waiting_by_reason(self._blocked, now_ms()),
         )
+
+
+def _group_usages(grants: list[Grant], leases: list[Lease], limits: UserLimits) -> dict[str, GroupUsage]:
+    """Per group: permits outstanding, in use, idle, leased, and its own ceiling."""
+    _, groups = usage(grants)
+    _, leased_groups = lease_usage(leases)
+    in_use: dict[str, int] = {}
+    for grant in grants:
+        in_use[grant.group] = in_use.get(grant.group, 0) + grant.claimed - grant.released
+    for lease in leases:
+        in_use[lease.group] = in_use.get(lease.group, 0) + lease.drawn - lease.released
+    per_group = {}
+    for group in sorted(set(groups) | set(leased_groups)):
+        outstanding = groups.get(group, 0) + leased_groups.get(group, 0)
+        ceiling = limits.ceiling(group)
+        per_group[group] = GroupUsage(outstanding, in_use[group], outstanding - in_use[group],
+                                      leased_groups.get(group, 0),
+                                      None if isinstance(ceiling, ResolutionFailed) else ceiling)
+    return per_group
 
 
 def _lease_entry(lease: Lease, ttl_ms: float, new: bool = False) -> LeaseEntry:
@@ -604,12 +625,12 @@ def _tree_parts(holder: DurabilitySemaphore, parent: SemaphoreClient | None,
     if parent is None:
         return None, None
     ctx = holder.scheduler.ctx
-    link = child_link(parent, ctx, holder.round_period_ms, holder._ensure_round_if_waiting,
+    link = child_link(parent, holder.scheduler, holder.round_period_ms, holder._ensure_round_if_waiting,
                       lambda: usage(holder._grants().values())[1], holder.store)
     if link is not None:  # a child borrows its limit: every group's ceiling is what it holds there
         holder.limits = UserLimits(link.borrowed.total, link.ceiling, can_grant)
         link.ensure_exchanges()  # a new instance hears at once what it holds
-    waker = Waker(parent, _object_name(ctx), holder.round_period_ms)
+    waker = Waker(parent, _object_name(ctx), holder.round_period_ms, holder.scheduler)
     waker.watch(lambda: _holding(holder._grants()))
     return link, waker
 
@@ -619,7 +640,12 @@ def _holding(grants: dict[str, Grant]) -> list[str]:
     return [grant.client_id for grant in grants.values() if grant.charged > 0]
 
 
-def _over_limit(limits: UserLimits, grants: dict[str, Grant]) -> bool:
-    """Permits out beyond the limit (lowered since): a tree's children must hand out none they hold."""
-    total = limits.total()
-    return isinstance(total, int) and usage(grants.values())[0] > total
+def _tree_limits(limits: UserLimits, grants: dict[str, Grant],
+                 resolved: dict[str, Any] | None = None) -> dict[str, Any]:
+    """What a parent tells its children of its own limits (see
+    ``tree.over_limit`` and ``tree.closed_groups``): the ceilings a round
+    already read (``resolved``) are not read again."""
+    total, by_group = usage(grants.values())
+    known = resolved or {}
+    return {"over_limit": over_limit(limits.total(), total),
+            "closed_groups": closed_groups(by_group, lambda g: known[g] if g in known else limits.ceiling(g))}

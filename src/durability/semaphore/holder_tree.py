@@ -14,6 +14,7 @@ the report leaves, and deleted once settled (see ``tree.Borrowed``).
 from __future__ import annotations
 
 import asyncio
+import bisect
 import logging
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -33,6 +34,9 @@ WAKE_AFTER_PERIODS = 10
 #: how long an exchange waits for the parent's reply (its round comes within
 #: ``round_wait_ms``, a second by default) before it counts as failed
 EXCHANGE_TIMEOUT_MS = 30_000
+WAKER, WAKE = "durability.semaphore-tree", "wake"  #: the waker's timer, in the scheduler (kept in memory)
+#: a child's timer while a give-back is unconfirmed (``ParentLink.keep_alarm``)
+GIVER, GIVE = "durability.semaphore-tree-child", "give-back"
 
 
 def object_name(ctx: Any) -> str:
@@ -41,15 +45,15 @@ def object_name(ctx: Any) -> str:
     return name if isinstance(name, str) else ""
 
 
-def child_link(parent: SemaphoreClient | None, ctx: Any, period_ms: float, on_lent: Callable[[], bool],
+def child_link(parent: SemaphoreClient | None, scheduler: Any, period_ms: float, on_lent: Callable[[], bool],
                charged: Callable[[], dict[str, int]], store: HolderStore) -> ParentLink | None:
     """The link of a holder whose object's name is a child's to its parent;
     None for the root, or for a holder outside any tree."""
-    name = object_name(ctx)
+    name = object_name(scheduler.ctx)
     parent_key = parent_of(name)
     if parent is None or parent_key is None:
         return None
-    return ParentLink(parent, parent_key, name, period_ms, on_lent, charged, store)
+    return ParentLink(parent, parent_key, name, period_ms, on_lent, charged, store, scheduler)
 
 
 class ParentLink:
@@ -61,7 +65,8 @@ class ParentLink:
     """
 
     def __init__(self, parent: SemaphoreClient, parent_key: str, child_id: str, period_ms: float,
-                 on_lent: Callable[[], bool], charged: Callable[[], dict[str, int]], store: HolderStore) -> None:
+                 on_lent: Callable[[], bool], charged: Callable[[], dict[str, int]], store: HolderStore,
+                 scheduler: Any) -> None:
         self.parent = parent
         self.parent_key = parent_key
         self.child_id = child_id
@@ -74,42 +79,69 @@ class ParentLink:
         self.unmet: dict[str, Demand] = {}  #: per group, what the child's clients wait for
         self._unmet_at = 0.0  #: when the round that left ``unmet`` ran
         self.contended = False  #: the parent's last reply left demand waiting for capacity
-        #: per group, the oldest item the parent's last round left waiting at other children
-        self.waiting_since: dict[str, float] = {}
+        #: per group, the oldest items the parent's last round left waiting at other children
+        self.waiting_since: dict[str, tuple[float, ...]] = {}
+        self._since_heard_at = 0.0  #: when ``waiting_since`` came
+        self._given_since_heard: dict[str, int] = {}  #: per group, permits given back to older work since
+        self.owed: dict[str, int] = {}  #: per group, permits to give back to older work: see ``decide``
         self.yielding: set[str] = set()  #: groups where this round hands out nothing: see ``decide``
         self.over_limit = False  #: the parent's last reply said its permits out exceed its limit
+        self.closed: set[str] = set()  #: groups the parent's last reply closed (``tree.closed_groups``)
         self._asking: asyncio.Task[None] | None = None
         self._giving: asyncio.Task[None] | None = None
         self._last_ask_at: float | None = None
         self._last_give_at: float | None = None
         self._failures = 0
+        self._woken = False  #: the parent woke the child: ask it, even with nothing to ask for
+        self.scheduler = scheduler  #: the object's: see ``keep_alarm``
+        scheduler.register(GIVER, self.on_timer, durable=False)
 
     def decide(self, oldest_here: dict[str, float]) -> None:
-        """Before a round: in which groups the child yields. Where the
-        parent said others wait with items older than this child's oldest by
-        more than a permit takes to move (``yield_margin_ms``), a permit
-        freed here goes back to the parent for them instead of to younger
-        work here: the key's oldest work first, across children."""
+        """Before a round: what the child owes older work elsewhere. Where
+        the parent said others wait with items older than this child's
+        oldest by more than ``yield_margin_ms``, that many permits freed
+        here go back to the parent for them instead of to younger work
+        here, and no more until the parent's next reply says where the line
+        stands (giving back all would leave this child's own line to age
+        and pull the permits back: capacity would swing between children,
+        idle while it moves)."""
         if self.over_limit:  # the parent's limit was lowered: nothing it lent is handed out again
             self.yielding = set(oldest_here) | set(self.borrowed.by_group())
             return
-        self.yielding = {group for group, at in oldest_here.items()
-                         if group in self.waiting_since and self.waiting_since[group] < at - self.yield_margin_ms}
+        self.yielding = set(self.closed)
+        # Waits are compared, not times: the line elsewhere moved on since
+        # the parent said where it stood (about as fast as the clock, while
+        # the backlog's wait holds), and a stale time would look older than
+        # the work that waits there now.
+        moved = now_ms() - self._since_heard_at
+        for group, at in oldest_here.items():
+            older = bisect.bisect_left(self.waiting_since.get(group, ()), at - self.yield_margin_ms - moved)
+            self.owed[group] = max(0, older - self._given_since_heard.get(group, 0))
 
     def ceiling(self, group: str) -> int:
-        """What the child may hand out in ``group`` this round: what it holds there, or nothing while it yields."""
-        return 0 if group in self.yielding else self.borrowed.capacity(group)
+        """What the child may hand out in ``group`` this round: what it
+        holds there less what it owes, or nothing while it yields."""
+        if group in self.yielding:
+            return 0
+        return max(0, self.borrowed.capacity(group) - self.owed.get(group, 0))
 
     @property
     def yield_margin_ms(self) -> float:
-        """Older by a round period: finer than that, rounds order no work either."""
-        return self.period_ms
+        """Older by half a round period. Lower, and capacity moves for work
+        a round would not put ahead; higher, and the lines of children drift
+        apart by as much (``scripts/bench_tree.py``: at a period, a third
+        more admissions out of order by a period, at the same busy share)."""
+        return self.period_ms / 2
 
-    def after_round(self, unmet: dict[str, Demand] | None) -> None:
+    def after_round(self, unmet: dict[str, Demand] | None, synced_by: str | None = None) -> None:
         """What a round of the child left waiting, per group, or, after a
-        sync (None), what the last round did."""
+        sync (None) from ``synced_by``, what the last round did. A sync from
+        the parent wakes the child (``Waker``): the parent counts permits
+        it has not heard of for a while, perhaps a grant whose reply was
+        lost, so the child asks, and reads the listing of what it holds."""
         if unmet is not None:
             self.unmet, self._unmet_at = unmet, now_ms()
+        self._woken = self._woken or synced_by == self.parent_key
         self._give_back_idle()
         self._persist()
         self.ensure_exchanges()
@@ -137,12 +169,36 @@ class ParentLink:
             idle = held - charged.get(group, 0)
             if idle > 0 and (group not in self.unmet or group in self.yielding):
                 self.borrowed.give_back(group, idle)
+            elif idle > 0 and self.owed.get(group, 0) > 0:  # to older work elsewhere
+                given = min(idle, self.owed[group])
+                self.borrowed.give_back(group, given)
+                self.owed[group] -= given
+                self._given_since_heard[group] = self._given_since_heard.get(group, 0) + given
 
     def ensure_exchanges(self) -> None:
-        if self._asking is None and (self.unmet or not self.borrowed.heard):
+        if self._asking is None and (self.unmet or not self.borrowed.heard or self._woken):
             self._asking = asyncio.ensure_future(self._ask_at(self._next_at(self._last_ask_at)))
         if self._giving is None and self.borrowed.unconfirmed():
             self._giving = asyncio.ensure_future(self._give_at(self._next_at(self._last_give_at)))
+        self.keep_alarm()
+
+    def keep_alarm(self) -> None:
+        """While a give-back is unconfirmed, a timer ``MAX_BACKOFF_MS`` away:
+        the exchanges are tasks in memory, and an evicted child whose clients
+        are quiet would never send its give-back again. The timer is the
+        scheduler's, in memory, derived again from the loans' rows when an
+        instance starts, so the object's alarm brings the child back. It is
+        set only where none is, so the alarm moves at most once per
+        ``MAX_BACKOFF_MS`` while give-backs flow (a row, and a request when
+        it fires), not once per give-back."""
+        if not self.borrowed.unconfirmed():
+            self.scheduler.cancel(GIVER, GIVE)
+        elif self.scheduler.timer(GIVER, GIVE) is None:
+            self.scheduler.schedule(GIVER, GIVE, now_ms() + MAX_BACKOFF_MS)
+            asyncio.ensure_future(self.scheduler.sync())
+
+    async def on_timer(self, timer: Any) -> None:
+        self.ensure_exchanges()  # sets the timer again while a give-back is still unconfirmed
 
     def _next_at(self, last: float | None) -> float:
         if last is None:
@@ -191,12 +247,15 @@ class ParentLink:
             log.warning("budget tree: %s could not reach its parent %s: %r", self.child_id, self.parent_key, error)
             return
         self._failures = 0
+        self._woken = self._woken and kind != "grants"
         self.contended = reply.contended
-        self.over_limit = reply.over_limit
+        self.over_limit, self.closed = reply.over_limit, set(reply.closed_groups)
         if self.over_limit:
             self.yielding |= set(self.borrowed.by_group())
+        self.yielding |= self.closed
         if kind == "grants":
-            self.waiting_since = reply.waiting_since
+            self.waiting_since, self._since_heard_at = reply.waiting_since, now_ms()
+            self._given_since_heard = {}
         if self.borrowed.take(reply.grants, reply.reports) > 0:
             self.on_lent()
         self._give_back_idle()
@@ -213,34 +272,50 @@ class Waker:
     asks its parent at once, and gives back what none of its clients uses.
     A child is called when it holds permits and has not been heard from for
     ``WAKE_AFTER_PERIODS`` periods: checked after each round that leaves
-    others waiting, and by a timer in memory while any child holds permits
-    (``watch``). Costs a call per quiet child per that many periods; nothing
-    is written.
+    others waiting, and by a timer while any child holds permits
+    (``watch``). The timer is the scheduler's, kept in memory and derived
+    again from the grants when an instance starts, so the object's alarm
+    brings an evicted parent back to do it: nothing is written for it but
+    the alarm, which moves only when it must come earlier (a row per wake
+    period at most, while children hold permits), and each wake is a call
+    per quiet child.
     """
 
-    def __init__(self, children: SemaphoreClient, own_key: str, period_ms: float) -> None:
+    def __init__(self, children: SemaphoreClient, own_key: str, period_ms: float, scheduler: Any) -> None:
         self.children = children
         self.own_key = own_key
         self.after_ms = WAKE_AFTER_PERIODS * period_ms
         self.started_at = now_ms()
         self.heard: dict[str, float] = {}  #: child -> when it was last heard from, or woken
-        self._watching: asyncio.Task[None] | None = None
+        self.scheduler = scheduler
+        self._holding: Callable[[], list[str]] = list
+        scheduler.register(WAKER, self._on_timer, durable=False)
 
     def watch(self, holding: Callable[[], list[str]]) -> None:
-        """While ``holding()`` names children that hold permits, wake the quiet ones now and then."""
-        if self._watching is None and any(parent_of(child) == self.own_key for child in holding()):
-            self._watching = asyncio.ensure_future(self._watch(holding))
+        """While ``holding()`` names children that hold permits, wake the
+        quiet ones now and then (the timer, set for the first one due)."""
+        self._holding = holding
+        due = self._next_due()
+        if due is None:
+            self.scheduler.cancel(WAKER, WAKE)
+        elif (timer := self.scheduler.timer(WAKER, WAKE)) is None or timer.due_at > due:
+            self.scheduler.schedule(WAKER, WAKE, due)
+            asyncio.ensure_future(self.scheduler.sync())
 
-    async def _watch(self, holding: Callable[[], list[str]]) -> None:
-        try:
-            while True:
-                await asyncio.sleep(self.after_ms / 1000)
-                children = [child for child in holding() if parent_of(child) == self.own_key]
-                if not children:
-                    return
-                self.wake_quiet(children)
-        finally:
-            self._watching = None
+    def _children(self) -> list[str]:
+        return [child for child in self._holding() if parent_of(child) == self.own_key]
+
+    def _next_due(self) -> float | None:
+        children = self._children()
+        if not children:
+            return None
+        return min(self.heard.get(child, self.started_at) for child in children) + self.after_ms
+
+    async def _on_timer(self, timer: Any) -> None:
+        self.wake_quiet(self._children())
+        due = self._next_due()
+        if due is not None:  # the alarm is set again once this run ends
+            self.scheduler.schedule(WAKER, WAKE, due)
 
     def heard_from(self, client_id: str) -> None:
         if parent_of(client_id) == self.own_key:
@@ -250,7 +325,7 @@ class Waker:
         """Wake each child of ``holding`` (those the books charge) not heard from for a while."""
         now = now_ms()
         for child in set(holding):
-            if parent_of(child) == self.own_key and self.heard.get(child, self.started_at) < now - self.after_ms:
+            if parent_of(child) == self.own_key and self.heard.get(child, self.started_at) <= now - self.after_ms:
                 self.heard[child] = now
                 asyncio.ensure_future(self._wake(child))
 

@@ -35,6 +35,7 @@ V = TypeVar("V")  # a field of an entry, as checked
 VERSION = 1
 MAX_ID_LENGTH = 256  # clientId, group, grantId
 MAX_DEMAND_ENTRIES = 64  # groups in one request
+MAX_DEMAND_TIMES = 32  # item times in one demand entry (``Demand.times``)
 MAX_REPORTS = 256  # grant reports, and lease reports, in one message
 MAX_COUNT = 1_000_000  # demand in one group, permits claimed or released on one grant
 MAX_WAIT_MS = 300_000  # how long a request may ask to be held for a grant
@@ -65,14 +66,26 @@ OK, EXPIRED, NOT_FOUND, RETIRED, SETTLED = ReportStatus
 
 @dataclass(frozen=True)
 class Demand:
-    """Queued items of one group that no claim covers yet, and the oldest one's age."""
+    """Queued items of one group that no claim covers yet, and the oldest one's age.
+
+    ``times``: the enqueue times of the oldest of them, oldest first (at
+    most ``MAX_DEMAND_TIMES``; the first is ``oldest_at``), so that a round
+    serves items oldest first across clients, not a client's whole demand
+    at its oldest item's turn. Optional: without it, all ``count`` items
+    stand in line at ``oldest_at``; past the last time given, the rest
+    stand at that time.
+    """
 
     group: str
     count: int
     oldest_at: float
+    times: tuple[float, ...] = ()
 
     def to_wire(self) -> dict[str, Any]:
-        return {"group": self.group, "count": self.count, "oldestAt": self.oldest_at}
+        wire: dict[str, Any] = {"group": self.group, "count": self.count, "oldestAt": self.oldest_at}
+        if self.times:
+            wire["times"] = list(self.times)
+        return wire
 
 
 @dataclass(frozen=True)
@@ -252,8 +265,19 @@ def _demand(message: dict[str, Any]) -> tuple[Demand, ...]:
         seen.add(group)
         count = _count(_field(entry, "count", f"demand[{i}]"), f"demand[{i}].count")
         oldest_at = _time(_field(entry, "oldestAt", f"demand[{i}]"), f"demand[{i}].oldestAt")
-        demand.append(Demand(group, count, oldest_at))
+        demand.append(Demand(group, count, oldest_at, _demand_times(entry, count, oldest_at, f"demand[{i}]")))
     return tuple(demand)
+
+
+def _demand_times(entry: dict[str, Any], count: int, oldest_at: float, where: str) -> tuple[float, ...]:
+    """A demand's ``times``: at most ``count`` of them, oldest first, the first ``oldestAt``."""
+    if "times" not in entry:
+        return ()
+    times = [_time(at, f"{where}.times") for at in _list(entry["times"], f"{where}.times", MAX_DEMAND_TIMES)]
+    if len(times) > count or (times and times[0] != oldest_at) or any(b < a for a, b in zip(times, times[1:])):
+        raise ProtocolError("invalid_message",
+                            f"{where}.times must be at most count times, oldest first, the first oldestAt")
+    return tuple(times)
 
 
 M = TypeVar("M", Request, Sync)
@@ -395,12 +419,16 @@ class Reply:
     #: per group, the oldest-item time at which the holder's line stands
     #: behind a client it just served (``holder_line.Line``)
     line: dict[str, float] = field(default_factory=dict)
-    #: to a child of a budget tree: per group it asked for, the oldest item
-    #: of other clients the round left waiting for capacity (``tree``)
-    waiting_since: dict[str, float] = field(default_factory=dict)
+    #: to a child of a budget tree: per group it asked for, the enqueue times
+    #: of the oldest items (at most ``MAX_DEMAND_TIMES``, oldest first) of
+    #: other clients the round left waiting for capacity (``tree``)
+    waiting_since: dict[str, tuple[float, ...]] = field(default_factory=dict)
     #: to a child of a budget tree: the parent's permits out exceed its limit
     #: (it was lowered): hand out nothing of what it lent, give it back
     over_limit: bool = False
+    #: to a child of a budget tree: groups where it hands out nothing it
+    #: holds (the parent's ceiling there failed, or was lowered below what is out)
+    closed_groups: tuple[str, ...] = ()
 
     def to_wire(self) -> dict[str, Any]:
         """A ``grants`` reply carries every field; a ``synced`` one its own five, in its own order."""
@@ -408,7 +436,7 @@ class Reply:
             return {"type": self.type, "v": VERSION, "reports": [o.to_wire() for o in self.reports],
                     "leaseReports": [o.to_wire() for o in self.lease_reports], "contended": self.contended,
                     "leases": [e.to_wire() for e in self.leases], "grants": [e.to_wire() for e in self.grants],
-                    **({"overLimit": True} if self.over_limit else {})}
+                    **self._tree_fields(False)}
         return {
             "type": "grants",
             "v": VERSION,
@@ -421,9 +449,15 @@ class Reply:
             "contended": self.contended,
             "nextRequestAt": self.next_request_at,
             "line": self.line,
-            **({"waitingSince": self.waiting_since} if self.waiting_since else {}),
-            **({"overLimit": True} if self.over_limit else {}),
+            **self._tree_fields(True),
         }
+
+    def _tree_fields(self, grants: bool) -> dict[str, Any]:
+        """What only a tree's child is told (none of it to other clients)."""
+        waiting = {group: list(times) for group, times in self.waiting_since.items()}
+        return {**({"waitingSince": waiting} if grants and waiting else {}),
+                **({"overLimit": True} if self.over_limit else {}),
+                **({"closedGroups": list(self.closed_groups)} if self.closed_groups else {})}
 
     @classmethod
     def parse(cls, reply: Any, kind: str) -> Reply:
@@ -526,7 +560,7 @@ def parse_reply(reply: Any, kind: str) -> Reply:
     parsed = Reply(kind, _entries(reply, "reports", _report_outcome),
                    _entries(reply, "leaseReports", _lease_outcome), _entries(reply, "leases", _lease_entry),
                    _flag(reply, "contended", "reply"), grants=_entries(reply, "grants", _grant_entry),
-                   over_limit=_flag(reply, "overLimit", "reply"))
+                   over_limit=_flag(reply, "overLimit", "reply"), closed_groups=_groups(reply.get("closedGroups", [])))
     if kind != "grants":
         return parsed
     for name in ("grants", "blocked"):
@@ -539,11 +573,33 @@ def parse_reply(reply: Any, kind: str) -> Reply:
                    next_request_at=None if next_at is None else float(next_at),
                    all_leases_listed=_flag(reply, "allLeasesListed", "reply"),
                    line=_times_by_group(reply.get("line", {}), "line"),
-                   waiting_since=_times_by_group(reply.get("waitingSince", {}), "waitingSince"))
+                   waiting_since=_waiting_since(reply.get("waitingSince", {})))
+
+
+def _groups(groups: Any) -> tuple[str, ...]:
+    """A reply's ``closedGroups`` (optional: older holders send none)."""
+    if not isinstance(groups, list) or len(groups) > MAX_REPLY_ENTRIES or not all(
+            storable_text(group, MAX_ID_LENGTH) for group in groups):
+        raise ProtocolError("malformed_reply", "closedGroups must be a list of group names")
+    return tuple(groups)
+
+
+def _waiting_since(waiting: Any) -> dict[str, tuple[float, ...]]:
+    """A grants reply's ``waitingSince`` (optional: only a tree's parent sends it to a child)."""
+    if not isinstance(waiting, dict) or len(waiting) > MAX_REPLY_ENTRIES:
+        raise ProtocolError("malformed_reply", "waitingSince must be an object of groups to lists of times")
+    parsed = {}
+    for group, times in waiting.items():
+        if (not storable_text(group, MAX_ID_LENGTH) or not isinstance(times, list) or not times
+                or len(times) > MAX_DEMAND_TIMES or not all(number_in(at, 0, MAX_SAFE_INTEGER) for at in times)
+                or any(b < a for a, b in zip(times, times[1:]))):
+            raise ProtocolError("malformed_reply", "waitingSince must be an object of groups to times, oldest first")
+        parsed[group] = tuple(float(at) for at in times)
+    return parsed
 
 
 def _times_by_group(times: Any, name: str) -> dict[str, float]:
-    """A grants reply's ``line`` or ``waitingSince`` (optional: older holders send neither)."""
+    """A grants reply's ``line`` (optional: older holders send none)."""
     if not isinstance(times, dict) or len(times) > MAX_REPLY_ENTRIES:
         raise ProtocolError("malformed_reply", f"{name} must be an object of groups to epoch times in ms")
     for group, at in times.items():

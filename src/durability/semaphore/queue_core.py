@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-from .messages import NOT_FOUND, OK, ReportOutcome
+from .messages import NOT_FOUND, OK, Demand, ReportOutcome
 from .queue_states import LocalGrant
 
 
@@ -66,12 +66,12 @@ def pacing_interval(ms: float) -> float:
     return max(0.0, math.ceil(ms / 1000) * 1000)
 
 
-Wanted = list[tuple[str, int, float]]  #: (group, count, oldest) waiting for permits, oldest group first
+Wanted = list[Demand]  #: per group, what waits for permits, oldest group first
 
 
 def oldest_of(demand: Wanted) -> dict[str, float]:
     """Per group, the enqueue time of the oldest item of ``demand``."""
-    return {group: oldest for group, _, oldest in demand}
+    return {d.group: d.oldest_at for d in demand}
 
 
 def may_leave_line(line: dict[str, float], left: dict[str, float]) -> bool:

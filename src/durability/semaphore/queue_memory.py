@@ -22,7 +22,7 @@ from ..scheduler import DurabilityScheduler
 from .client import SemaphoreClient
 from .grant_book import GrantBook
 from .lease_book import LeaseBook
-from .messages import Reply, Sync
+from .messages import MAX_DEMAND_TIMES, Demand, Reply, Sync
 from .queue_states import CANCELLED, DONE, QUEUED, Item, TimerKind, timer_key
 from .queue_store import QueueStore
 
@@ -199,12 +199,12 @@ class QueueContext:
                 reserved[grant.group] = reserved.get(grant.group, 0) + grant.pending
         return reserved
 
-    def demand(self, key: str) -> list[tuple[str, int, float]]:
-        """(group, count, oldest) of the key's items waiting for a permit, oldest group first."""
-        return self.store.demand(key, self.reserved(key))
+    def demand(self, key: str) -> list[Demand]:
+        """Per group, the key's items waiting for a permit, oldest group first."""
+        return [Demand(*entry) for entry in self.store.demand(key, self.reserved(key), MAX_DEMAND_TIMES)]
 
     def waiting_groups(self, key: str) -> set[str]:
-        return {group for group, _, _ in self.demand(key)}
+        return {d.group for d in self.demand(key)}
 
     # -- the holder ---------------------------------------------------------------------
     async def send_sync(self, key: str, sync: Sync) -> Reply:

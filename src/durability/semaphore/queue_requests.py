@@ -18,7 +18,7 @@ from typing import Any
 
 from .._calls import retryable
 from .._clock import now_ms
-from .messages import MAX_DEMAND_ENTRIES, MAX_REPORTS, Demand, Reply, Report, Request
+from .messages import MAX_DEMAND_ENTRIES, MAX_REPORTS, Reply, Report, Request
 from .queue_admission import Admission
 from .queue_core import Wanted, ask_again_at_once, may_leave_line, oldest_of, pacing_interval
 from .queue_grants import QueueGrants
@@ -174,7 +174,7 @@ class KeyRequests:
 
     def _request_message(self, key: str, demand: Wanted, claims: dict[str, Report], leases: list[LocalLease],
                          wait: float) -> Request:
-        return Request(self.ctx.client_id, tuple(Demand(g, n, oldest) for g, n, oldest in demand),
+        return Request(self.ctx.client_id, tuple(demand),
                        tuple(claims.values()), wait, leases=True,
                        lease_reports=tuple(lease_report(lease) for lease in leases), claims=True,
                        heard_up_to=self.ctx.memory.heard_up_to.get(key, 0.0))

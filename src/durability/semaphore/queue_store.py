@@ -224,19 +224,23 @@ class QueueStore:
                            item.key, item.group, QUEUED, item.seq)
         return row["n"] if row else 0
 
-    def demand(self, key: str, reserved: dict[str, int]) -> list[tuple[str, int, float]]:
-        """(group, waiting count, oldest enqueue time) for one key, oldest group
-        first: queued items past the first ``reserved[group]`` of each group."""
+    def demand(self, key: str, reserved: dict[str, int],
+               times: int) -> list[tuple[str, int, float, tuple[float, ...]]]:
+        """For one key, per group, the queued items past the first
+        ``reserved[group]``: (group, their count, the oldest one's enqueue
+        time, the enqueue times of the oldest ``times`` of them), oldest group first."""
         rows = self.sql.exec(
             f"SELECT grp, enqueued_at FROM {ITEMS} WHERE key = ? AND state = ? ORDER BY seq", key, QUEUED)
-        waiting: dict[str, list[Any]] = {}  # group -> [count, oldest enqueue time]
+        counts: dict[str, int] = {}
+        oldest: dict[str, list[float]] = {}
         for row in rows:
-            entry = waiting.setdefault(row["grp"], [0, None])
-            if entry[0] >= reserved.get(row["grp"], 0) and entry[1] is None:
-                entry[1] = row["enqueued_at"]
-            entry[0] += 1
-        demand = [(group, n - reserved.get(group, 0), oldest) for group, (n, oldest) in waiting.items()
-                  if oldest is not None]
+            group = row["grp"]
+            seen = counts[group] = counts.get(group, 0) + 1
+            if reserved.get(group, 0) < seen <= reserved.get(group, 0) + times:
+                oldest.setdefault(group, []).append(row["enqueued_at"])
+        # Sorted: a clock that stepped back must not make the request malformed.
+        demand = [(group, counts[group] - reserved.get(group, 0), min(at), tuple(sorted(at)))
+                  for group, at in oldest.items()]
         return sorted(demand, key=lambda d: d[2])
 
     def keys_in(self, *states: str) -> list[str]:

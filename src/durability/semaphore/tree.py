@@ -19,15 +19,17 @@ exceeds the root's limit.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable, Iterator
+import heapq
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
-from .allocation import ClientOutcome
+from .allocation import ClientOutcome, ResolutionFailed
 from .messages import (
     GROUP_LIMIT,
     LIMIT,
     MAX_COUNT,
     MAX_DEMAND_ENTRIES,
+    MAX_DEMAND_TIMES,
     MAX_ID_LENGTH,
     MAX_REPORTS,
     NOT_FOUND,
@@ -93,37 +95,46 @@ def left_waiting(requests: Iterable[Request], outcomes: dict[str, ClientOutcome]
 
 def unmet_demand(requests: Iterable[Request], outcomes: dict[str, ClientOutcome]) -> dict[str, Demand]:
     """Per group, what a round left waiting for capacity, as one demand for
-    the parent: the count left waiting, and its oldest item's time (at most
-    the ``MAX_DEMAND_ENTRIES`` oldest groups: one request carries no more)."""
+    the parent: the count left waiting, and the enqueue times of its oldest
+    items (each client's youngest items are the ones left; at most the
+    ``MAX_DEMAND_ENTRIES`` oldest groups: one request carries no more)."""
     counts: dict[str, int] = {}
-    oldest: dict[str, float] = {}
+    times: dict[str, list[float]] = {}
     for _, demand, count in left_waiting(requests, outcomes):
         counts[demand.group] = counts.get(demand.group, 0) + count
-        oldest[demand.group] = min(demand.oldest_at, oldest.get(demand.group, demand.oldest_at))
-    groups = sorted(counts, key=lambda group: (oldest[group], group))[:MAX_DEMAND_ENTRIES]
-    return {group: Demand(group, min(counts[group], MAX_COUNT), oldest[group]) for group in groups}
+        times.setdefault(demand.group, []).extend(_left_times(demand, count))
+    oldest = {group: heapq.nsmallest(MAX_DEMAND_TIMES, at) for group, at in times.items()}
+    groups = sorted(counts, key=lambda group: (oldest[group][0], group))[:MAX_DEMAND_ENTRIES]
+    return {group: Demand(group, min(counts[group], MAX_COUNT), oldest[group][0], tuple(oldest[group]))
+            for group in groups}
+
+
+def _left_times(demand: Demand, left: int) -> tuple[float, ...]:
+    """The times of a demand's ``left`` youngest items that its times name,
+    or the last time it names (the rest stand there)."""
+    known = demand.times[demand.count - left:]
+    return known or ((demand.times or (demand.oldest_at,))[-1],)
 
 
 class OldestWaiting:
-    """Per group, the two oldest clients a round left waiting for capacity:
-    enough to tell each client the oldest waiting other than itself."""
+    """Per group, the oldest items a round left waiting for capacity, with
+    their clients: enough to tell each client the ``MAX_DEMAND_TIMES``
+    oldest waiting at clients other than itself."""
 
     def __init__(self, requests: Iterable[Request], outcomes: dict[str, ClientOutcome]) -> None:
-        self.two: dict[str, list[tuple[float, str]]] = {}
-        for client_id, demand, _ in left_waiting(requests, outcomes):
-            two = self.two.setdefault(demand.group, [])
-            two.append((demand.oldest_at, client_id))
-            two.sort()
-            del two[2:]
+        entries: dict[str, list[tuple[float, str]]] = {}
+        for client_id, demand, count in left_waiting(requests, outcomes):
+            entries.setdefault(demand.group, []).extend((at, client_id) for at in _left_times(demand, count))
+        # A client's own items are at most MAX_DEMAND_TIMES of them: twice as many leave enough of others'.
+        self.oldest = {group: heapq.nsmallest(2 * MAX_DEMAND_TIMES, items) for group, items in entries.items()}
 
-    def others(self, client_id: str, groups: Iterable[str]) -> dict[str, float]:
-        """Per group of ``groups``, the oldest item left waiting by another client."""
+    def others(self, client_id: str, groups: Iterable[str]) -> dict[str, tuple[float, ...]]:
+        """Per group of ``groups``, the oldest items left waiting by other clients, oldest first."""
         since = {}
         for group in groups:
-            for at, other in self.two.get(group, ()):
-                if other != client_id:
-                    since[group] = at
-                    break
+            times = [at for at, other in self.oldest.get(group, ()) if other != client_id][:MAX_DEMAND_TIMES]
+            if times:
+                since[group] = tuple(times)
         return since
 
 
@@ -245,3 +256,24 @@ class Borrowed:
     def full(self) -> bool:
         """Too many loans for one request to report: ask for no more until some settle."""
         return len(self.loans) >= MAX_REPORTS // 2
+
+
+def over_limit(total: int | ResolutionFailed, out: int) -> bool:
+    """A parent's permits out exceed its limit (lowered since), or the limit
+    could not be read: its children must hand out none of what they hold."""
+    return not isinstance(total, int) or out > total
+
+
+def closed_groups(out_by_group: dict[str, int],
+                  ceiling: Callable[[str], int | None | ResolutionFailed]) -> tuple[str, ...]:
+    """The groups where a parent's children must hand out none of what they
+    hold: its ceiling there could not be read (a round of its own would grant
+    nothing there: it fails closed), or its permits out there exceed it (the
+    ceiling was lowered). Reusing a permit within a group keeps the count at
+    the parent; only in these groups is that no longer within the limits."""
+    closed = []
+    for group, out in sorted(out_by_group.items()):
+        cap = ceiling(group)
+        if isinstance(cap, ResolutionFailed) or (cap is not None and out > cap):
+            closed.append(group)
+    return tuple(closed)
