@@ -175,6 +175,63 @@ def test_a_child_gives_back_only_what_older_work_elsewhere_waits_for():
     asyncio.run(scenario())
 
 
+class _RunningTimers(_Timers):
+    """As the scheduler runs a timer: it stays while its handler runs, then
+    is forgotten unless the handler set it anew."""
+
+    async def fire(self, handler, participant, key):
+        version = self.timers[(participant, key)]
+        await handler(None)
+        if self.timers.get((participant, key)) is version:
+            del self.timers[(participant, key)]
+
+    def schedule(self, participant, key, at):
+        self.timers[(participant, key)] = [at]  # a new object: a new version
+
+
+def _link(timers=None):
+    link = ParentLink(None, "acct", "acct~child-0", 1_000.0, lambda: True, lambda: {"g": 4}, _NoLoans(),
+                      timers or _Timers())
+    link._persist = lambda: None  # no rows here
+    return link
+
+
+def test_a_childs_give_back_timer_is_set_again_each_time_it_fires_while_unconfirmed():
+    from durability.semaphore.holder_tree import GIVE, GIVER
+
+    async def scenario():
+        timers = _RunningTimers()
+        link = _link(timers)
+        link._give_at = lambda at: asyncio.sleep(3_600)  # the parent never answers
+        link.borrowed.take([entry("a", "g", 4)], [])
+        link.borrowed.give_back("g", 1)
+        link.keep_alarm()
+        for _ in range(3):
+            await timers.fire(link.on_timer, GIVER, GIVE)
+            assert timers.timer(GIVER, GIVE) is not None  # the alarm still brings an evicted child back
+        link._giving.cancel()
+
+    asyncio.run(scenario())
+
+
+def test_a_parent_in_the_middle_closes_no_group_for_what_it_owes():
+    from durability.semaphore.allocation import Grant
+    from durability.semaphore.holder import _tree_limits
+    from durability.semaphore.holder_limits import UserLimits
+
+    async def scenario():
+        link = _link()
+        link.borrowed.take([entry("a", "g", 4)], [])
+        link.owed = {"g": 1}  # older work waits under another parent
+        lent = {"x": Grant("x", "acct~child-0~child-1", "g", 4, 4, 0, 0.0)}  # all of it, to its own children
+        limits = UserLimits(link.borrowed.total, link.ceiling, None)
+        assert _tree_limits(limits, lent, link) == {"over_limit": False, "closed_groups": ()}
+        link.yielding = {"g"}  # closed above it: closed below it too
+        assert _tree_limits(limits, lent, link)["closed_groups"] == ("g",)
+
+    asyncio.run(scenario())
+
+
 # -- the tree on the embedded runtime --------------------------------------------------------
 def tree_runtime(seed=1, **config):
     module = load_worker_module(TREE)

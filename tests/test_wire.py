@@ -233,6 +233,13 @@ def test_a_reply_closing_groups_names_them_or_is_refused(closed):
     assert raised.value.code == "malformed_reply"
 
 
+def test_a_child_reads_the_oldest_time_alone_from_a_parent_of_the_first_tree():
+    wire = {**Reply("grants", (), (), (), True).to_wire(), "waitingSince": {"g": 5.0}}
+    assert Reply.parse(wire, "grants").waiting_since == {"g": (5.0,)}
+    with pytest.raises(m.ProtocolError):
+        Reply.parse({**wire, "waitingSince": {"g": [7.0, 5.0]}}, "grants")  # not oldest first
+
+
 def test_a_malformed_usage_reply_is_refused():
     with pytest.raises(m.ProtocolError) as raised:
         Usage.parse({"limit": 3, "outstanding": -1})

@@ -28,7 +28,8 @@ is kept for grants on which nothing was claimed).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+import itertools
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any, NamedTuple
 
@@ -585,8 +586,9 @@ def item_shares(state: RoundState, terms: RoundTerms, granting: list[tuple[Wante
     line at its oldest item with all of it. What a client holds for its
     demand covers its oldest items. O(S log S) in the slices: at most
     ``MAX_DEMAND_TIMES`` + 1 per demand."""
-    if not any(demand.times for _, demand in granting):
-        return [wanted.want for wanted, _ in granting]
+    wants = [wanted.want for wanted, _ in granting]
+    if not any(demand.times for _, demand in granting) or _room_for_all(state, terms, granting):
+        return wants
     assert terms.budgets is not None  # refusal() let only resolved limits through
     room_total = terms.budgets.grant_room(state.granted, state.leased)
     room_groups: dict[str, int] = {}
@@ -609,21 +611,32 @@ def item_shares(state: RoundState, terms: RoundTerms, granting: list[tuple[Wante
     return shares
 
 
-def _slices(index: int, wanted: Wanted, demand: Demand) -> Iterator[tuple[float, int, int]]:
+def _room_for_all(state: RoundState, terms: RoundTerms, granting: list[tuple[Wanted, Demand]]) -> bool:
+    """Every demand fits, in the total and under each group's ceiling: no order to keep, nothing to sort."""
+    assert terms.budgets is not None
+    room_total = terms.budgets.grant_room(state.granted, state.leased)
+    by_group: dict[str, int] = {}
+    for wanted, _ in granting:
+        _add(by_group, wanted.group, wanted.want)
+    if sum(by_group.values()) > room_total:
+        return False
+    ceilings = {wanted.group: wanted.ceiling for wanted, _ in granting if isinstance(wanted.ceiling, int)}
+    return all(by_group[group] <= state.group_room(group, ceiling, room_total) for group, ceiling in ceilings.items())
+
+
+def _slices(index: int, wanted: Wanted, demand: Demand) -> list[tuple[float, int, int]]:
     """(time, index, count): a demand's wanted items by enqueue time, runs of
-    one time together; the oldest ``count - want`` are covered already."""
+    one time together; the oldest ``count - want`` are covered already, and
+    items past the times given stand at the last one."""
     times = demand.times or (demand.oldest_at,)
-    known = times[demand.count - wanted.want:][:wanted.want]
-    rest = wanted.want - len(known)
-    run_at, run = (known[0], 0) if known else (times[-1], 0)
-    for at in known:
-        if at != run_at:
-            yield run_at, index, run
-            run_at, run = at, 0
-        run += 1
-    if rest:  # past the times given: at the last one
-        run += rest
-    yield run_at, index, run
+    known = times[demand.count - wanted.want:demand.count]
+    if len(known) <= 1 or known[0] == known[-1]:  # one run: most demands
+        return [(known[0] if known else times[-1], index, wanted.want)]
+    runs = [(at, index, len(list(run))) for at, run in itertools.groupby(known)]
+    if wanted.want > len(known):
+        at, _, count = runs[-1]
+        runs[-1] = (at, index, count + wanted.want - len(known))
+    return runs
 
 
 def issue_grant(state: RoundState, terms: RoundTerms, wanted: Wanted, most: int | None = None) -> None:

@@ -353,7 +353,7 @@ class DurabilitySemaphore:
         return Reply("synced", tuple(outcomes), tuple(lease_outcomes),
                      tuple(_lease_entry(lease, ttl_ms) for lease in stopping[:MAX_REPORTS]), self._contended,
                      grants=tuple(_grant_entry(g) for g in listed[:MAX_REPORTS]),
-                     **(_tree_limits(self.limits, self._grants()) if parent_of(sync.client_id) else {}),
+                     **(_tree_limits(self.limits, self._grants(), self._link) if parent_of(sync.client_id) else {}),
                      ).to_wire()
 
     # -- rounds -----------------------------------------------------------------
@@ -431,7 +431,7 @@ class DurabilitySemaphore:
             tree: dict[str, Any] = {}
             if parent_of(request.client_id) is not None:  # a child of a tree: who else waits, and since when
                 oldest = oldest or OldestWaiting(requests, result.outcomes)
-                tree_limits = tree_limits or _tree_limits(self.limits, self._grants(), limits.groups)
+                tree_limits = tree_limits or _tree_limits(self.limits, self._grants(), self._link, limits.groups)
                 tree = {**tree_limits, "waiting_since": oldest.others(request.client_id,
                                                                       (d.group for d in request.demand))}
             # A client handed permits may ask again at once: its request is
@@ -640,12 +640,16 @@ def _holding(grants: dict[str, Grant]) -> list[str]:
     return [grant.client_id for grant in grants.values() if grant.charged > 0]
 
 
-def _tree_limits(limits: UserLimits, grants: dict[str, Grant],
+def _tree_limits(limits: UserLimits, grants: dict[str, Grant], link: ParentLink | None,
                  resolved: dict[str, Any] | None = None) -> dict[str, Any]:
     """What a parent tells its children of its own limits (see
     ``tree.over_limit`` and ``tree.closed_groups``): the ceilings a round
-    already read (``resolved``) are not read again."""
+    already read (``resolved``) are not read again; a parent that is a
+    child itself is limited by what it holds, not by what it owes."""
     total, by_group = usage(grants.values())
+    if link is not None:
+        return {"over_limit": over_limit(link.borrowed.total(), total),
+                "closed_groups": closed_groups(by_group, link.held_ceiling)}
     known = resolved or {}
     return {"over_limit": over_limit(limits.total(), total),
             "closed_groups": closed_groups(by_group, lambda g: known[g] if g in known else limits.ceiling(g))}

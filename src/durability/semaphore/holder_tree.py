@@ -82,7 +82,8 @@ class ParentLink:
         #: per group, the oldest items the parent's last round left waiting at other children
         self.waiting_since: dict[str, tuple[float, ...]] = {}
         self._since_heard_at = 0.0  #: when ``waiting_since`` came
-        self._given_since_heard: dict[str, int] = {}  #: per group, permits given back to older work since
+        #: (when, group, count) given back to older work since the ask the last reply answered
+        self._given: list[tuple[float, str, int]] = []
         self.owed: dict[str, int] = {}  #: per group, permits to give back to older work: see ``decide``
         self.yielding: set[str] = set()  #: groups where this round hands out nothing: see ``decide``
         self.over_limit = False  #: the parent's last reply said its permits out exceed its limit
@@ -114,16 +115,24 @@ class ParentLink:
         # the backlog's wait holds), and a stale time would look older than
         # the work that waits there now.
         moved = now_ms() - self._since_heard_at
+        given: dict[str, int] = {}
+        for _, group, count in self._given:
+            given[group] = given.get(group, 0) + count
+        self.owed = {}
         for group, at in oldest_here.items():
             older = bisect.bisect_left(self.waiting_since.get(group, ()), at - self.yield_margin_ms - moved)
-            self.owed[group] = max(0, older - self._given_since_heard.get(group, 0))
+            self.owed[group] = max(0, older - given.get(group, 0))
 
     def ceiling(self, group: str) -> int:
         """What the child may hand out in ``group`` this round: what it
         holds there less what it owes, or nothing while it yields."""
-        if group in self.yielding:
-            return 0
-        return max(0, self.borrowed.capacity(group) - self.owed.get(group, 0))
+        return max(0, self.held_ceiling(group) - self.owed.get(group, 0))
+
+    def held_ceiling(self, group: str) -> int:
+        """What it may hand out owing nothing: what a parent in the middle
+        of a tree tells its own children it is limited to (what it owes
+        is no closure of theirs: see ``tree.closed_groups``)."""
+        return 0 if group in self.yielding else self.borrowed.capacity(group)
 
     @property
     def yield_margin_ms(self) -> float:
@@ -173,7 +182,7 @@ class ParentLink:
                 given = min(idle, self.owed[group])
                 self.borrowed.give_back(group, given)
                 self.owed[group] -= given
-                self._given_since_heard[group] = self._given_since_heard.get(group, 0) + given
+                self._given.append((now_ms(), group, given))
 
     def ensure_exchanges(self) -> None:
         if self._asking is None and (self.unmet or not self.borrowed.heard or self._woken):
@@ -198,7 +207,11 @@ class ParentLink:
             asyncio.ensure_future(self.scheduler.sync())
 
     async def on_timer(self, timer: Any) -> None:
-        self.ensure_exchanges()  # sets the timer again while a give-back is still unconfirmed
+        # The timer that fired is still there while this runs (and is then
+        # forgotten): cancelled, so that keep_alarm sets it again while a
+        # give-back is still unconfirmed, as a new one the scheduler keeps.
+        self.scheduler.cancel(GIVER, GIVE)
+        self.ensure_exchanges()
 
     def _next_at(self, last: float | None) -> float:
         if last is None:
@@ -239,6 +252,7 @@ class ParentLink:
             # instance never counts on a permit its old one gave back.
             self._persist()
             await self.store.sql.flush()
+            sent_at = now_ms()
             async with asyncio.timeout(timeout_ms / 1000):  # a reply that never comes
                 sent = await send(self.parent_key, message)
             reply = Reply.parse(sent, kind)
@@ -255,7 +269,8 @@ class ParentLink:
         self.yielding |= self.closed
         if kind == "grants":
             self.waiting_since, self._since_heard_at = reply.waiting_since, now_ms()
-            self._given_since_heard = {}
+            # The parent's round saw what was given back before the ask left, not after.
+            self._given = [entry for entry in self._given if entry[0] >= sent_at]
         if self.borrowed.take(reply.grants, reply.reports) > 0:
             self.on_lent()
         self._give_back_idle()

@@ -590,6 +590,8 @@ def _waiting_since(waiting: Any) -> dict[str, tuple[float, ...]]:
         raise ProtocolError("malformed_reply", "waitingSince must be an object of groups to lists of times")
     parsed = {}
     for group, times in waiting.items():
+        if number_in(times, 0, MAX_SAFE_INTEGER):  # a parent of the tree's first version: the oldest alone
+            times = [times]
         if (not storable_text(group, MAX_ID_LENGTH) or not isinstance(times, list) or not times
                 or len(times) > MAX_DEMAND_TIMES or not all(number_in(at, 0, MAX_SAFE_INTEGER) for at in times)
                 or any(b < a for a, b in zip(times, times[1:]))):
