@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from .leases import (
@@ -67,8 +67,12 @@ from .messages import (
 )
 
 
-@dataclass(frozen=True)
-class Grant:
+class Grant(NamedTuple):
+    """Permits lent to one (client, group): immutable, changed by making a new
+    one. A named tuple, not a frozen dataclass: a round makes one per report
+    that moves a count and one per new grant, and a tuple is built in a third
+    of the time (10,000 clients: about 19,000 per round)."""
+
     grant_id: str
     client_id: str
     group: str
@@ -100,8 +104,7 @@ class Grant:
         return self.claim_deadline + SETTLED_MEMORY_MS
 
     def counted(self, claimed: int, released: int) -> Grant:
-        """This grant with new counts: ``dataclasses.replace`` does the same,
-        at three times the cost, and a round makes one per report."""
+        """This grant with new counts (``_replace`` does the same, at twice the cost)."""
         return Grant(self.grant_id, self.client_id, self.group, self.permits, claimed, released,
                      self.claim_deadline, self.reclaimed)
 
@@ -242,7 +245,7 @@ def reclaim(working: Working, now: float) -> None:
     and settled ones remembered long enough; forget settled leases likewise."""
     for grant in list(working.grants()):
         if grant.unclaimed > 0 and grant.claim_deadline <= now:
-            working.put(replace(grant, permits=grant.claimed, reclaimed=True))
+            working.put(grant._replace(permits=grant.claimed, reclaimed=True))
         elif grant.settled and grant.forget_at <= now:
             working.changes.delete(grant.grant_id)
     forget_settled(working, now)
@@ -325,12 +328,12 @@ def held_grants(working: Working, client_id: str) -> list[Grant]:
     return held_of(g for g in working.grants() if g.client_id == client_id)
 
 
-def held_by_client(working: Working, clients: Iterable[str]) -> dict[str, list[Grant]]:
-    """``held_of`` for each of ``clients``, in one pass over the book: a round
-    lists them for every client it serves, and a pass per client would make
-    the round quadratic in its clients."""
+def held_by_client(grants: Iterable[Grant], clients: Iterable[str]) -> dict[str, list[Grant]]:
+    """``held_of`` for each of ``clients``, in one pass over ``grants``: a
+    round lists them for every client it serves, and a pass per client would
+    make the round quadratic in its clients."""
     mine: dict[str, list[Grant]] = {client_id: [] for client_id in clients}
-    for grant in working.grants():
+    for grant in grants:
         if grant.client_id in mine:
             mine[grant.client_id].append(grant)
     return {client_id: held_of(grants) for client_id, grants in mine.items()}
@@ -429,6 +432,9 @@ class RoundState:
     granted_groups: dict[str, int] = field(default_factory=dict)
     leased: int = 0  #: lease footprint, this round's included
     leased_groups: dict[str, int] = field(default_factory=dict)
+    #: each served client's ``held_of`` before the round's new grants: its
+    #: reply lists these with the new ones, so the book is read for it once
+    held: dict[str, list[Grant]] = field(default_factory=dict)
 
     def group_room(self, group: str, ceiling: int | None, room_total: int) -> int:
         """Room under the group's own ceiling; with none, the room in the total."""
@@ -514,14 +520,16 @@ def retire(state: RoundState, terms: RoundTerms) -> None:
 
 def held_for_demand(state: RoundState) -> dict[tuple[str, str], int]:
     """What each (client, group) holds that its demand already counts on:
-    permits unclaimed, and claims made for it that it has not heard of yet."""
+    permits unclaimed, and claims made for it that it has not heard of yet.
+    Keeps each client's held grants in ``state.held`` for its reply."""
     held: dict[tuple[str, str], int] = {}
-    for grant in state.working.grants():
-        _add(held, (grant.client_id, grant.group), grant.unclaimed)
-    claiming = {client_id: request for client_id, request in state.latest.items() if request.claims}
-    held_now = held_by_client(state.working, claiming)
-    for client_id, request in claiming.items():
-        for grant in unheard_grants(request, held_now[client_id]):
+    grants = list(state.working.grants())
+    for grant in grants:
+        if grant.unclaimed:
+            _add(held, (grant.client_id, grant.group), grant.unclaimed)
+    state.held = held_by_client(grants, state.outcomes)
+    for client_id, request in state.latest.items():
+        for grant in unheard_grants(request, state.held[client_id]):
             _add(held, (client_id, grant.group), grant.claimed - grant.released)
     return held
 
@@ -709,8 +717,12 @@ def list_for_replies(state: RoundState) -> None:
         outcome = outcomes.get(grant.client_id)
         if outcome is not None and grant.unclaimed > 0:
             outcome.open_grants.append(grant)
-    for client_id, held in held_by_client(working, outcomes).items():
-        outcomes[client_id].held_grants = held
+    for client_id, outcome in outcomes.items():
+        # Of the new grants, those claimed on the reply are held; newer than
+        # any, they go first, and held_of keeps the newest MAX_REPORTS.
+        claimed_now = [grant for grant in outcome.new_grants if grant.unclaimed == 0]
+        held = state.held.get(client_id, [])
+        outcome.held_grants = held_of(claimed_now + held) if claimed_now else held
     for lease in sorted(working.leases(), key=lambda lease: lease.drawn > 0):  # undrawn ones first
         outcome = outcomes.get(lease.client_id)
         if outcome is not None and not lease.settled and len(outcome.listed_leases) < MAX_REPORTS:

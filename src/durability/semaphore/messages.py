@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 from .._checks import MAX_SAFE_INTEGER, int_in, number_in, storable_text
 from .._wire import ErrorCode as ErrorCode, ProtocolError as ProtocolError
@@ -341,9 +341,9 @@ class GrantEntry:
                 "released": self.released, "claimDeadline": self.claim_deadline}
 
 
-@dataclass(frozen=True)
-class ReportOutcome:
-    """The holder's answer to one grant report."""
+class ReportOutcome(NamedTuple):
+    """The holder's answer to one grant report (a named tuple: a round makes
+    one per report, and builds it in a third of a frozen dataclass's time)."""
 
     grant_id: str
     status: str  #: ok, expired (reclaimed: counts clamped), not_found (gone)
