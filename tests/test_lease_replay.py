@@ -180,3 +180,29 @@ def test_reports_replayed_at_any_age_across_restarts_leave_nothing_charged():
     print(f"\nreplayed reports: {counts}")
     assert TRIED["replays"] >= 5_000 and min(TRIED["grants"], TRIED["leases_of_an_earlier_epoch"]) > 0, counts
     assert TRIED["charged_after_settling"] == 0, counts
+
+
+def test_a_holder_from_before_epochs_had_a_start_keeps_charging_another_epochs_lease_until_its_report(runtime):
+    async def scenario():
+        await holder(runtime).permits(sync("a", [(FOREIGN, "g", 4, 2, 0, False)]))
+        sql = runtime.host_of(holder(runtime)).instance.ctx.storage.sql
+        epoch = list(sql.exec("SELECT epoch, issued FROM durability_semaphore_lease_ids"))[0]
+        # As a version 3 holder left it: no start, and the lease's expiry when it was charged.
+        sql.exec("DROP TABLE durability_semaphore_lease_ids")
+        sql.exec("CREATE TABLE durability_semaphore_lease_ids (epoch TEXT PRIMARY KEY, issued INTEGER NOT NULL)"
+                 " WITHOUT ROWID")
+        sql.exec("INSERT INTO durability_semaphore_lease_ids VALUES (?, ?)", epoch["epoch"], epoch["issued"])
+        sql.exec("UPDATE durability_semaphore_leases SET expires_at = ?", runtime.now_ms())
+        sql.exec("UPDATE durability_schema SET version = 3 WHERE component = 'semaphore'")
+        await asyncio.sleep(0.1)  # the writes reach storage
+        runtime.evict(holder(runtime))
+        await asyncio.sleep(3 * TTL / 1000)
+        kept = await holder(runtime).usage()
+        heard = await holder(runtime).permits(sync("a", [(FOREIGN, "g", 4, 2, 1, False)]))
+        await asyncio.sleep(TTL / 1000 + 1)  # unheard for a ttl since that report
+        return kept, heard, await holder(runtime).usage()
+
+    kept, heard, later = runtime.run(scenario())
+    assert kept["leaseFootprint"] == 4  # still charged, as before the upgrade
+    assert [o["status"] for o in heard["leaseReports"]] == ["retired"]
+    assert (later["leaseFootprint"], later["leases"]) == (0, 0)

@@ -20,7 +20,8 @@ time it gives permits of the loan back (before the report that says so
 leaves) and deleted once the parent settles it: two rows for a loan given
 back whole, none for one its parent never hears anything of. Version 4
 added when the lease ids' epoch began (``LeaseIds.started_at``), written
-with the epoch; a table older than that counts its epoch as begun long ago.
+with the epoch; a table older than that counts its epoch as begun long ago,
+and keeps a lease of another epoch it charges until that lease's next report.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ LEASES = "durability_semaphore_leases"
 LEASE_IDS = "durability_semaphore_lease_ids"
 LOANS = "durability_semaphore_loans"
 TABLES = (GRANTS, LEASES, LEASE_IDS, LOANS)
+NEVER = 1e300  #: an expiry that never comes
 _SCHEMA = {
     1: [
         f"""
@@ -86,7 +88,15 @@ _SCHEMA = {
         ) WITHOUT ROWID
         """,
     ],
-    4: [f"ALTER TABLE {LEASE_IDS} ADD COLUMN started_at REAL NOT NULL DEFAULT 0"],
+    4: [
+        f"ALTER TABLE {LEASE_IDS} ADD COLUMN started_at REAL NOT NULL DEFAULT 0",
+        # A lease of another epoch still charged was never heartbeated: it
+        # stays charged until its next report, which starts its bound.
+        f"""
+        UPDATE {LEASES} SET expires_at = {NEVER} WHERE retired = 1 AND released < permits
+          AND lease_id NOT LIKE (SELECT 'l' || epoch || '-%' FROM {LEASE_IDS})
+        """,
+    ],
 }
 _LEASE_COLUMNS = "lease_id, client_id, grp, permits, drawn, released, expires_at, retired, limit_at_issue"
 
