@@ -41,7 +41,7 @@ LEASES = "durability_semaphore_leases"
 LEASE_IDS = "durability_semaphore_lease_ids"
 LOANS = "durability_semaphore_loans"
 TABLES = (GRANTS, LEASES, LEASE_IDS, LOANS)
-NEVER = 1e300  #: an expiry that never comes
+NEVER = 2**53  #: an expiry that never comes (the latest time a reply may carry)
 _SCHEMA = {
     1: [
         f"""
@@ -90,12 +90,11 @@ _SCHEMA = {
     ],
     4: [
         f"ALTER TABLE {LEASE_IDS} ADD COLUMN started_at REAL NOT NULL DEFAULT 0",
-        # A lease of another epoch still charged was never heartbeated: it
-        # stays charged until its next report, which starts its bound.
-        f"""
-        UPDATE {LEASES} SET expires_at = {NEVER} WHERE retired = 1 AND released < permits
-          AND lease_id NOT LIKE (SELECT 'l' || epoch || '-%' FROM {LEASE_IDS})
-        """,
+        # A lease of another epoch still charged (issued under no limit, 0)
+        # was never heartbeated: it stays charged until its next report,
+        # which starts its bound. (A retired lease of its own uses its expiry
+        # no more.)
+        f"UPDATE {LEASES} SET expires_at = {NEVER} WHERE retired = 1 AND released < permits AND limit_at_issue = 0",
     ],
 }
 _LEASE_COLUMNS = "lease_id, client_id, grp, permits, drawn, released, expires_at, retired, limit_at_issue"
