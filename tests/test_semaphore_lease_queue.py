@@ -215,7 +215,7 @@ def test_a_version_1_holder_migrates_in_place_and_keeps_its_grants(runtime):
 
     reply, usage, version = runtime.run(scenario())
     assert [g["permits"] for g in reply["grants"]] == [2]
-    assert version == 3 and usage["outstanding"] == 2 and usage["leases"] == 0
+    assert version == 4 and usage["outstanding"] == 2 and usage["leases"] == 0
 
 
 def test_admit_runs_only_once_the_admission_and_its_draw_are_durable(runtime):

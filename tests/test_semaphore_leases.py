@@ -22,6 +22,8 @@ from durability.semaphore.allocation import (
     apply_all_reports,
     merged_leases,
     news_for,
+    next_reclaim_at,
+    reclaim,
     run_round,
     usage,
 )
@@ -31,6 +33,7 @@ from durability.semaphore.leases import (
     LeasePolicy,
     lease_usage,
     needs_row,
+    no_leases,
     retire_expired,
     share,
 )
@@ -69,7 +72,9 @@ class Book:
 
     def __init__(self, pol: LeasePolicy | None, total: int = 10, groups=None) -> None:
         self.policy, self.total, self.groups = pol, total, dict(groups or {})
-        self.grants, self.leases, self.ids, self.now = {}, {}, LeaseIds("e", 0), T0
+        # An epoch begun at T0, as a holder's is when its table is made.
+        self.grants, self.leases, self.now = {}, {}, T0
+        self.ids = LeaseIds("e", 0, T0, pol.ttl_ms if pol else TTL)
 
     def round(self, *requests, permitted=None, held_over=()):
         result = run_round(self.grants, list(requests), Limits(self.total, self.groups, dict(permitted or {})),
@@ -77,13 +82,12 @@ class Book:
                            held_over=held_over)
         result.changes.apply_to(self.grants, self.leases)
         if result.changes.issued is not None:
-            self.ids = LeaseIds(self.ids.epoch, result.changes.issued)
+            self.ids = replace(self.ids, issued=result.changes.issued)
         return result
 
     def sync(self, client, *lease_reports):
         working = Working(self.grants, self.leases)
-        ttl = self.policy.ttl_ms if self.policy else None
-        _, outcomes = apply_all_reports(working, client, (), lease_reports, self.ids, self.now, ttl)
+        _, outcomes = apply_all_reports(working, client, (), lease_reports, self.ids, self.now, self.ids.ttl_ms)
         retire_expired(working, self.now)
         working.changes.apply_to(self.grants, self.leases)
         return outcomes
@@ -143,6 +147,17 @@ def test_budgets_per_mode():
     assert (ratio.ceiling, ratio.grant_cap, ratio.lease_cap) == (15, 10, 5)
     count = policy("over", extra={"count": 3}).budgets(10)
     assert (count.ceiling, count.grant_cap, count.lease_cap) == (13, 10, 3)
+
+
+@pytest.mark.parametrize("pol", [None, policy(), policy("under", reserve=4), policy("over", extra={"ratio": 0.5}),
+                                 policy("over", extra={"count": 3})])
+def test_a_limit_of_0_hands_out_nothing_in_any_mode(pol):
+    budgets = pol.budgets(0) if pol is not None else no_leases(0)
+    assert (budgets.ceiling, budgets.grant_cap, budgets.lease_cap) == (0, 0, 0)
+    book = Book(pol, total=0)
+    result = book.round(want("a", count=5), want("b", count=5, leases=False))
+    assert all(not o.new_grants and not o.new_leases for o in result.outcomes.values())
+    assert book.charged() == 0
 
 
 # -- sharing -----------------------------------------------------------------------------
@@ -334,6 +349,75 @@ def test_a_report_for_a_lease_never_known_is_answered_retired_and_charged_in_tha
         with pytest.raises(ProtocolError) as refused:
             book.sync("b", LeaseReport(never_issued, "g", 2, 0, 0))
         assert refused.value.code == "forbidden"
+
+
+def foreign_life(book, report):
+    """A lease of another epoch reported to ``book``: the footprint charged at once."""
+    book.sync("a", report)
+    lease = book.leases.get(report.lease_id)
+    return lease.footprint if lease is not None else 0
+
+
+def test_a_lease_of_another_epoch_is_charged_only_within_a_ttl_of_the_epochs_start():
+    report = LeaseReport("l0123-7", "g", 6, 4, 1)
+    within = Book(policy(), total=10)
+    within.now = T0 + TTL - 1  # a lease live when the rows were lost is heard within a ttl
+    assert foreign_life(within, report) == 5
+    past = Book(policy(), total=10)
+    past.now = T0 + TTL
+    outcomes = past.sync("a", report)
+    assert [(o.status, o.drawn, o.released) for o in outcomes] == [(SETTLED, 4, 1)]
+    assert past.leases == {} and past.charged() == 0  # answered settled: nothing charged, nothing written
+
+
+def test_a_lease_of_another_epoch_is_charged_while_heard_and_no_longer_than_a_ttl_unheard():
+    book = Book(policy(), total=10)
+    report = LeaseReport("l0123-7", "g", 6, 4, 1)
+    assert foreign_life(book, report) == 5
+    for _ in range(6):  # its client reports it every half ttl: charged all along, past the first ttl
+        book.now += TTL / 2
+        reclaim_now(book)
+        assert book.sync("a", report)[0].status == RETIRED and book.footprint() == 5
+    expiry = book.leases["l0123-7"].expires_at
+    assert next_reclaim_at((), book.leases.values(), book.ids) == expiry == book.now + TTL
+    book.now = expiry  # unheard for a ttl: no client with work under it can reach the holder
+    reclaim_now(book)
+    assert book.footprint() == 0 and book.leases == {}  # past the epoch's first ttl: nothing to remember
+    assert book.sync("a", report)[0].status == SETTLED and book.charged() == 0  # heard again: nothing
+
+
+def test_a_settled_lease_of_another_epoch_is_remembered_until_the_epochs_first_ttl_ends():
+    book = Book(policy(), total=10)
+    assert foreign_life(book, LeaseReport("lfeed-1", "g", 4, 0, 0)) == 4
+    book.now += 1_000
+    assert book.sync("a", LeaseReport("lfeed-1", "g", 4, 0, 0, stopped=True))[0].status == SETTLED
+    remembered = book.leases["lfeed-1"]
+    assert remembered.settled and remembered.expires_at == T0 + TTL
+    book.now = T0 + TTL - 1
+    assert book.sync("a", LeaseReport("lfeed-1", "g", 4, 0, 0))[0].status == SETTLED  # a late duplicate
+    book.now = T0 + TTL
+    reclaim_now(book)
+    assert book.leases == {}
+    assert book.sync("a", LeaseReport("lfeed-1", "g", 4, 0, 0))[0].status == SETTLED and book.charged() == 0
+    # Settled after the first ttl, it is not remembered at all: no report of it could charge it.
+    late = Book(policy(), total=10)
+    late.now = T0 + TTL / 2
+    assert foreign_life(late, LeaseReport("lfeed-2", "g", 4, 2, 0)) == 4
+    late.now = T0 + 2 * TTL
+    late.sync("a", LeaseReport("lfeed-2", "g", 4, 2, 2, stopped=True))
+    assert late.leases == {}
+
+
+def test_a_heartbeat_of_a_lease_of_another_epoch_is_a_row():
+    row = Lease("l0123-7", "a", "g", 6, 4, 1, T0 + TTL, True, 0)
+    assert needs_row(row, replace(row, expires_at=T0 + TTL + 1), TTL)  # a new instance must not drop it sooner
+    assert not needs_row(row, replace(row, released=2), TTL)
+
+
+def reclaim_now(book):
+    working = Working(book.grants, book.leases)
+    reclaim(working, book.now, book.ids)
+    working.changes.apply_to(book.grants, book.leases)
 
 
 def test_a_client_cannot_report_on_another_clients_lease():

@@ -40,6 +40,7 @@ from .leases import (
     LeaseIds,
     LeasePolicy,
     apply_lease_report,
+    foreign,
     forget_settled,
     lease_usage,
     no_leases,
@@ -240,15 +241,16 @@ def apply_all_reports(working: Working, client_id: str, reports: Iterable[Report
             [apply_lease_report(working, client_id, report, ids, now, ttl_ms) for report in lease_reports])
 
 
-def reclaim(working: Working, now: float) -> None:
+def reclaim(working: Working, now: float, ids: LeaseIds | None = None) -> None:
     """Take back permits not claimed by their deadline; drop grants left empty,
-    and settled ones remembered long enough; forget settled leases likewise."""
+    and settled ones remembered long enough; forget settled leases likewise,
+    and stop charging leases of another epoch unheard for their ttl."""
     for grant in list(working.grants()):
         if grant.unclaimed > 0 and grant.claim_deadline <= now:
             working.put(grant._replace(permits=grant.claimed, reclaimed=True))
         elif grant.settled and grant.forget_at <= now:
             working.changes.delete(grant.grant_id)
-    forget_settled(working, now)
+    forget_settled(working, now, ids)
 
 
 def merged(book: dict[str, Grant], changes: Changes) -> list[Grant]:
@@ -265,12 +267,14 @@ def merged_leases(leases: dict[str, Lease], changes: Changes) -> list[Lease]:
     return list(working.leases())
 
 
-def next_reclaim_at(grants: Iterable[Grant], leases: Iterable[Lease] = ()) -> float | None:
-    """When the reclaim timer must next run: unclaimed permits due back, or a
-    settled grant or lease to forget."""
+def next_reclaim_at(grants: Iterable[Grant], leases: Iterable[Lease] = (),
+                    ids: LeaseIds | None = None) -> float | None:
+    """When the reclaim timer must next run: unclaimed permits due back, a
+    settled grant or lease to forget, or a lease of another epoch to stop
+    charging (see ``reclaim``)."""
     due = [g.claim_deadline for g in grants if g.unclaimed > 0]
     due += [g.forget_at for g in grants if g.settled]
-    due += [lease.expires_at for lease in leases if lease.settled]
+    due += [lease.expires_at for lease in leases if foreign(lease, ids)]
     return min(due) if due else None
 
 
@@ -409,8 +413,9 @@ class RoundTerms:
     held_over: frozenset[int] = frozenset()
 
     @property
-    def ttl_ms(self) -> float | None:
-        return self.policy.ttl_ms if self.policy is not None else None
+    def ttl_ms(self) -> float:
+        """A lease's ttl; with leases off, the one that bounds leases of another epoch."""
+        return self.policy.ttl_ms if self.policy is not None else self.lease_ids.ttl_ms
 
 
 @dataclass
@@ -511,7 +516,7 @@ def retire(state: RoundState, terms: RoundTerms) -> None:
     leases past their ttl, under a lowered limit or no longer eligible are
     retired. What is left is the usage the round hands out from."""
     limits = terms.limits
-    reclaim(state.working, terms.now)
+    reclaim(state.working, terms.now, terms.lease_ids)
     retire_expired(state.working, terms.now)
     retire_ineligible(state.working, terms.policy, limits.total, limits.groups, limits.permitted)
     state.granted, state.granted_groups = usage(state.working.grants())

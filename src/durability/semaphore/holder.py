@@ -48,7 +48,16 @@ from .allocation import (
 from .holder_limits import UserLimits
 from .holder_line import Line
 from .holder_tree import ParentLink, Waker, child_link, object_name as _object_name
-from .leases import Lease, LeaseIds, LeasePolicy, lease_usage, needs_row, retire_expired, retire_ineligible
+from .leases import (
+    DEFAULT_TTL_MS,
+    Lease,
+    LeaseIds,
+    LeasePolicy,
+    lease_usage,
+    needs_row,
+    retire_expired,
+    retire_ineligible,
+)
 from .messages import (
     MAX_REPORTS,
     Blocked,
@@ -175,7 +184,7 @@ class DurabilitySemaphore:
         self._unwritten: set[str] = set()
         self._lease_rows: dict[str, Lease] = {}  #: each lease as its row holds it (see leases.needs_row)
         self._ids_reserved = 0  #: lease ids reserved in the row (set when the ids are loaded)
-        self._schedule_reclaim(next_reclaim_at(self._grants().values(), self._leases().values()))
+        self._schedule_reclaim(next_reclaim_at(self._grants().values(), self._leases().values(), self._lease_ids()))
         self._link, self._waker = _tree_parts(self, parent, can_grant)
 
     def _ensure_round_if_waiting(self) -> bool:
@@ -218,13 +227,13 @@ class DurabilitySemaphore:
             # The row keeps how far ids are reserved (see _reserve_lease_ids):
             # a new instance takes every id up to there as issued, and
             # numbers its own after them.
-            self._ids = self.scheduler.transaction(self.store.lease_ids)
+            self._ids = self.scheduler.transaction(lambda: self.store.lease_ids(now_ms(), self._ttl_ms()))
             self._ids_reserved = self._ids.issued
         return self._ids
 
     def _commit(self, changes: Changes) -> None:
         """Persist changes and the reclaim timer together, then update memory."""
-        due = next_reclaim_at(merged(self._grants(), changes), merged_leases(self._leases(), changes))
+        due = next_reclaim_at(merged(self._grants(), changes), merged_leases(self._leases(), changes), self._ids)
         to_write, unwritten = self._rows_to_write(changes)
         to_write.issued = self._reserve_lease_ids(changes.issued)
 
@@ -282,7 +291,7 @@ class DurabilitySemaphore:
         return self._lease_rows
 
     def _ttl_ms(self) -> float:
-        return self.lease_policy.ttl_ms if self.lease_policy is not None else 0.0
+        return self.lease_policy.ttl_ms if self.lease_policy is not None else DEFAULT_TTL_MS
 
     def _reserve_lease_ids(self, issued: int | None) -> int | None:
         """The lease-id count to write for a round that issued up to ``issued``:
@@ -327,10 +336,10 @@ class DurabilitySemaphore:
     async def _sync(self, sync: Sync) -> dict[str, Any]:
         working = Working(self._grants(), self._leases())
         now = now_ms()
-        ttl_ms = self.lease_policy.ttl_ms if self.lease_policy is not None else None
+        ids = self._lease_ids()
         try:
             outcomes, lease_outcomes = apply_all_reports(
-                working, sync.client_id, sync.reports, sync.lease_reports, self._lease_ids(), now, ttl_ms)
+                working, sync.client_id, sync.reports, sync.lease_reports, ids, now, ids.ttl_ms)
         except ProtocolError as error:
             return error.reply()
         retire_expired(working, now)
@@ -464,7 +473,7 @@ class DurabilitySemaphore:
                 apply_reports(working, waiting.request.client_id, waiting.request.reports)
             except ProtocolError:
                 pass  # refused to its sender when its round runs
-        reclaim(working, now_ms())
+        reclaim(working, now_ms(), self._lease_ids())
         self._commit(working.changes)
 
     # -- usage -------------------------------------------------------------------

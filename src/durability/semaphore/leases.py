@@ -18,6 +18,15 @@ after its last report, so its footprint stays in full until the client
 reports that it stopped; ``drawn`` is then final and ``permits`` shrinks to
 it, returning the undrawn rest. A lease whose permits are all released is
 settled and leaves the book.
+
+Leases of another epoch (``LeaseIds``: issued before the holder lost its
+rows) are charged only while one may still be live from before: a report
+of one that has no row is charged only within ``ttl_ms`` of this epoch's
+start, a row of one lasts until ``ttl_ms`` after its last report, and a
+settled one is remembered until that first ``ttl_ms`` ends. Past it, a
+report of one with no row is answered settled and charges nothing, so no
+late or repeated report ever charges a lease again. (``docs/semaphore.md``,
+"Reports the holder cannot place", gives the reasoning.)
 """
 
 from __future__ import annotations
@@ -72,10 +81,11 @@ class Lease:
         return self.released == self.permits
 
 
-#: How long the holder remembers a settled lease whose id it did not issue
-#: (and a reclaimed grant whose claims were all released): longer than any
-#: report can take to arrive, a request held over for its rounds included
-#: (``MAX_WAIT_MS``, 5 minutes, and the client's time limit on top).
+#: How long the holder remembers a reclaimed grant whose claims were all
+#: released: longer than any report can take to arrive, a request held over
+#: for its rounds included (``MAX_WAIT_MS``, 5 minutes, and the client's time
+#: limit on top). (A settled lease of another epoch is remembered as long as
+#: one of that epoch may be charged at all: see ``LeaseIds.foreign_until``.)
 SETTLED_MEMORY_MS = 10 * 60_000
 
 
@@ -97,6 +107,11 @@ def needs_row(row: Lease | None, lease: Lease, ttl_ms: float) -> bool:
         return True
     if lease.settled:  # one of another epoch, remembered settled (see remembered): the row must say so
         return True
+    if lease.retired:
+        # Only a lease of another epoch moves its expiry once retired: its
+        # heartbeat bounds how long it is charged, so a new instance must not
+        # forget it sooner (it exists only after the holder lost its rows).
+        return lease.expires_at != row.expires_at
     return lease.expires_at - row.expires_at >= ttl_ms / 2
 
 
@@ -108,11 +123,23 @@ class LeaseIds:
     that starts with this holder's ``l<epoch>-`` is its own: one numbered
     at most ``issued`` was issued here (if the book no longer has it, it was
     settled); any other id under the prefix never was, and only a faulty or
-    hostile client can report it. Ids of other epochs are not the holder's.
+    hostile client can report it. Ids of other epochs are not the holder's:
+    one may be live from before the holder lost its rows only within
+    ``ttl_ms`` of ``started_at`` (``foreign_until``), since a client with a
+    lease reports it at least every half ttl.
     """
 
     epoch: str
     issued: int
+    #: when the epoch began, epoch ms (0: a table older than that record)
+    started_at: float = 0.0
+    #: the holder's lease ttl (the default when leases are off)
+    ttl_ms: float = DEFAULT_TTL_MS
+
+    @property
+    def foreign_until(self) -> float:
+        """Until when a report of another epoch's lease with no row is charged."""
+        return self.started_at + self.ttl_ms
 
     @property
     def prefix(self) -> str:
@@ -212,7 +239,9 @@ class LeasePolicy:
         return cls(mode, reserve, ratio, count, per_lease, float(ttl), limited)
 
     def extra(self, limit: int) -> int:
-        if self.mode != OVER:
+        """The lease budget above ``limit``: none at a limit of 0, which means stop
+        in every mode (a count would otherwise keep leases coming)."""
+        if self.mode != OVER or limit <= 0:
             return 0
         if self.extra_count is not None:
             return self.extra_count
@@ -254,27 +283,41 @@ def lease_usage(leases: Iterable[Lease]) -> tuple[int, dict[str, int]]:
 
 
 def remembered(lease: Lease, ids: LeaseIds, now: float) -> Lease:
-    """A settled lease the holder did not issue stays in the book, settled, for
-    ``SETTLED_MEMORY_MS``: a late report of it is then answered settled instead
-    of being charged again to a client that has forgotten it. Its own ids
-    need no such row: the id counter tells they were issued."""
+    """A settled lease the holder did not issue stays in the book, settled,
+    until ``ids.foreign_until``: a late report of it is then answered settled
+    instead of being charged again; after that no report of a lease of
+    another epoch with no row is charged. Its own ids need no such row: the
+    id counter tells they were issued."""
     if not lease.settled or ids.owns(lease.lease_id):
         return lease
-    return replace(lease, retired=True, expires_at=max(lease.expires_at, now + SETTLED_MEMORY_MS))
+    return replace(lease, retired=True, expires_at=ids.foreign_until)
 
 
-def _keep(working: Any, lease: Lease, ids: LeaseIds) -> None:
-    if lease.settled and not ids.owns(lease.lease_id):
+def _keep(working: Any, lease: Lease, ids: LeaseIds, now: float) -> None:
+    if lease.settled and not ids.owns(lease.lease_id) and lease.expires_at > now:
         working.changes.put_lease(lease)  # remembered, settled (see ``remembered``)
     else:
-        working.put_lease(lease)  # a settled lease of its own leaves the book
+        working.put_lease(lease)  # a settled lease of its own, or one remembered no longer, leaves the book
 
 
-def forget_settled(working: Any, now: float) -> None:
-    """Drop the settled leases kept past their memory."""
+def foreign(lease: Lease, ids: LeaseIds | None) -> bool:
+    """A lease of another epoch (settled ones in the book are all such)."""
+    return lease.settled or (ids is not None and not ids.owns(lease.lease_id))
+
+
+def forget_settled(working: Any, now: float, ids: LeaseIds | None = None) -> None:
+    """Drop the settled leases kept past their memory, and stop charging a
+    lease of another epoch unheard for ``ids.ttl_ms``: a client with work
+    under a lease reports it at least every half ttl, so none is left that
+    can still reach the holder about it (see ``apply_lease_report``)."""
     for lease in list(working.leases()):
-        if lease.settled and lease.expires_at <= now:
+        if lease.expires_at > now or not foreign(lease, ids):
+            continue
+        if lease.settled:
             working.changes.delete_lease(lease.lease_id)
+        else:
+            assert ids is not None  # foreign() above
+            _keep(working, remembered(replace(lease, released=lease.permits), ids, now), ids, now)
 
 
 def status_of(lease: Lease) -> str:
@@ -285,22 +328,26 @@ def status_of(lease: Lease) -> str:
 
 def apply_lease_report(working: Any, client_id: str, report: LeaseReport, ids: LeaseIds,
                        now: float, ttl_ms: float | None) -> LeaseOutcome:
-    """Move one lease's counts forward; a report heartbeats a live lease.
+    """Move one lease's counts forward; a report (``ttl_ms`` not None: not a
+    request held over) heartbeats a live lease, and one of another epoch.
 
-    A lease this holder issued and settled is answered settled. A lease it
-    never knew (of another epoch) is charged as the report describes it,
-    retired: the client may have work running under it, and only its
-    reports can say when that ends. ``check_ownership`` has already refused
-    ids under this holder's prefix that it never issued.
+    A lease this holder issued and settled is answered settled. A lease of
+    another epoch it has no row for is answered settled and charged nothing
+    once ``ids.foreign_until`` is past; before, it may be live from before
+    the holder lost its rows, so it is charged as the report describes it,
+    retired (the client may have work running under it, and only its
+    reports can say when that ends), until settled or unheard for
+    ``ids.ttl_ms`` (``forget_settled``). ``check_ownership`` has already
+    refused ids under this holder's prefix that it never issued.
     """
     lease = working.get_lease(report.lease_id)
     if lease is None:
-        if ids.was_issued(report.lease_id):
+        if ids.was_issued(report.lease_id) or (not ids.owns(report.lease_id) and now >= ids.foreign_until):
             return LeaseOutcome(report.lease_id, SETTLED, report.drawn, report.released, report.drawn)
         permits = report.drawn if report.stopped else report.permits
         lease = remembered(Lease(report.lease_id, client_id, report.group, permits, report.drawn,
-                                 report.released, now, True, 0), ids, now)
-        _keep(working, lease, ids)
+                                 report.released, now + ids.ttl_ms, True, 0), ids, now)
+        _keep(working, lease, ids, now)
         return LeaseOutcome(lease.lease_id, status_of(lease), lease.drawn, lease.released, lease.permits)
     drawn = max(lease.drawn, min(report.drawn, lease.permits))
     # A report counting more draws than the lease has permits was sent before
@@ -312,11 +359,15 @@ def apply_lease_report(working: Any, client_id: str, report: LeaseReport, ids: L
     released = max(lease.released, heard)
     permits = drawn if report.stopped else lease.permits  # stopped: drawn is final
     retired = lease.retired or report.stopped
-    expires_at = lease.expires_at if retired or ttl_ms is None else now + ttl_ms
+    expires_at = lease.expires_at
+    if ttl_ms is not None and not ids.owns(lease.lease_id):
+        expires_at = now + ids.ttl_ms  # charged while heard (see forget_settled)
+    elif ttl_ms is not None and not retired:
+        expires_at = now + ttl_ms
     updated = remembered(replace(lease, permits=permits, drawn=drawn, released=released, retired=retired,
                                  expires_at=expires_at), ids, now)
     if updated != lease:
-        _keep(working, updated, ids)
+        _keep(working, updated, ids, now)
     return LeaseOutcome(lease.lease_id, status_of(updated), drawn, released, permits)
 
 

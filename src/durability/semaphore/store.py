@@ -18,7 +18,10 @@ keeps its grants. Version 3 added the loans table: in a budget tree, what a
 child gave back of a loan from its parent (``tree.Loan``), written each
 time it gives permits of the loan back (before the report that says so
 leaves) and deleted once the parent settles it: two rows for a loan given
-back whole, none for one its parent never hears anything of.
+back whole, none for one its parent never hears anything of. Version 4
+added when the lease ids' epoch began (``LeaseIds.started_at``), written
+with the epoch; a table older than that counts its epoch as begun long ago,
+and keeps a lease of another epoch it charges until that lease's next report.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ LEASES = "durability_semaphore_leases"
 LEASE_IDS = "durability_semaphore_lease_ids"
 LOANS = "durability_semaphore_loans"
 TABLES = (GRANTS, LEASES, LEASE_IDS, LOANS)
+NEVER = 2**53  #: an expiry that never comes (the latest time a reply may carry)
 _SCHEMA = {
     1: [
         f"""
@@ -84,6 +88,14 @@ _SCHEMA = {
         ) WITHOUT ROWID
         """,
     ],
+    4: [
+        f"ALTER TABLE {LEASE_IDS} ADD COLUMN started_at REAL NOT NULL DEFAULT 0",
+        # A lease of another epoch still charged (issued under no limit, 0)
+        # was never heartbeated: it stays charged until its next report,
+        # which starts its bound. (A retired lease of its own uses its expiry
+        # no more.)
+        f"UPDATE {LEASES} SET expires_at = {NEVER} WHERE retired = 1 AND released < permits AND limit_at_issue = 0",
+    ],
 }
 _LEASE_COLUMNS = "lease_id, client_id, grp, permits, drawn, released, expires_at, retired, limit_at_issue"
 
@@ -126,15 +138,16 @@ class HolderStore:
         for grant_id in deleted:
             self.sql.exec(f"DELETE FROM {LOANS} WHERE grant_id = ?", grant_id)
 
-    def lease_ids(self) -> LeaseIds:
-        """The ids issued so far; the first call on a new table picks its epoch."""
-        row = self.sql.one(f"SELECT epoch, issued FROM {LEASE_IDS}")
+    def lease_ids(self, now: float, ttl_ms: float) -> LeaseIds:
+        """The ids issued so far, with the holder's lease ``ttl_ms``; the first
+        call on a new table picks its epoch, begun ``now``."""
+        row = self.sql.one(f"SELECT epoch, issued, started_at FROM {LEASE_IDS}")
         if row is not None:
-            return LeaseIds(row["epoch"], row["issued"])
+            return LeaseIds(row["epoch"], row["issued"], row["started_at"], ttl_ms)
         # Drawn from `random` so that seeded test runs replay.
         epoch = f"{random.getrandbits(48):012x}"
-        self.sql.exec(f"INSERT INTO {LEASE_IDS} (epoch, issued) VALUES (?, 0)", epoch)
-        return LeaseIds(epoch, 0)
+        self.sql.exec(f"INSERT INTO {LEASE_IDS} (epoch, issued, started_at) VALUES (?, 0, ?)", epoch, now)
+        return LeaseIds(epoch, 0, now, ttl_ms)
 
     def write(self, changes: Changes) -> None:
         """Persist a round's decisions; call inside the round's transaction."""
