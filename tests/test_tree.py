@@ -138,12 +138,15 @@ def test_a_child_folds_many_items_into_few_runs_exact_at_the_head_of_its_line():
     items = [(float(at), 1) for at in range(1_000)]
     folded = fold_runs(items, MAX_DEMAND_TIMES, 1_000)
     assert len(folded) <= MAX_DEMAND_TIMES and sum(n for _, n in folded) == 1_000
-    assert folded[:4] == [(0.0, 1), (1.0, 1), (2.0, 2), (4.0, 2)]  # each run stands at its oldest item
+    assert folded[:4] == [(0.0, 1), (1.0, 1), (2.0, 1), (3.0, 1)]  # each run stands at its oldest item
+    sizes = [n for _, n in folded]
+    assert sizes == sorted(sizes) and sizes[-1] < 300  # growing by one factor, to hold all of them
     assert [at for at, _ in folded] == sorted({at for at, _ in folded})
+    assert fold_runs(items[:20], MAX_DEMAND_TIMES, 20) == items[:20]  # a short line is told item by item
     # Items of one time are one run whatever their number; the total is a ceiling.
     assert fold_runs([(1.0, 50), (1.0, 5), (2.0, 3)], 4, 58) == [(1.0, 55), (2.0, 3)]
     assert fold_runs([(1.0, 50), (2.0, 3)], 4, 20) == [(1.0, 20)]
-    assert fold_runs(items, 2, 1_000) == [(0.0, 1), (1.0, 999)]
+    assert fold_runs(items, 2, 1_000) == [(0.0, 31), (31.0, 969)]  # 1,000 ** (1 / 2) = 31.6
 
 
 def test_a_parent_tells_each_child_how_many_items_older_than_its_line_wait_elsewhere():
@@ -154,9 +157,13 @@ def test_a_parent_tells_each_child_how_many_items_older_than_its_line_wait_elsew
                 "acct~child-1": ClientOutcome(blocked={"g": (LIMIT, 3)}),
                 "acct~child-2": ClientOutcome()}  # served whole: it stands at its youngest, 9,000
     older = OlderElsewhere(requests, outcomes, margin_ms=500.0)
-    assert older.counts("acct~child-0", ["g"]) == {}  # the oldest line: nobody waits ahead of it
-    assert older.counts("acct~child-1", ["g"]) == {"g": 2}  # child-0's two at 100
-    assert older.counts("acct~child-2", ["g", "h"]) == {"g": 2 + 3 + 6}  # everything left
+    assert older.older("acct~child-0", "g") == 0  # the oldest line: nobody waits ahead of it
+    assert older.older("acct~child-1", "g") == 2  # child-0's two at 100
+    assert older.older("acct~child-2", "g") == 2 + 3 + 6  # everything left
+    # Two children are behind others: each owes its share, the old items split between them.
+    assert older.counts("acct~child-0", ["g"]) == {}
+    assert older.counts("acct~child-1", ["g"]) == {"g": 1}
+    assert older.counts("acct~child-2", ["g", "h"]) == {"g": 6}
 
 
 def test_a_parent_closes_the_groups_its_own_round_would_grant_nothing_in():
@@ -204,7 +211,7 @@ def test_a_child_gives_back_only_what_older_work_elsewhere_waits_for():
         link.ensure_exchanges = lambda: None  # and no exchanges
         link.borrowed.take([entry("a", "g", 4)], [])
         now = now_ms()
-        link.older_elsewhere = {"g": 2}  # the parent counts two items elsewhere older than this child's line
+        link.older_elsewhere = {"g": 2}  # the parent counts this child's share of older items elsewhere: two
         link.unmet = {"g": Demand("g", 3, now - 5_000)}
         link._unmet_at = now
         link.decide({"g": now - 5_000})

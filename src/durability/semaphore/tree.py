@@ -21,6 +21,7 @@ from __future__ import annotations
 import bisect
 import hashlib
 import itertools
+import math
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
@@ -143,14 +144,16 @@ def _merged(runs: Iterable[tuple[float, int]]) -> list[tuple[float, int]]:
 def fold_runs(runs: Iterable[tuple[float, int]], most: int, total: int) -> list[tuple[float, int]]:
     """Runs (time, items), oldest first, folded into at most ``most`` runs of
     at most ``total`` items in all, each standing at its oldest item's time.
-    The k-th holds up to 2**(k // 2) items and the last whatever is left:
-    exact at the head of the line, where the next permits go and where a
-    child compares its line with others', and coarse far behind it (32
-    runs hold 131,070 items)."""
+    Runs grow by one factor from a single item at the head of the line to
+    hold the whole line in ``most`` (``run_sizes``): exact where the next
+    permits go and where a child's line is compared with others', coarser
+    far behind. Items of one time stay one run however many they are."""
+    merged = _merged(runs)
+    sizes = run_sizes(min(total, sum(n for _, n in merged)), most)
     folded: list[tuple[float, int]] = []
     at_head: float | None = None  #: the open run's time (None: none is open)
     filled = 0
-    for at, n in _merged(runs):
+    for at, n in merged:
         n = min(n, total)
         total -= n
         while n > 0:
@@ -158,15 +161,29 @@ def fold_runs(runs: Iterable[tuple[float, int]], most: int, total: int) -> list[
                 folded[-1], n = (at, folded[-1][1] + n), 0
                 break
             at_head = at if at_head is None else at_head
-            last = len(folded) == most - 1
-            take = n if last else min(n, 2 ** (len(folded) // 2) - filled)
+            size = sizes[min(len(folded), len(sizes) - 1)]
+            take = min(n, size - filled) if len(folded) < len(sizes) - 1 else n
             filled, n = filled + take, n - take
-            if not last and filled == 2 ** (len(folded) // 2):
+            if filled == size and len(folded) < len(sizes) - 1:
                 folded.append((at_head, filled))
                 at_head, filled = None, 0
     if at_head is not None:
         folded.append((at_head, filled))
     return folded
+
+
+def run_sizes(items: int, most: int) -> list[int]:
+    """How many items each of at most ``most`` runs holds, ``items`` in all:
+    the k-th ends at item items ** ((k + 1) / most), rounded down (one each
+    while the line is no longer than ``most``)."""
+    sizes, end = [], 0
+    for k in range(most):
+        if end >= items:
+            break
+        next_end = min(items, max(end + 1, math.floor(items ** ((k + 1) / most))))
+        sizes.append(next_end - end)
+        end = next_end
+    return sizes or [0]
 
 
 class OlderElsewhere:
@@ -191,22 +208,37 @@ class OlderElsewhere:
                 self.stands[client_id, demand.group] = left[0][0]
         self.times: dict[str, list[float]] = {}
         self.before: dict[str, list[int]] = {}  #: per group, the items older than each time
+        self._behind_counts: dict[str, int] = {}  #: per group, the clients with older work elsewhere
         for group, group_runs in runs.items():
             group_runs.sort()
             self.times[group] = [at for at, _ in group_runs]
             self.before[group] = list(itertools.accumulate((n for _, n in group_runs), initial=0))
 
+    def older(self, client_id: str, group: str) -> int:
+        """The items of other clients older than this client's line by the margin."""
+        stands = self.stands.get((client_id, group))
+        if stands is None or group not in self.times:
+            return 0
+        return self.before[group][bisect.bisect_left(self.times[group], stands - self.margin_ms)]
+
     def counts(self, client_id: str, groups: Iterable[str]) -> dict[str, int]:
-        """Per group of ``groups``, the items of other clients older than this client's line by the margin."""
-        older = {}
+        """Per group of ``groups``, this client's share of the older work
+        elsewhere: what waits older than its line, over the number of
+        clients behind it too. Each client behind counts the same old
+        items; owing all of them each, together they would give back many
+        times what those items need, and capacity would swing."""
+        shares = {}
         for group in groups:
-            stands = self.stands.get((client_id, group))
-            if stands is None or group not in self.times:
-                continue
-            count = self.before[group][bisect.bisect_left(self.times[group], stands - self.margin_ms)]
-            if count:
-                older[group] = count
-        return older
+            older = self.older(client_id, group)
+            if older:
+                shares[group] = -(-older // self._behind(group))
+        return shares
+
+    def _behind(self, group: str) -> int:
+        if group not in self._behind_counts:
+            self._behind_counts[group] = sum(
+                1 for client_id, other in self.stands if other == group and self.older(client_id, group))
+        return self._behind_counts[group]
 
 
 def yield_margin_ms(period_ms: float) -> float:
