@@ -184,7 +184,9 @@ class DurabilitySemaphore:
         self._unwritten: set[str] = set()
         self._lease_rows: dict[str, Lease] = {}  #: each lease as its row holds it (see leases.needs_row)
         self._ids_reserved = 0  #: lease ids reserved in the row (set when the ids are loaded)
-        self._schedule_reclaim(next_reclaim_at(self._grants().values(), self._leases().values(), self._lease_ids()))
+        # The lease ids are not read here (their first read may write the
+        # epoch's row): leases of another epoch join the timer once they are.
+        self._schedule_reclaim(next_reclaim_at(self._grants().values(), self._leases().values(), self._ids))
         self._link, self._waker = _tree_parts(self, parent, can_grant)
 
     def _ensure_round_if_waiting(self) -> bool:
