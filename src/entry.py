@@ -340,7 +340,6 @@ class JobShard(DurableObject):
         # --system grants, seeds 1-3).
         self.permits = DurabilitySemaphoreQueue(
             self.scheduler,
-            client_id=ctx.id.toString(),
             server=limits.bind(env),
             admit=self._admit,
             finished=self._finished,
