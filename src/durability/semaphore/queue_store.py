@@ -44,7 +44,7 @@ import json
 from collections.abc import Set as AbstractSet
 from typing import Any
 
-from .._schema import migrate
+from .._schema import Step, migrate
 from .._sql import GrowingCounter, Sql
 from .queue_states import (
     ADMITTED,
@@ -68,7 +68,21 @@ LEASES = "durability_queue_leases"
 PACING = "durability_queue_pacing"
 SPOKEN = "durability_queue_spoken_as_given"
 TABLES = (ITEMS, GRANTS, LEASES, PACING, SPOKEN)
-_SCHEMA = {
+_HELD_TABLES = (ITEMS, PACING, GRANTS, LEASES)
+
+
+def _holds_anything(sql: Sql) -> bool:
+    """A row in any table that stands for something a holder may charge to the queue."""
+    return any(sql.one(f"SELECT 1 AS held FROM {table} LIMIT 1") for table in _HELD_TABLES)
+
+
+def _spoken_since(sql: Sql, before: int) -> None:
+    """Version 6, for a queue of an older version that holds anything: it spoke as given (a new one holds nothing)."""
+    if before > 0 and _holds_anything(sql):
+        sql.exec(f"INSERT INTO {SPOKEN} (since) VALUES (?)", before)
+
+
+_SCHEMA: dict[int, list[Step]] = {
     1: [
         f"""
         CREATE TABLE IF NOT EXISTS {ITEMS} (
@@ -129,11 +143,7 @@ _SCHEMA = {
     # given; since, as its object's id (queue_identity). A queue that holds
     # anything from before keeps speaking as given until it holds nothing
     # (see QueueStore.spoken_as_given): its holders charge what it holds to that id.
-    6: [
-        f"CREATE TABLE IF NOT EXISTS {SPOKEN} (since INTEGER PRIMARY KEY)",
-        f"INSERT INTO {SPOKEN} (since) SELECT 5 WHERE EXISTS (SELECT 1 FROM {ITEMS}) "
-        f"OR EXISTS (SELECT 1 FROM {PACING}) OR EXISTS (SELECT 1 FROM {GRANTS}) OR EXISTS (SELECT 1 FROM {LEASES})",
-    ],
+    6: [f"CREATE TABLE IF NOT EXISTS {SPOKEN} (since INTEGER PRIMARY KEY)", _spoken_since],
 }
 
 _LEASE_COLUMNS = "lease_id, key, grp, permits, drawn, released, stopped, ttl_ms, renew_at, settled_at"
@@ -181,7 +191,7 @@ class QueueStore:
         one row read per start, and two writes in an object's life at most."""
         if self.sql.one(f"SELECT since FROM {SPOKEN}") is None:
             return False
-        if any(self.sql.one(f"SELECT 1 AS held FROM {table} LIMIT 1") for table in (ITEMS, PACING, GRANTS, LEASES)):
+        if _holds_anything(self.sql):
             return True
         self.sql.transaction(lambda: self.sql.exec(f"DELETE FROM {SPOKEN}"))
         return False
