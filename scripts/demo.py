@@ -311,7 +311,7 @@ def human(s: dict) -> str:
     if s["logged"]:
         lines.append(f"warnings logged ({sum(s['logged'].values())}, printed with --verbose): the objects "
                      "noting the faults above (a call lost, a timer retried, a crash) as they recover from "
-                     "each; none is a broken promise (those are the lines above). By cause:")
+                     "each; none is a broken promise (those are the lines above); by cause:")
         lines += [f"  {n:6}  {cause}" for cause, n in s["logged"].items()]
     return "\n".join(lines)
 
