@@ -92,7 +92,8 @@ class Holder(DurableObject):
     async def permits(self, message):
         if isinstance(message, dict) and message.get("type") in ("request", "sync"):
             WORLD[message["type"] + "s"].append((time.time() * 1000, _label(message.get("clientId"))))
-            WORLD["speakers"].add(message.get("clientId"))  # as the wire spells it
+            if isinstance(message.get("clientId"), str):
+                WORLD["speakers"].add(message["clientId"])  # as the wire spells it
         WORLD["messages"].append(message.get("type") if isinstance(message, dict) else None)
         return await self.semaphore.handle(message)
 
