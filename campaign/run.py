@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from durability.semaphore import allocation
+from durability.semaphore.queue_identity import client_label, wire_identity
 from durability.semaphore.tree import holder_for
 from durability.testing import Faults, Outage, Runtime, load_worker_module
 
@@ -131,6 +132,10 @@ class _BudgetDriver:
     def shard(self, index: int):
         return self.runtime.env.SHARD.getByName(f"s{index}")
 
+    def shard_identity(self, index: int) -> str:
+        """The id the shard's queue speaks to its holders as (its name and object id)."""
+        return wire_identity(self.runtime.env.SHARD.idFromName(f"s{index}").toString(), f"s{index}")
+
     async def at(self, ms: float) -> None:
         await asyncio.sleep(max(0.0, self.start + ms - self.runtime.now_ms()) / 1000)
 
@@ -200,7 +205,8 @@ class _BudgetDriver:
         self.config["partitioned"][f"s{partition.shard}"] = until
         if self.scenario.fan_out:
             for key in range(self.scenario.keys):
-                self.config["partitioned"][holder_for(f"k{key}", f"s{partition.shard}", self.scenario.fan_out)] = until
+                self.config["partitioned"][holder_for(f"k{key}", self.shard_identity(partition.shard),
+                                                      self.scenario.fan_out)] = until
 
     def restore(self) -> None:
         """Faults stop; limits, group limits and leases go back to where they started."""
@@ -307,7 +313,7 @@ class _BudgetDriver:
             # hear of, if the client's key row makes it ask (see lease_book).
             never_learned = sum(r["permits"] for r in leases
                                 if r["lease_id"] not in known and r["drawn"] == r["released"] == 0
-                                and f"k{key}" not in registered.get(r["client_id"], set()))
+                                and f"k{key}" not in registered.get(client_label(r["client_id"]), set()))
             charged = sum(r["charged"] for r in grants) + sum(r["permits"] - r["released"] for r in leases)
             if self.scenario.fan_out and charged == running:
                 charged = self.children_charged(key)  # a tree: what its children count must match too

@@ -12,10 +12,11 @@ import json
 import shutil
 import subprocess
 import tempfile
-import tomllib
 from importlib import metadata
 from pathlib import Path
 from typing import Any
+
+from durability.build import wrangler_config  # (what the deployment check reads of wrangler.toml too)
 
 ROOT = Path(__file__).resolve().parent.parent
 HOST = ROOT / "fidelity" / "pyodide" / "host.mjs"
@@ -38,18 +39,6 @@ def copy_sdk(target: Path) -> str:
         destination.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(source, destination)
     return dist.version
-
-
-def wrangler_config(path: Path) -> dict[str, Any]:
-    with open(path, "rb") as f:
-        settings = tomllib.load(f)
-    bindings = settings.get("durable_objects", {}).get("bindings", [])
-    return {
-        "main": Path(settings["main"]).stem,
-        "module_dir": (path.parent / settings["main"]).parent,
-        "vars": {k: str(v) for k, v in settings.get("vars", {}).items()},
-        "durableObjects": [{"name": b["name"], "className": b["class_name"]} for b in bindings],
-    }
 
 
 def run_host(task: dict[str, Any], *, wrangler: Path = ROOT / "wrangler.toml",

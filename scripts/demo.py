@@ -300,6 +300,8 @@ def human(s: dict) -> str:
                  f"limit busy while jobs wait: {s['busy_while_waiting']:.1%}")
     lines.append(f"per admission: {s['rows_written_per_admission']} rows written, "
                  f"{s['rows_read_per_admission']} rows read, {s['rpc_per_admission']} requests")
+    lines.append("  (rows as Durable Object SQLite bills them: every row a query scans is read, so the "
+                 "queue's scans of its items read many; a million reads cost what a thousand writes do)")
     lines.append(f"jobs run twice at once: {s['jobs_run_twice_at_once']}; work repeated after a crash lost "
                  f"its outcome: {s['work_repeated_after_crash']}")
     lines.append(f"releases lost: {s['releases_lost']}, returned by the finished() sweep; "
@@ -307,7 +309,9 @@ def human(s: dict) -> str:
     if s["faults"]:
         lines.append("faults injected: " + ", ".join(f"{n} {kind}" for kind, n in sorted(s["faults"].items())))
     if s["logged"]:
-        lines.append(f"warnings logged ({sum(s['logged'].values())}, printed with --verbose), by cause:")
+        lines.append(f"warnings logged ({sum(s['logged'].values())}, printed with --verbose): the objects "
+                     "noting the faults above (a call lost, a timer retried, a crash) as they recover from "
+                     "each; none is a broken promise (those are the lines above); by cause:")
         lines += [f"  {n:6}  {cause}" for cause, n in s["logged"].items()]
     return "\n".join(lines)
 

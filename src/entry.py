@@ -50,6 +50,8 @@ import asyncio
 import hmac
 import json
 import logging
+import math
+import re
 import zlib
 from urllib.parse import urlsplit
 
@@ -67,8 +69,13 @@ MAX_AMOUNT = 1_000_000_000
 
 
 def _name(value, what):
+    """A name or id: 1 to 256 characters, and never ``.`` or ``..``, which no
+    URL path can carry (a browser and workerd resolve them as dot segments),
+    so that every name accepted can be read back through its route."""
     if not isinstance(value, str) or not value or len(value) > MAX_NAME_LENGTH:
         raise ValueError(f"{what} must be a string of 1 to {MAX_NAME_LENGTH} characters")
+    if value in (".", ".."):
+        raise ValueError(f"{what} must not be {value!r}: no URL path can carry it")
     return value
 
 
@@ -212,14 +219,18 @@ limits = DurabilitySemaphore.client(binding="ACCOUNT_LIMIT").with_(timeout, 250_
 MAX_WORK_MS = 15 * 60_000
 MAX_URL_LENGTH = 2_048
 MAX_PAYLOAD_BYTES = 16_384
+MAX_PAYLOAD_DEPTH = 64  #: arrays and objects within one another; checked without recursion
 _JOB_FIELDS = {"id", "account", "workflow", "work_ms", "fail", "url", "payload"}
 
 
 def _webhook_url(value):
-    """An absolute http(s) URL with a host, no credentials and no whitespace, or ValueError."""
+    """An absolute http(s) URL that fetch can send, in its ASCII form (an
+    international host as IDNA gives it), or ValueError: a host, no
+    credentials, nothing invisible (spaces, controls such as U+0085, and
+    U+00A0 or U+3000 as well), ASCII outside the host, 2,048 characters at most."""
     if not isinstance(value, str) or not 0 < len(value) <= MAX_URL_LENGTH:
         raise ValueError(f"url must be a string of 1 to {MAX_URL_LENGTH} characters")
-    if any(char <= " " or char == "\x7f" for char in value):
+    if any(char == " " or not char.isprintable() for char in value):
         raise ValueError("url must not contain spaces or control characters")
     try:
         parts = urlsplit(value)
@@ -230,18 +241,63 @@ def _webhook_url(value):
         raise ValueError("url must be an absolute http:// or https:// URL with a host")
     if parts.username is not None or parts.password is not None:
         raise ValueError("url must not carry credentials")
+    url = _ascii_host(parts)
+    if not url.isascii():
+        raise ValueError("url must be ASCII outside its host: percent-encode its path and query")
+    if len(url) > MAX_URL_LENGTH:
+        raise ValueError(f"url must be at most {MAX_URL_LENGTH} characters with its host in IDNA form")
+    return url
+
+
+def _ascii_host(parts):
+    """The URL with its host in IDNA form (as a browser sends it), else as it was."""
+    host, colon, port = parts.netloc.partition(":")  # (no credentials: refused before)
+    if host.isascii():
+        return parts.geturl()
+    try:
+        ascii_host = host.encode("idna").decode("ascii")
+    except UnicodeError:
+        raise ValueError("url's host is not a valid international domain name") from None
+    return parts._replace(netloc=ascii_host + colon + port).geturl()
+
+
+def _header_value(value, what, header):
+    """``value`` if an HTTP header can carry it as it is: printable Latin-1
+    (what fetch sends as bytes), no space or tab at its ends (they would be
+    cut off); else ValueError."""
+    if value != value.strip(" \t") or not all(" " <= char <= "~" or "\xa0" <= char <= "\xff" for char in value):
+        raise ValueError(f"{what} must be printable Latin-1 with no space at its ends: "
+                         f"it goes in the webhook's {header} header")
     return value
 
 
 def _webhook_payload(value):
-    """Any JSON value whose JSON text is at most MAX_PAYLOAD_BYTES, or ValueError."""
-    try:
-        size = len(json.dumps(value, allow_nan=False).encode())
-    except (TypeError, ValueError):
-        raise ValueError("payload must be a JSON value") from None
+    """Any JSON value that nests at most MAX_PAYLOAD_DEPTH deep and whose JSON
+    text is at most MAX_PAYLOAD_BYTES, or ValueError."""
+    _json_value_within(value, MAX_PAYLOAD_DEPTH)
+    size = len(json.dumps(value, allow_nan=False).encode())
     if size > MAX_PAYLOAD_BYTES:
         raise ValueError(f"payload must be at most {MAX_PAYLOAD_BYTES} bytes of JSON")
     return value
+
+
+def _json_value_within(value, depth):
+    """JSON's values only (string keys, finite numbers), nested at most
+    ``depth`` deep: walked with a list, not recursion, so no depth can
+    exhaust the stack."""
+    pending = [(value, 0)]
+    while pending:
+        value, level = pending.pop()
+        if isinstance(value, (list, dict)):
+            if level >= depth:
+                raise ValueError(f"payload must nest at most {depth} arrays or objects deep")
+            if isinstance(value, dict) and not all(isinstance(key, str) for key in value):
+                raise ValueError("payload must be a JSON value: object keys are strings")
+            pending.extend((entry, level + 1) for entry in (value.values() if isinstance(value, dict) else value))
+        elif isinstance(value, float) and not math.isfinite(value):
+            raise ValueError("payload must be a JSON value: numbers are finite")
+        elif value is not None and not isinstance(value, (bool, int, float, str)):
+            raise ValueError("payload must be a JSON value")
 
 
 def _job(job):
@@ -266,6 +322,7 @@ def _job(job):
         "fail": job.get("fail", False),
     }
     if "url" in job:  # kept only when given: a job without one stores what it always did
+        _header_value(checked["id"], "id", "Idempotency-Key")  # (the only field that goes in a header)
         checked["url"] = _webhook_url(job["url"])
         checked["payload"] = _webhook_payload(job.get("payload"))
     return checked
@@ -340,7 +397,6 @@ class JobShard(DurableObject):
         # --system grants, seeds 1-3).
         self.permits = DurabilitySemaphoreQueue(
             self.scheduler,
-            client_id=ctx.id.toString(),
             server=limits.bind(env),
             admit=self._admit,
             finished=self._finished,
@@ -467,17 +523,42 @@ def _wants_html(request):
     return "text/html" in (request.headers.get("accept") or "")
 
 
+MAX_BODY_CHARS = 65_536  # a job's, with the largest payload and url and room for whitespace
+_JSON_STRINGS = re.compile(r'"(?:[^"\\]|\\.)*"')
+
+
 async def _json_object(request):
     """The body as a JSON object, or ValueError. It is read as text and parsed
     here: workerd hands ``fetch`` the JavaScript Request, whose own ``json()``
-    fails with a JavaScript error, not a ValueError."""
+    fails with a JavaScript error, not a ValueError. Its nesting is measured
+    before it is parsed (a parser nests a call per level: 1,200 levels
+    would exhaust the stack), and it must fit a job's payload."""
+    text = await request.text()
+    if len(text) > MAX_BODY_CHARS:
+        raise ValueError(f"the body must be at most {MAX_BODY_CHARS} characters")
+    if _nesting(text) > MAX_PAYLOAD_DEPTH + 1:  # the payload sits in the job's object
+        raise ValueError(f"payload must nest at most {MAX_PAYLOAD_DEPTH} arrays or objects deep")
     try:
-        body = json.loads(await request.text())
+        body = json.loads(text)
     except ValueError:
         body = None
     if not isinstance(body, dict):
         raise ValueError("the body must be a JSON object")
     return body
+
+
+def _nesting(text):
+    """How deep arrays and objects nest in JSON text (outside its strings), counted in one pass."""
+    depth = deepest = 0
+    for bracket in re.findall(r"[\[\]{}]", _JSON_STRINGS.sub("", text)):
+        depth += 1 if bracket in "[{" else -1
+        deepest = max(deepest, depth)
+    return deepest
+
+
+def _refusal(error):
+    """The 400 for input refused: what is wrong, the field first (every check names it)."""
+    return Response.json({"error": str(error)}, status=400)
 
 
 class Default(WorkerEntrypoint):
@@ -542,8 +623,10 @@ class Default(WorkerEntrypoint):
             return operator_pages.error_page(400, str(error))
 
     async def fetch(self, request):
-        path = "/" + request.url.split("://", 1)[-1].split("/", 1)[-1].split("?", 1)[0]
-        parts = [part for part in path.split("/") if part]
+        try:
+            parts = operator_pages.path_segments(request.url)  # each percent-decoded once
+        except ValueError as error:
+            return _refusal(error)
         if request.method == "GET" and len(parts) == 2 and parts[0] in ("accounts", "jobs") and _wants_html(request):
             return await self._operator_page(request, parts[0], parts[1])
         if not _authorized(request, getattr(self.env, "API_TOKEN", None)):
@@ -567,5 +650,5 @@ class Default(WorkerEntrypoint):
                 status = {"uploaded": 200, "busy": 429}.get(result["status"], 503)
                 return Response.json(result, status=status)
         except ValueError as error:
-            return Response.json({"error": str(error)}, status=400)
+            return _refusal(error)
         return Response.json({"error": "not found"}, status=404)

@@ -12,15 +12,19 @@ cookie. The cookie holds a key derived from the token (an HMAC), not the
 token, and opens these read-only pages only, never the JSON routes: a
 leaked cookie reads figures and changes nothing. The token leaves the
 address bar, history and logs at once; the pages refer nobody anywhere.
+Every address they give (that redirect, their links) is a path on this
+site made by ``href``: one ``/`` and the segments percent-encoded, which
+``path_segments`` decodes exactly once.
 """
 
 import hashlib
 import hmac
 import json
+import re
 import time
 from html import escape
 from http.cookies import CookieError, SimpleCookie
-from urllib.parse import parse_qsl, quote, urlencode, urlsplit
+from urllib.parse import parse_qsl, quote, unquote, urlencode, urlsplit
 
 from workers import Response
 
@@ -71,6 +75,37 @@ background:#e3e7ed}
 pre{background:#fff;border:1px solid #dde1e7;border-radius:8px;padding:.75rem;overflow:auto}
 a{color:#2f6fde}table.fields th{width:15rem}
 """
+
+
+_SEPARATORS = re.compile(r"[/\\]")  # a browser reads a backslash in an http(s) path as a slash
+_DOT, _DOT_DOT = {"", ".", "%2e"}, {"..", ".%2e", "%2e.", "%2e%2e"}  # (lowercased: %2E is a dot too)
+
+
+def path_segments(url):
+    """The path of ``url`` as its segments, each percent-decoded exactly once,
+    after the dot segments are resolved as a browser resolves them (a
+    ``..`` takes the segment before it away; empty and ``.`` segments go).
+    An id holding ``/`` or ``?`` arrives encoded (``%2F``, ``%3F``) and
+    comes back whole. ValueError if a segment is not UTF-8 once decoded."""
+    segments = []
+    for raw in _SEPARATORS.split(urlsplit(url).path):
+        if raw.lower() in _DOT:
+            continue
+        if raw.lower() in _DOT_DOT:
+            segments = segments[:-1]
+            continue
+        try:
+            segments.append(unquote(raw, errors="strict"))
+        except UnicodeDecodeError:
+            raise ValueError("the path must be UTF-8 once percent-decoded") from None
+    return segments
+
+
+def href(*segments):
+    """The path of ``segments`` on this site: one ``/``, then each segment
+    percent-encoded whole (a ``/`` or ``\\`` in it too), so that no browser
+    can read it as another host, and ``path_segments`` reads it back."""
+    return "/" + "/".join(quote(segment, safe="") for segment in segments)
 
 
 def _page(title, body, status=200, refresh=True):
@@ -160,7 +195,7 @@ def job_page(job_id, status, account_waiting=()):
         return _page(f"Job {job_id}", body, status=404, refresh=False)
     rows = [("State", "state", f'<span class="badge {escape(state)}">{escape(state)}</span>')]
     if status.get("key"):
-        link = f'/accounts/{quote(status["key"], safe="")}'
+        link = href("accounts", status["key"])
         rows.append(("Account", "account", f'<a href="{escape(link)}">{escape(status["key"])}</a>'))
     for label, name in (("Workflow", "group"), ("Admitted by", "via")):
         if status.get(name):
@@ -221,7 +256,9 @@ def browser_access(request, token):
         secure = "; Secure" if parts.scheme == "https" else ""
         cookie = (f"{COOKIE}={_page_key(token)}; Path=/; Max-Age={COOKIE_MAX_AGE_S}; HttpOnly; "
                   f"SameSite=Strict{secure}")
-        location = parts.path + (f"?{rest}" if rest else "")
+        # The same page on this site: a path that began "//" or "/\\" would
+        # otherwise send the browser to another host, the token with it.
+        location = href(*path_segments(request.url)) + (f"?{rest}" if rest else "")
         return Response("", status=303, headers={"location": location, "set-cookie": cookie,
                                                   "cache-control": "no-store", "referrer-policy": "no-referrer"})
     return hmac.compare_digest(_cookie(request).encode(), _page_key(token).encode())

@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 import zlib
+from urllib.parse import quote
 
 import pytest
 
@@ -262,3 +263,60 @@ def test_a_read_starts_a_new_instance_s_work_its_registered_keys_included():
         done, registered, left = runtime.run(scenario())
     assert done == ["completed"] * 4
     assert registered == [{"key": f"acct-{n}"} for n in range(4)] and left == []
+
+
+ODD_IDS = ["job one", "a/b", "a\\b", "50%", "%41", "é ü", "a?b#c", "..x", "+plus", "日本"]
+
+
+def test_every_id_the_api_accepts_reads_back_through_its_route_decoded_once(example):
+    auth = {"Authorization": "Bearer t0ken"}
+
+    async def scenario():
+        read = {}
+        for n, job_id in enumerate(ODD_IDS):
+            account = f"acct {job_id}"
+            job = {"id": job_id, "account": account, "work_ms": 600_000}
+            submitted = await example.fetch("https://w.test/jobs", method="POST", headers=auth, body=json.dumps(job))
+            assert submitted.status == 202, await submitted.text()
+            await example.fetch(f"https://w.test/counters/{quote(job_id, safe='')}/add", method="POST",
+                                headers=auth, body=json.dumps({"tally": job_id, "amount": n + 1}))
+        await asyncio.sleep(5)
+        for job_id in ODD_IDS:
+            encoded = quote(job_id, safe="")
+            status = await example.fetch(f"https://w.test/jobs/{encoded}", headers=auth)
+            usage = await example.fetch(f"https://w.test/accounts/{quote(f'acct {job_id}', safe='')}/usage",
+                                        headers=auth)
+            total = await example.fetch(f"https://w.test/tallies/{encoded}", headers=auth)
+            read[job_id] = ((status.status, await status.json()), (usage.status, await usage.json()),
+                            (total.status, await total.json()))
+        return read
+
+    for n, (job_id, (status, usage, total)) in enumerate(example.run(scenario()).items()):
+        assert status[0] == 200 and status[1]["id"] == job_id and status[1]["state"] == "admitted", (job_id, status)
+        assert status[1]["key"] == f"acct {job_id}"
+        assert usage[0] == 200 and usage[1]["outstanding"] == 1, (job_id, usage)  # the account's own holder
+        assert total == (200, {"total": n + 1}), (job_id, total)
+
+
+@pytest.mark.parametrize("name", [".", ".."])
+def test_a_name_no_url_path_can_carry_is_refused_at_submit(example, name):
+    auth = {"Authorization": "Bearer t0ken"}
+
+    async def scenario():
+        replies = []
+        for job in ({"id": name, "account": "a"}, {"id": "j", "account": name}):
+            response = await example.fetch("https://w.test/jobs", method="POST", headers=auth, body=json.dumps(job))
+            replies.append((response.status, await response.json()))
+        return replies
+
+    field = {0: "id", 1: "account"}
+    for n, (status, reply) in enumerate(example.run(scenario())):
+        assert status == 400 and reply["error"] == f"{field[n]} must not be {name!r}: no URL path can carry it"
+
+
+def test_a_path_not_utf_8_once_decoded_is_a_400(example):
+    async def scenario():
+        response = await example.fetch("https://w.test/jobs/%FF", headers={"Authorization": "Bearer t0ken"})
+        return response.status, await response.json()
+
+    assert example.run(scenario()) == (400, {"error": "the path must be UTF-8 once percent-decoded"})

@@ -9,13 +9,16 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import time
 from html.parser import HTMLParser
 from pathlib import Path
+from urllib.parse import urljoin, urlsplit
 
 import pytest
+from hypothesis import given, settings, strategies as st
 
-from support import ROOT, example_worker_dir, http, serving
+from support import ROOT, example_runtime, example_worker_dir, http, serving
 
 TOKEN = "t0ken"
 ARTIFACTS = ROOT / "build" / "artifacts"
@@ -79,6 +82,58 @@ def test_pages_need_the_token_and_sign_a_browser_in_with_a_cookie_that_opens_pag
     bearer = {"Authorization": f"Bearer {TOKEN}"}
     assert _fetch(example, "/accounts/acme", {**HTML, **bearer})[0] == 200
     assert _fetch(example, "/accounts/acme", bearer)[0] == 404  # HTML only: the JSON is at /usage
+
+
+SIGN_IN = "token=t0ken"
+
+
+@pytest.mark.parametrize(("path", "location"), [
+    ("//accounts/acme", "/accounts/acme"),  # a browser reads "//accounts/..." as the host "accounts"
+    ("///jobs/j1", "/jobs/j1"),
+    ("/\\accounts/acme", "/accounts/acme"),  # and "/\\" as "//"
+    ("/\\/jobs/j1", "/jobs/j1"),
+    ("/accounts/%2F%2Fevil.test", "/accounts/%2F%2Fevil.test"),  # an encoded slash stays in its segment
+    ("/accounts/%5C%5Cevil.test", "/accounts/%5C%5Cevil.test"),
+    ("/jobs/%2f..%2fevil.test", "/jobs/%2F..%2Fevil.test"),
+    ("/jobs/../accounts/acme", "/accounts/acme"),  # dot segments resolved as a browser resolves them
+    ("//evil.test/../accounts/acme", "/accounts/acme"),
+    ("/accounts/x/%2e%2E/acme/.", "/accounts/acme"),
+    ("/accounts/job%20one", "/accounts/job%20one"),
+])
+def test_the_sign_in_redirect_is_a_path_on_this_site(example, path, location):
+    status, headers, _ = _fetch(example, f"{path}?{SIGN_IN}", HTML)
+    assert status == 303 and headers["location"] == location
+    target = urljoin(f"https://w.test{path}", headers["location"])
+    assert urlsplit(target).netloc == "w.test"
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.sampled_from(["", ".", "..", "%2e", "%2E.", "a", "\\", "%2F", "%5c", "%25", "evil.test",
+                                 "é", "%C3%A9", " ", "?", "@", ":"]), max_size=8).map("/".join))
+def test_every_path_the_pages_give_stays_on_this_site_and_reads_back_the_same(path):
+    pages = _pages()
+    segments = pages.path_segments(f"https://w.test/{path}")
+    location = pages.href(*segments)
+    assert location.startswith("/") and not location.startswith(("//", "/\\"))
+    assert urlsplit(urljoin("https://w.test/x/", location)).netloc == "w.test"
+    assert pages.path_segments(f"https://w.test{location}") == segments  # decoded exactly once
+
+
+def test_a_page_links_with_the_encoded_form_and_the_link_opens_that_page(example):
+    bearer = {"Authorization": f"Bearer {TOKEN}"}
+    job = {"id": "job one/1", "account": "acme corp/1", "work_ms": 600_000}
+    example.run(example.call_entrypoint("submit_job", job))
+    status, _, page = _fetch(example, "/jobs/job%20one%2F1", {**HTML, **bearer})
+    assert status == 200 and 'href="/accounts/acme%20corp%2F1"' in page
+    status, _, account = _fetch(example, "/accounts/acme%20corp%2F1", {**HTML, **bearer})
+    assert status == 200 and "acme corp/1" in account
+
+
+def _pages():
+    """The example Worker's ``operator_pages`` module, as it loads it."""
+    if "operator_pages" not in sys.modules:
+        example_runtime().close()
+    return sys.modules["operator_pages"]
 
 
 def test_every_value_is_escaped_and_nothing_external_is_loaded(example):

@@ -257,7 +257,8 @@ def test_a_version_1_queue_migrates_in_place_and_keeps_its_items(runtime):
         return version[0]["version"], await shard(runtime).states()
 
     version, states = runtime.run(scenario())
-    assert version == 5  # the lease table (2), the pacing table (3), the items' done_at (4), then draw (5)
+    # The lease table (2), the pacing table (3), the items' done_at (4), draw (5), how it speaks (6).
+    assert version == 6
     assert states["a0"] == states["a1"] == "admitted" and states["b0"] in ("admitted", "released")
 
 

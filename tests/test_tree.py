@@ -29,6 +29,7 @@ from durability.semaphore.messages import (
     ReportOutcome,
     Request,
 )
+from durability.semaphore.queue_identity import wire_identity
 from durability.semaphore.tree import (
     Borrowed,
     OlderElsewhere,
@@ -289,6 +290,11 @@ def tree_runtime(seed=1, **config):
     return module, Runtime(module, {"HOLDER": "TreeHolder", "SHARD": "Shard"}, seed=seed)
 
 
+def leaf_of(runtime, shard, fan_out, key="acct"):
+    """The leaf holder that serves the shard named ``shard``: its queue speaks as its name and object id."""
+    return holder_for(key, wire_identity(runtime.env.SHARD.idFromName(shard).toString(), shard), fan_out)
+
+
 def submit_all(runtime, shards, per_shard, ms=3_000, key="acct"):
     async def submit():
         for s in range(shards):
@@ -383,9 +389,9 @@ def test_a_lowered_limit_stops_the_children_within_a_period_or_two():
 
 def test_a_child_gone_quiet_with_permits_is_woken_by_its_parent_and_gives_them_back():
     module, runtime = tree_runtime(limit=2, fan_out=2)
-    children = {holder_for("acct", f"s{i}", 2) for i in range(4)}
+    children = {leaf_of(runtime, f"s{i}", 2) for i in range(4)}
     assert len(children) == 2
-    busy_child = holder_for("acct", "s0", 2)
+    busy_child = leaf_of(runtime, "s0", 2)
     phase_two = []
 
     async def scenario():
@@ -417,7 +423,7 @@ def test_a_child_gone_quiet_with_permits_is_woken_by_its_parent_and_gives_them_b
 
 def test_a_parent_evicted_while_a_quiet_child_holds_its_permits_comes_back_on_its_alarm():
     module, runtime = tree_runtime(limit=2, fan_out=2)
-    children = {holder_for("acct", f"s{i}", 2) for i in range(4)}
+    children = {leaf_of(runtime, f"s{i}", 2) for i in range(4)}
 
     async def scenario():
         await submit_all(runtime, shards=4, per_shard=1, ms=3_000)

@@ -131,6 +131,15 @@ BAD_URLS = {
     "http://user:secret@example.test/": "url must not carry credentials",
     "http://example.test/a b": "url must not contain spaces or control characters",
     "http://example.test:99999/": "url is not a valid URL",
+    # Invisible characters fetch cannot send: they failed each attempt once accepted.
+    "http://example.test/a\u00a0b": "url must not contain spaces or control characters",
+    "http://example.test/a\u3000b": "url must not contain spaces or control characters",
+    "http://example.test/a\u0085b": "url must not contain spaces or control characters",
+    "http://example.test/a\u200bb": "url must not contain spaces or control characters",
+    "http://example.test/\r\nX-Injected: 1": "url must not contain spaces or control characters",
+    "http://example.test/caf\u00e9": "url must be ASCII outside its host: percent-encode its path and query",
+    "http://" + "\u00e9" * 64 + ".test/": "url's host is not a valid international domain name",
+    "http://\u00e9.test/" + "a" * 2_030: "url must be at most 2048 characters with its host in IDNA form",
     "http://" + "a" * 2_048: "url must be a string of 1 to 2048 characters",
     "": "url must be a string of 1 to 2048 characters",
 }
@@ -151,7 +160,65 @@ def test_a_bad_webhook_field_is_a_400_and_changes_nothing(example, job, error):
     assert_refused(example, {"id": "j1", "account": "acct-a", **job}, error)
 
 
-def assert_refused(runtime, job, error):
+def test_an_international_host_is_kept_in_the_ascii_form_fetch_sends(example):
+    check = example.module._webhook_url
+    assert check("https://b\u00fccher.example:8443/hook?q=1") == "https://xn--bcher-kva.example:8443/hook?q=1"
+    assert check("https://[::1]:8080/hook") == "https://[::1]:8080/hook"
+
+
+@pytest.mark.parametrize("job_id", ["line\r\nbreak", "tab\there", "\u65e5\u672c", "\u0085", " lead", "trail ",
+                                    "x\x7f"])
+def test_a_job_id_its_idempotency_key_header_cannot_carry_is_a_400(example, job_id):
+    error = "id must be printable Latin-1 with no space at its ends: it goes in the webhook's Idempotency-Key header"
+    assert_refused(example, {"id": job_id, "account": "acct-a", "url": "https://example.test/"}, error, job_id)
+    # Without a webhook the id goes in no header: taken.
+    assert example.run(example.call_entrypoint("submit_job", {"id": job_id, "account": "acct-a"}))["state"]
+
+
+@pytest.mark.parametrize("depth", [65, 600, 1_200])
+def test_a_payload_nested_too_deep_is_a_400_at_any_depth_never_a_crash(example, depth):
+    job = {"id": "j1", "account": "acct-a", "url": "https://example.test/"}
+    error = "payload must nest at most 64 arrays or objects deep"
+    if depth < 100:  # over RPC too (deeper, the embedded runtime fails copying the argument, at the caller)
+        assert_refused(example, {**job, "payload": json.loads("[" * depth + "]" * depth)}, error)
+    body = json.dumps(job)[:-1] + ', "payload": ' + "[" * depth + "]" * depth + "}"
+    assert len(body) <= 16_384  # well within the size limit: its depth is what is refused
+    assert post(example, body) == (400, {"error": error})
+
+
+def test_a_payload_64_deep_is_taken_and_a_body_beyond_a_job_s_size_is_a_400(example):
+    job = {"id": "j1", "account": "acct-a", "url": "https://example.test/"}
+    body = json.dumps(job)[:-1] + ', "payload": ' + "[" * 64 + "]" * 64 + "}"
+    assert post(example, body)[0] == 202
+    assert post(example, " " * 65_537) == (400, {"error": "the body must be at most 65536 characters"})
+    refused = {**job, "id": "j2", "payload": {"a": float("inf")}}
+    assert_refused(example, refused, "payload must be a JSON value: numbers are finite", "j2")
+
+
+def test_a_latin_1_job_id_goes_out_as_its_idempotency_key():
+    with Receiver(LIMITS) as receiver, webhook_runtime(seed=1) as runtime:
+        job = {"id": "caf\u00e9 \u00fc", "account": "acct-a", "url": receiver.url("/ok")}
+
+        async def scenario():
+            await submit_all(runtime, [job])
+            return await settle(runtime, [job["id"]])
+
+        outcomes = runtime.run(scenario())
+    assert outcomes[job["id"]]["status"] == "completed"
+    [delivery] = receiver.deliveries[job["id"]]
+    assert delivery["idempotency_key"] == job["id"]
+
+
+def post(runtime, body):
+    async def scenario():
+        response = await runtime.fetch("https://w.test/jobs", method="POST", body=body,
+                                       headers={"Authorization": "Bearer t0ken"})
+        return response.status, await response.json()
+
+    return runtime.run(scenario())
+
+
+def assert_refused(runtime, job, error, job_id="j1"):
     async def scenario():
         before = runtime.totals()["requests"]
         response = await runtime.fetch("https://w.test/jobs", method="POST", body=json.dumps(job),
@@ -167,4 +234,4 @@ def assert_refused(runtime, job, error):
     assert (status, body) == (400, {"error": error})
     assert f"ValueError: {error}" in rpc_error
     assert requests == 0
-    assert runtime.run(runtime.call_entrypoint("job_status", "j1"))["state"] == "not_found"
+    assert runtime.run(runtime.call_entrypoint("job_status", job_id))["state"] == "not_found"

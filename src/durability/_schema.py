@@ -28,10 +28,16 @@ def schema_version(sql: Sql, component: str) -> int:
     return int(row["version"]) if row else 0
 
 
-def migrate(sql: Sql, component: str, steps: Mapping[int, Sequence[str]]) -> int:
+#: a step's statement, or a function of the storage and the version the component had before this migration
+Step = str | Callable[[Sql, int], None]
+
+
+def migrate(sql: Sql, component: str, steps: Mapping[int, Sequence[Step]]) -> int:
     """Bring ``component`` to the highest version in ``steps``; return that version.
 
-    ``steps[n]`` holds the statements that take version ``n - 1`` to ``n``.
+    ``steps[n]`` holds the statements that take version ``n - 1`` to ``n``
+    (a function among them is called with the storage and the version the
+    component had, in the same transaction).
     A database already at a newer version than the code knows is refused
     rather than silently used.
     """
@@ -47,7 +53,10 @@ def migrate(sql: Sql, component: str, steps: Mapping[int, Sequence[str]]) -> int
     def apply() -> None:
         for version in range(current + 1, target + 1):
             for statement in steps[version]:
-                sql.exec(statement)
+                if callable(statement):
+                    statement(sql, current)
+                else:
+                    sql.exec(statement)
         sql.exec(
             "INSERT INTO durability_schema (component, version) VALUES (?, ?) "
             "ON CONFLICT (component) DO UPDATE SET version = excluded.version",

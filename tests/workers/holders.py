@@ -18,6 +18,7 @@ from workers import DurableObject
 from durability import DurabilityScheduler
 from durability.semaphore import DurabilitySemaphore, DurabilitySemaphoreQueue, SemaphoreClient
 from durability.semaphore.messages import LeaseEntry
+from durability.semaphore.queue_identity import client_label
 
 CONFIG = {
     "limit": 3,
@@ -41,9 +42,16 @@ CONFIG = {
     "hold_replies": {},  # message type -> an asyncio.Event: the holder's answers wait for it to reach the shard
     "lose_replies": {},  # message type -> how many of the holder's next answers are lost on the way
     "two_phase": False,  # the shard's requests reach the holder as a version that grants unclaimed permits
+    "client_id": None,  # the label every shard gives its queue; None: the shard's name
 }
 WORLD = {"running": {}, "violations": [], "max_running": 0, "completed": set(), "admit_calls": 0,
-         "started": {}, "starts": {}, "events": [], "requests": [], "syncs": [], "finished_asks": [], "messages": []}
+         "started": {}, "starts": {}, "events": [], "requests": [], "syncs": [], "finished_asks": [], "messages": [],
+         "speakers": set()}
+
+
+def _label(client_id):
+    """The label a shard gave its queue (its name), for the tests to read."""
+    return client_label(client_id) if isinstance(client_id, str) else client_id
 
 
 def _start(item):
@@ -69,7 +77,7 @@ class Holder(DurableObject):
             self.scheduler,
             limit=lambda: CONFIG["limit"],
             group_limit=self._group_limit,
-            can_grant=lambda client, group: (client, group) not in CONFIG["denied"],
+            can_grant=lambda client, group: (client_label(client), group) not in CONFIG["denied"],
             round_wait_ms=CONFIG["round_wait_ms"],
             round_period_ms=CONFIG["round_period_ms"],
             grant_timeout_ms=CONFIG["grant_timeout_ms"],
@@ -83,7 +91,9 @@ class Holder(DurableObject):
 
     async def permits(self, message):
         if isinstance(message, dict) and message.get("type") in ("request", "sync"):
-            WORLD[message["type"] + "s"].append((time.time() * 1000, message.get("clientId")))
+            WORLD[message["type"] + "s"].append((time.time() * 1000, _label(message.get("clientId"))))
+            if isinstance(message.get("clientId"), str):
+                WORLD["speakers"].add(message["clientId"])  # as the wire spells it
         WORLD["messages"].append(message.get("type") if isinstance(message, dict) else None)
         return await self.semaphore.handle(message)
 
@@ -230,7 +240,7 @@ class Shard(DurableObject):
         self.scheduler.register("work", self._work_ends)
         self.queue = DurabilitySemaphoreQueue(
             self.scheduler,
-            client_id=ctx.id.name,
+            client_id=CONFIG["client_id"] or ctx.id.name,
             server=self._server(env),
             admit=self._admit,
             finished=self._finished if CONFIG["use_finished"] else None,

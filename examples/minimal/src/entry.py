@@ -69,7 +69,7 @@ class TaskShard(DurableObject):
             retries=Backoff(initial_ms=1_000, max_attempts=3),
         )
         self.permits = DurabilitySemaphoreQueue(
-            self.scheduler, client_id=ctx.id.toString(), server=limits.bind(env),
+            self.scheduler, server=limits.bind(env),
             admit=self._admit, finished=self._finished,
         )
 

@@ -33,10 +33,11 @@ from .messages import (
     WaitingUsage,
 )
 from .queue import AdmittedItem, DurabilitySemaphoreQueue, QueueEvent
+from .queue_identity import client_label
 
 __all__ = [
     "EXPIRED", "GROUP_LIMIT", "LIMIT", "LIMIT_RESOLUTION_ERROR", "NOT_FOUND", "NOT_PERMITTED", "OK",
     "RETIRED", "SETTLED", "VERSION", "AdmittedItem", "Demand", "DurabilitySemaphore", "DurabilitySemaphoreQueue",
     "QueueEvent", "Grant", "GroupUsage", "Lease", "LeasePolicy", "LeaseReport", "ProtocolError", "Reply", "Report",
-    "Request", "SemaphoreClient", "SemaphoreClientFactory", "Sync", "Usage", "WaitingUsage",
+    "Request", "SemaphoreClient", "SemaphoreClientFactory", "Sync", "Usage", "WaitingUsage", "client_label",
 ]

@@ -50,6 +50,7 @@ from .messages import MAX_WAIT_MS
 from .queue_admission import Admission, AdmittedItem
 from .queue_core import may_leave_line, oldest_of
 from .queue_grants import QueueGrants
+from .queue_identity import wire_identity
 from .queue_input import checked_items, identifier
 from .queue_leases import QueueLeases
 from .queue_memory import PARTICIPANT, QueueContext, QueueOptions
@@ -88,7 +89,12 @@ class DurabilitySemaphoreQueue:
 
     Args:
         scheduler: the object's scheduler (one queue per scheduler).
-        client_id: this object's stable id, e.g. ``ctx.id.toString()``.
+        client_id: a label for this queue's object (a shard's name, say), or
+            None. The queue speaks to its holders as its object's own id,
+            ``<client_id>@<the object's id>`` with a label, so two objects
+            never share one even when given the same label (a queue that
+            held something under a label before keeps speaking as the label
+            until it starts holding nothing; ``queue_identity``).
         server: a ``SemaphoreClient``, e.g. ``limits.with_(timeout, 5_000).bind(env)``.
         admit: ``admit(items)`` starts the admitted items' work; called after
             the admission commits and again, under ``retries``, until it
@@ -114,9 +120,9 @@ class DurabilitySemaphoreQueue:
             ``release`` still answer for it) before its row is deleted.
     """
 
-    def __init__(self, scheduler: DurabilityScheduler, *, client_id: str, server: SemaphoreClient,
+    def __init__(self, scheduler: DurabilityScheduler, *, server: SemaphoreClient,
                  admit: Callable[[list[AdmittedItem]], Any],
-                 finished: Callable[[list[str]], Any] | None = None,
+                 finished: Callable[[list[str]], Any] | None = None, client_id: str | None = None,
                  on_lifecycle_event: Callable[[QueueEvent], Any] | None = None,
                  retries: Backoff = Backoff(initial_ms=1_000, max_ms=60_000),
                  attempt_timeout_ms: float = 10_000, finished_check_ms: float = 60_000,
@@ -127,12 +133,12 @@ class DurabilitySemaphoreQueue:
         if not keep_done_ms >= 0:
             raise ValueError("keep_done_ms must be 0 or more")
         self.scheduler = scheduler
-        self.client_id = identifier(client_id, "client_id")
         self.server = server
         self.on_lifecycle_event = on_lifecycle_event
         self.options = QueueOptions(attempt_timeout_ms, finished_check_ms, report_delay_ms, request_wait_ms,
                                     lease_report_delay_ms, keep_done_ms)
         self.store = QueueStore(scheduler.sql)
+        self.client_id = self._identity(client_id)
         self.ctx = ctx = QueueContext(scheduler, self.store, server, self.client_id, self.options)
         self.grants, self.lease_book = ctx.grants, ctx.lease_book
         self.leases = QueueLeases(ctx)
@@ -143,6 +149,14 @@ class DurabilitySemaphoreQueue:
         self.requests = KeyRequests(ctx, self.claims, self.leases, self.admission, self.old_outbox, self._emit_blocked)
         scheduler.register(PARTICIPANT, self._on_timer, backoff=retries, durable=False)
         self._derive_timers()
+
+    def _identity(self, label: str | None) -> str:
+        """The id this queue speaks to its holders as (see ``queue_identity``)."""
+        object_id = str(self.scheduler.ctx.id.toString())
+        if label is not None and label != object_id and self.store.spoken_as_given():
+            log.info("queue of %s speaks as %r as before, until it starts holding nothing", object_id, label)
+            return identifier(label, "client_id")
+        return wire_identity(object_id, label)
 
     def _derive_timers(self) -> None:
         """Set again, in a new instance, the timers its rows imply."""

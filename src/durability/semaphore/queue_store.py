@@ -44,7 +44,7 @@ import json
 from collections.abc import Set as AbstractSet
 from typing import Any
 
-from .._schema import migrate
+from .._schema import Step, migrate
 from .._sql import GrowingCounter, Sql
 from .queue_states import (
     ADMITTED,
@@ -66,8 +66,23 @@ ITEMS = "durability_queue_items"
 GRANTS = "durability_queue_grants"
 LEASES = "durability_queue_leases"
 PACING = "durability_queue_pacing"
-TABLES = (ITEMS, GRANTS, LEASES, PACING)
-_SCHEMA = {
+SPOKEN = "durability_queue_spoken_as_given"
+TABLES = (ITEMS, GRANTS, LEASES, PACING, SPOKEN)
+_HELD_TABLES = (ITEMS, PACING, GRANTS, LEASES)
+
+
+def _holds_anything(sql: Sql) -> bool:
+    """A row in any table that stands for something a holder may charge to the queue."""
+    return any(sql.one(f"SELECT 1 AS held FROM {table} LIMIT 1") for table in _HELD_TABLES)
+
+
+def _spoken_since(sql: Sql, before: int) -> None:
+    """Version 6, for a queue of an older version that holds anything: it spoke as given (a new one holds nothing)."""
+    if before > 0 and _holds_anything(sql):
+        sql.exec(f"INSERT INTO {SPOKEN} (since) VALUES (?)", before)
+
+
+_SCHEMA: dict[int, list[Step]] = {
     1: [
         f"""
         CREATE TABLE IF NOT EXISTS {ITEMS} (
@@ -124,6 +139,11 @@ _SCHEMA = {
     # A draw's number in its lease (1, 2, ...), written with the draw itself:
     # no row more (see lease_book).
     5: [f"ALTER TABLE {ITEMS} ADD COLUMN draw INTEGER"],
+    # Before version 6 a queue spoke to its holders as the client_id it was
+    # given; since, as its object's id (queue_identity). A queue that holds
+    # anything from before keeps speaking as given until it holds nothing
+    # (see QueueStore.spoken_as_given): its holders charge what it holds to that id.
+    6: [f"CREATE TABLE IF NOT EXISTS {SPOKEN} (since INTEGER PRIMARY KEY)", _spoken_since],
 }
 
 _LEASE_COLUMNS = "lease_id, key, grp, permits, drawn, released, stopped, ttl_ms, renew_at, settled_at"
@@ -161,6 +181,20 @@ class QueueStore:
         # back (counts read inside it may include what it undid).
         self._changes = 0
         self._memo: tuple[tuple[int, int], dict[str, dict[str, Counts]]] | None = None
+
+    # -- how the queue speaks to its holders ---------------------------------------
+    def spoken_as_given(self) -> bool:
+        """True while the queue must speak as the client_id it was given, as
+        versions before 6 did: it held something at the upgrade, and has held
+        something at every start since. The row goes at the first start that
+        finds nothing held (no item, no key row, no older grant or lease row):
+        one row read per start, and two writes in an object's life at most."""
+        if self.sql.one(f"SELECT since FROM {SPOKEN}") is None:
+            return False
+        if _holds_anything(self.sql):
+            return True
+        self.sql.transaction(lambda: self.sql.exec(f"DELETE FROM {SPOKEN}"))
+        return False
 
     # -- pacing -----------------------------------------------------------------
     def pacing(self, key: str) -> float | None:
