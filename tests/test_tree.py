@@ -18,28 +18,9 @@ from durability._clock import now_ms
 from durability.semaphore import DurabilitySemaphore
 from durability.semaphore.allocation import ClientOutcome, ResolutionFailed
 from durability.semaphore.holder_tree import ParentLink
-from durability.semaphore.messages import (
-    GROUP_LIMIT,
-    LIMIT,
-    MAX_DEMAND_TIMES,
-    NOT_FOUND,
-    OK,
-    Demand,
-    GrantEntry,
-    ReportOutcome,
-    Request,
-)
+from durability.semaphore.messages import GROUP_LIMIT, LIMIT, NOT_FOUND, OK, Demand, GrantEntry, ReportOutcome, Request
 from durability.semaphore.queue_identity import wire_identity
-from durability.semaphore.tree import (
-    Borrowed,
-    OlderElsewhere,
-    closed_groups,
-    fold_runs,
-    holder_for,
-    over_limit,
-    parent_of,
-    unmet_demand,
-)
+from durability.semaphore.tree import Borrowed, closed_groups, holder_for, over_limit, parent_of, unmet_demand
 from durability.testing import Runtime, load_worker_module
 
 TREE = Path(__file__).resolve().parent / "workers" / "tree.py"
@@ -127,44 +108,12 @@ def test_what_a_round_left_waiting_is_asked_of_the_parent_oldest_group_first():
                 "c2": ClientOutcome(blocked={"g": (LIMIT, 2)}),
                 "c3": ClientOutcome(blocked={"g": ("not_permitted", 9)})}  # not for the parent to serve
     # Without times a client's items left stand at its oldest; with them, the youngest are the ones left.
-    assert unmet_demand(requests, outcomes) == {"g": Demand("g", 5, 5.0, (5.0, 10.0), (2, 3)),
-                                                "h": Demand("h", 1, 50.0, (50.0,), (1,))}
+    assert unmet_demand(requests, outcomes) == {"g": Demand("g", 5, 5.0, (5.0, 10.0)),
+                                                "h": Demand("h", 1, 50.0, (50.0,))}
     timed = [Request("c1", (Demand("g", 4, 1.0, (1.0, 2.0, 3.0, 9.0)),), ()),
-             Request("c2", (Demand("g", 3, 4.0, (4.0, 5.0)),), ())]  # its third item stands at 5.0
+             Request("c2", (Demand("g", 3, 4.0, (4.0, 5.0)),), ())]
     left = {"c1": ClientOutcome(blocked={"g": (LIMIT, 2)}), "c2": ClientOutcome(blocked={"g": (LIMIT, 3)})}
-    assert unmet_demand(timed, left) == {"g": Demand("g", 5, 3.0, (3.0, 4.0, 5.0, 9.0), (1, 1, 2, 1))}
-
-
-def test_a_child_folds_many_items_into_few_runs_exact_at_the_head_of_its_line():
-    items = [(float(at), 1) for at in range(1_000)]
-    folded = fold_runs(items, MAX_DEMAND_TIMES, 1_000)
-    assert len(folded) <= MAX_DEMAND_TIMES and sum(n for _, n in folded) == 1_000
-    assert folded[:4] == [(0.0, 1), (1.0, 1), (2.0, 1), (3.0, 1)]  # each run stands at its oldest item
-    sizes = [n for _, n in folded]
-    assert sizes == sorted(sizes) and sizes[-1] < 300  # growing by one factor, to hold all of them
-    assert [at for at, _ in folded] == sorted({at for at, _ in folded})
-    assert fold_runs(items[:20], MAX_DEMAND_TIMES, 20) == items[:20]  # a short line is told item by item
-    # Items of one time are one run whatever their number; the total is a ceiling.
-    assert fold_runs([(1.0, 50), (1.0, 5), (2.0, 3)], 4, 58) == [(1.0, 55), (2.0, 3)]
-    assert fold_runs([(1.0, 50), (2.0, 3)], 4, 20) == [(1.0, 20)]
-    assert fold_runs(items, 2, 1_000) == [(0.0, 31), (31.0, 969)]  # 1,000 ** (1 / 2) = 31.6
-
-
-def test_a_parent_tells_each_child_how_many_items_older_than_its_line_wait_elsewhere():
-    requests = [Request("acct~child-0", (Demand("g", 10, 100.0, (100.0, 2_000.0), (4, 6)),), ()),
-                Request("acct~child-1", (Demand("g", 3, 1_000.0, (1_000.0,), (3,)),), ()),
-                Request("acct~child-2", (Demand("g", 2, 9_000.0),), ())]
-    outcomes = {"acct~child-0": ClientOutcome(blocked={"g": (LIMIT, 8)}),  # its 2 oldest served: 2 at 100 left
-                "acct~child-1": ClientOutcome(blocked={"g": (LIMIT, 3)}),
-                "acct~child-2": ClientOutcome()}  # served whole: it stands at its youngest, 9,000
-    older = OlderElsewhere(requests, outcomes, margin_ms=500.0)
-    assert older.older("acct~child-0", "g") == 0  # the oldest line: nobody waits ahead of it
-    assert older.older("acct~child-1", "g") == 2  # child-0's two at 100
-    assert older.older("acct~child-2", "g") == 2 + 3 + 6  # everything left
-    # Two children are behind others: each owes its share, the old items split between them.
-    assert older.counts("acct~child-0", ["g"]) == {}
-    assert older.counts("acct~child-1", ["g"]) == {"g": 1}
-    assert older.counts("acct~child-2", ["g", "h"]) == {"g": 6}
+    assert unmet_demand(timed, left) == {"g": Demand("g", 5, 3.0, (3.0, 4.0, 5.0, 9.0))}
 
 
 def test_a_parent_closes_the_groups_its_own_round_would_grant_nothing_in():
@@ -212,10 +161,11 @@ def test_a_child_gives_back_only_what_older_work_elsewhere_waits_for():
         link.ensure_exchanges = lambda: None  # and no exchanges
         link.borrowed.take([entry("a", "g", 4)], [])
         now = now_ms()
-        link.older_elsewhere = {"g": 2}  # the parent counts this child's share of older items elsewhere: two
+        link.waiting_since, link._since_heard_at = {"g": (now - 9_000, now - 8_000, now - 100)}, now
         link.unmet = {"g": Demand("g", 3, now - 5_000)}
         link._unmet_at = now
         link.decide({"g": now - 5_000})
+        # Two items elsewhere are older by more than half a period; the third is not.
         assert link.owed == {"g": 2} and link.ceiling("g") == 2
         charged["g"] = 1  # three of its clients' permits came back
         link.after_round(None)

@@ -146,10 +146,7 @@ def unique(strategy, key):
     return st.lists(strategy, max_size=4, unique_by=key).map(tuple)
 
 
-demands = st.builds(Demand, ids, counts, times) | st.builds(
-    lambda group, runs: Demand(group, sum(n for _, n in runs) + 1, runs[0][0], tuple(at for at, _ in runs),
-                               tuple(n for _, n in runs)),
-    ids, st.lists(st.tuples(times, st.integers(1, 9)), min_size=1, max_size=3).map(sorted))
+demands = st.builds(Demand, ids, counts, times)
 requests = st.builds(Request, ids, unique(demands, lambda d: d.group), unique(reports(), lambda r: r.grant_id),
                      st.floats(0, m.MAX_WAIT_MS), st.booleans(), unique(lease_reports(), lambda r: r.lease_id),
                      claims=st.booleans(), heard_up_to=times)
@@ -170,8 +167,8 @@ grants_replies = st.builds(Reply, st.just("grants"), lists(report_outcomes), lis
                            lists(lease_entries), st.booleans(), grants=lists(grant_entries), blocked=lists(blocked),
                            next_request_at=st.none() | times, all_leases_listed=st.booleans(),
                            line=st.dictionaries(ids, times, max_size=3),
-                           older_elsewhere=st.dictionaries(ids, st.integers(0, m.MAX_COUNT), max_size=3),
-                           over_limit=st.booleans(),
+                           waiting_since=st.dictionaries(ids, st.lists(times, min_size=1, max_size=3).map(
+                               lambda at: tuple(sorted(at))), max_size=3), over_limit=st.booleans(),
                            closed_groups=lists(ids))
 synced_replies = st.builds(Reply, st.just("synced"), lists(report_outcomes), lists(lease_outcomes),
                            lists(lease_entries), st.booleans(), grants=lists(grant_entries),
@@ -236,12 +233,11 @@ def test_a_reply_closing_groups_names_them_or_is_refused(closed):
     assert raised.value.code == "malformed_reply"
 
 
-@pytest.mark.parametrize("older", [[1], {"g": -1}, {"g": 1.5}, {"g": True}, {"": 1}])
-def test_a_reply_counting_older_work_elsewhere_counts_it_or_is_refused(older):
-    wire = {**Reply("grants", (), (), (), True).to_wire(), "olderElsewhere": older}
-    with pytest.raises(m.ProtocolError) as raised:
-        Reply.parse(wire, "grants")
-    assert raised.value.code == "malformed_reply"
+def test_a_child_reads_the_oldest_time_alone_from_a_parent_of_the_first_tree():
+    wire = {**Reply("grants", (), (), (), True).to_wire(), "waitingSince": {"g": 5.0}}
+    assert Reply.parse(wire, "grants").waiting_since == {"g": (5.0,)}
+    with pytest.raises(m.ProtocolError):
+        Reply.parse({**wire, "waitingSince": {"g": [7.0, 5.0]}}, "grants")  # not oldest first
 
 
 def test_a_malformed_usage_reply_is_refused():

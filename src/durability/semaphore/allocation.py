@@ -638,28 +638,18 @@ def _room_for_all(state: RoundState, terms: RoundTerms, granting: list[tuple[Wan
 
 
 def _slices(index: int, wanted: Wanted, demand: Demand) -> list[tuple[float, int, int]]:
-    """(time, index, count): a demand's wanted items by enqueue time, one
-    slice per time; the oldest ``count - want`` are covered already, and
+    """(time, index, count): a demand's wanted items by enqueue time, runs of
+    one time together; the oldest ``count - want`` are covered already, and
     items past the times given stand at the last one."""
-    if not demand.counts:
-        times = demand.times or (demand.oldest_at,)
-        known = times[demand.count - wanted.want:demand.count]
-        if len(known) <= 1 or known[0] == known[-1]:  # one run: most demands
-            return [(known[0] if known else times[-1], index, wanted.want)]
-        runs = [(at, len(list(run))) for at, run in itertools.groupby(known)]
-    else:  # runs of many items each: a child holder's
-        runs, covered = [], demand.count - wanted.want
-        for at, n in demand.runs():
-            if n > covered:
-                runs.append((at, n - covered))
-            covered = max(0, covered - n)
-        runs = runs or [(demand.times[-1], 0)]
-    slices = [(at, index, n) for at, n in runs]
-    listed = sum(n for _, n in runs)
-    if wanted.want > listed:
-        at, _, count = slices[-1]
-        slices[-1] = (at, index, count + wanted.want - listed)
-    return slices
+    times = demand.times or (demand.oldest_at,)
+    known = times[demand.count - wanted.want:demand.count]
+    if len(known) <= 1 or known[0] == known[-1]:  # one run: most demands
+        return [(known[0] if known else times[-1], index, wanted.want)]
+    runs = [(at, index, len(list(run))) for at, run in itertools.groupby(known)]
+    if wanted.want > len(known):
+        at, _, count = runs[-1]
+        runs[-1] = (at, index, count + wanted.want - len(known))
+    return runs
 
 
 def issue_grant(state: RoundState, terms: RoundTerms, wanted: Wanted, most: int | None = None) -> None:

@@ -73,7 +73,7 @@ from .messages import (
     parse,
 )
 from .store import COMPONENT as HOLDER_COMPONENT, TABLES as HOLDER_TABLES, HolderStore
-from .tree import OlderElsewhere, closed_groups, over_limit, parent_of, unmet_demand, yield_margin_ms
+from .tree import OldestWaiting, closed_groups, over_limit, parent_of, unmet_demand
 
 if TYPE_CHECKING:
     from .client import SemaphoreClient, SemaphoreClientFactory
@@ -435,16 +435,16 @@ class DurabilitySemaphore:
                 limits: Limits, now: float, requests: list[Request]) -> None:
         ttl_ms = self.lease_policy.ttl_ms if self.lease_policy is not None else 0
         line: Line | None = None
-        older: OlderElsewhere | None = None
+        oldest: OldestWaiting | None = None
         tree_limits: dict[str, Any] | None = None
         for waiting, outcome in answered:
             request = waiting.request
             tree: dict[str, Any] = {}
-            if parent_of(request.client_id) is not None:  # a child of a tree: how much older work waits elsewhere
-                older = older or OlderElsewhere(requests, result.outcomes, yield_margin_ms(self.round_period_ms))
+            if parent_of(request.client_id) is not None:  # a child of a tree: who else waits, and since when
+                oldest = oldest or OldestWaiting(requests, result.outcomes)
                 tree_limits = tree_limits or _tree_limits(self.limits, self._grants(), self._link, limits.groups)
-                tree = {**tree_limits, "older_elsewhere": older.counts(request.client_id,
-                                                                       (d.group for d in request.demand))}
+                tree = {**tree_limits, "waiting_since": oldest.others(request.client_id,
+                                                                      (d.group for d in request.demand))}
             # A client handed permits may ask again at once: its request is
             # held for the next round anyway, and is then present in it,
             # instead of arriving just after it and waiting a period more.

@@ -14,6 +14,7 @@ the report leaves, and deleted once settled (see ``tree.Borrowed``).
 from __future__ import annotations
 
 import asyncio
+import bisect
 import logging
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -78,9 +79,9 @@ class ParentLink:
         self.unmet: dict[str, Demand] = {}  #: per group, what the child's clients wait for
         self._unmet_at = 0.0  #: when the round that left ``unmet`` ran
         self.contended = False  #: the parent's last reply left demand waiting for capacity
-        #: per group, the items the parent's last round left waiting at other
-        #: children that are older than this child's own (``tree.OlderElsewhere``)
-        self.older_elsewhere: dict[str, int] = {}
+        #: per group, the oldest items the parent's last round left waiting at other children
+        self.waiting_since: dict[str, tuple[float, ...]] = {}
+        self._since_heard_at = 0.0  #: when ``waiting_since`` came
         #: (when, group, count) given back to older work since the ask the last reply answered
         self._given: list[tuple[float, str, int]] = []
         self.owed: dict[str, int] = {}  #: per group, permits to give back to older work: see ``decide``
@@ -98,23 +99,29 @@ class ParentLink:
 
     def decide(self, oldest_here: dict[str, float]) -> None:
         """Before a round: what the child owes older work elsewhere. Where
-        the parent said items of others wait that are older than this
-        child's line by more than a yield margin (``tree.yield_margin_ms``),
-        that many permits freed here go back to the parent for them instead
-        of to younger work here, and no more until the parent's next reply
-        says where the lines stand (giving back all would leave this child's
-        own line to age and pull the permits back: capacity would swing
-        between children, idle while it moves). The parent counts them
-        from the times its children's demands carry (``tree.fold_runs``)."""
+        the parent said others wait with items older than this child's
+        oldest by more than ``yield_margin_ms``, that many permits freed
+        here go back to the parent for them instead of to younger work
+        here, and no more until the parent's next reply says where the line
+        stands (giving back all would leave this child's own line to age
+        and pull the permits back: capacity would swing between children,
+        idle while it moves)."""
         if self.over_limit:  # the parent's limit was lowered: nothing it lent is handed out again
             self.yielding = set(oldest_here) | set(self.borrowed.by_group())
             return
         self.yielding = set(self.closed)
+        # Waits are compared, not times: the line elsewhere moved on since
+        # the parent said where it stood (about as fast as the clock, while
+        # the backlog's wait holds), and a stale time would look older than
+        # the work that waits there now.
+        moved = now_ms() - self._since_heard_at
         given: dict[str, int] = {}
         for _, group, count in self._given:
             given[group] = given.get(group, 0) + count
-        self.owed = {group: max(0, self.older_elsewhere.get(group, 0) - given.get(group, 0))
-                     for group in oldest_here}
+        self.owed = {}
+        for group, at in oldest_here.items():
+            older = bisect.bisect_left(self.waiting_since.get(group, ()), at - self.yield_margin_ms - moved)
+            self.owed[group] = max(0, older - given.get(group, 0))
 
     def ceiling(self, group: str) -> int:
         """What the child may hand out in ``group`` this round: what it
@@ -126,6 +133,14 @@ class ParentLink:
         of a tree tells its own children it is limited to (what it owes
         is no closure of theirs: see ``tree.closed_groups``)."""
         return 0 if group in self.yielding else self.borrowed.capacity(group)
+
+    @property
+    def yield_margin_ms(self) -> float:
+        """Older by half a round period. Lower, and capacity moves for work
+        a round would not put ahead; higher, and the lines of children drift
+        apart by as much (``scripts/bench_tree.py``: at a period, a third
+        more admissions out of order by a period, at the same busy share)."""
+        return self.period_ms / 2
 
     def after_round(self, unmet: dict[str, Demand] | None, synced_by: str | None = None) -> None:
         """What a round of the child left waiting, per group, or, after a
@@ -207,7 +222,7 @@ class ParentLink:
     def request(self) -> Request:
         demand = () if self.borrowed.full() else tuple(self.unmet.values())
         # Never held by the parent (no wait): the child hears every period
-        # how much older work waits elsewhere (``older_elsewhere``), and yields to it.
+        # who else waits (``waiting_since``), and yields to older work.
         return Request(self.child_id, demand, self.borrowed.reports(), claims=True,
                        heard_up_to=self.borrowed.heard_up_to)
 
@@ -253,7 +268,7 @@ class ParentLink:
             self.yielding |= set(self.borrowed.by_group())
         self.yielding |= self.closed
         if kind == "grants":
-            self.older_elsewhere = reply.older_elsewhere
+            self.waiting_since, self._since_heard_at = reply.waiting_since, now_ms()
             # The parent's round saw what was given back before the ask left, not after.
             self._given = [entry for entry in self._given if entry[0] >= sent_at]
         if self.borrowed.take(reply.grants, reply.reports) > 0:

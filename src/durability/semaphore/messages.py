@@ -73,28 +73,18 @@ class Demand:
     serves items oldest first across clients, not a client's whole demand
     at its oldest item's turn. Optional: without it, all ``count`` items
     stand in line at ``oldest_at``; past the last time given, the rest
-    stand at that time. ``counts`` (optional, with ``times``): how many
-    items stand at each time, so that a few runs tell the times of many
-    items; a child holder of a budget tree folds what its clients wait for
-    so (``tree.fold_runs``). Without it, one item each.
+    stand at that time.
     """
 
     group: str
     count: int
     oldest_at: float
     times: tuple[float, ...] = ()
-    counts: tuple[int, ...] = ()
-
-    def runs(self) -> list[tuple[float, int]]:
-        """(time, items) for the items ``times`` and ``counts`` tell of, oldest first."""
-        return list(zip(self.times, self.counts)) if self.counts else [(at, 1) for at in self.times]
 
     def to_wire(self) -> dict[str, Any]:
         wire: dict[str, Any] = {"group": self.group, "count": self.count, "oldestAt": self.oldest_at}
         if self.times:
             wire["times"] = list(self.times)
-        if self.counts:
-            wire["counts"] = list(self.counts)
         return wire
 
 
@@ -275,8 +265,7 @@ def _demand(message: dict[str, Any]) -> tuple[Demand, ...]:
         seen.add(group)
         count = _count(_field(entry, "count", f"demand[{i}]"), f"demand[{i}].count")
         oldest_at = _time(_field(entry, "oldestAt", f"demand[{i}]"), f"demand[{i}].oldestAt")
-        times = _demand_times(entry, count, oldest_at, f"demand[{i}]")
-        demand.append(Demand(group, count, oldest_at, times, _demand_counts(entry, count, times, f"demand[{i}]")))
+        demand.append(Demand(group, count, oldest_at, _demand_times(entry, count, oldest_at, f"demand[{i}]")))
     return tuple(demand)
 
 
@@ -289,17 +278,6 @@ def _demand_times(entry: dict[str, Any], count: int, oldest_at: float, where: st
         raise ProtocolError("invalid_message",
                             f"{where}.times must be at most count times, oldest first, the first oldestAt")
     return tuple(times)
-
-
-def _demand_counts(entry: dict[str, Any], count: int, times: tuple[float, ...], where: str) -> tuple[int, ...]:
-    """A demand's ``counts``: one per time, each at least 1, together at most ``count``."""
-    if "counts" not in entry:
-        return ()
-    counts = [_count(n, f"{where}.counts") for n in _list(entry["counts"], f"{where}.counts", MAX_DEMAND_TIMES)]
-    if len(counts) != len(times) or not all(counts) or sum(counts) > count:
-        raise ProtocolError("invalid_message",
-                            f"{where}.counts must be one count of at least 1 per time, together at most count")
-    return tuple(counts)
 
 
 M = TypeVar("M", Request, Sync)
@@ -441,10 +419,10 @@ class Reply:
     #: per group, the oldest-item time at which the holder's line stands
     #: behind a client it just served (``holder_line.Line``)
     line: dict[str, float] = field(default_factory=dict)
-    #: to a child of a budget tree: per group it asked for, how many items
-    #: the round left waiting at other clients that are older than the
-    #: child's own by more than a yield margin (``tree.OlderElsewhere``)
-    older_elsewhere: dict[str, int] = field(default_factory=dict)
+    #: to a child of a budget tree: per group it asked for, the enqueue times
+    #: of the oldest items (at most ``MAX_DEMAND_TIMES``, oldest first) of
+    #: other clients the round left waiting for capacity (``tree``)
+    waiting_since: dict[str, tuple[float, ...]] = field(default_factory=dict)
     #: to a child of a budget tree: the parent's permits out exceed its limit
     #: (it was lowered): hand out nothing of what it lent, give it back
     over_limit: bool = False
@@ -476,8 +454,8 @@ class Reply:
 
     def _tree_fields(self, grants: bool) -> dict[str, Any]:
         """What only a tree's child is told (none of it to other clients)."""
-        older = self.older_elsewhere
-        return {**({"olderElsewhere": dict(older)} if grants and older else {}),
+        waiting = {group: list(times) for group, times in self.waiting_since.items()}
+        return {**({"waitingSince": waiting} if grants and waiting else {}),
                 **({"overLimit": True} if self.over_limit else {}),
                 **({"closedGroups": list(self.closed_groups)} if self.closed_groups else {})}
 
@@ -595,7 +573,7 @@ def parse_reply(reply: Any, kind: str) -> Reply:
                    next_request_at=None if next_at is None else float(next_at),
                    all_leases_listed=_flag(reply, "allLeasesListed", "reply"),
                    line=_times_by_group(reply.get("line", {}), "line"),
-                   older_elsewhere=_counts_by_group(reply.get("olderElsewhere", {})))
+                   waiting_since=_waiting_since(reply.get("waitingSince", {})))
 
 
 def _groups(groups: Any) -> tuple[str, ...]:
@@ -606,12 +584,20 @@ def _groups(groups: Any) -> tuple[str, ...]:
     return tuple(groups)
 
 
-def _counts_by_group(counts: Any) -> dict[str, int]:
-    """A grants reply's ``olderElsewhere`` (optional: only a tree's parent sends it to a child)."""
-    if not isinstance(counts, dict) or len(counts) > MAX_REPLY_ENTRIES or not all(
-            storable_text(group, MAX_ID_LENGTH) and int_in(n, 0, MAX_COUNT) for group, n in counts.items()):
-        raise ProtocolError("malformed_reply", "olderElsewhere must be an object of groups to counts")
-    return dict(counts)
+def _waiting_since(waiting: Any) -> dict[str, tuple[float, ...]]:
+    """A grants reply's ``waitingSince`` (optional: only a tree's parent sends it to a child)."""
+    if not isinstance(waiting, dict) or len(waiting) > MAX_REPLY_ENTRIES:
+        raise ProtocolError("malformed_reply", "waitingSince must be an object of groups to lists of times")
+    parsed = {}
+    for group, times in waiting.items():
+        if number_in(times, 0, MAX_SAFE_INTEGER):  # a parent of the tree's first version: the oldest alone
+            times = [times]
+        if (not storable_text(group, MAX_ID_LENGTH) or not isinstance(times, list) or not times
+                or len(times) > MAX_DEMAND_TIMES or not all(number_in(at, 0, MAX_SAFE_INTEGER) for at in times)
+                or any(b < a for a, b in zip(times, times[1:]))):
+            raise ProtocolError("malformed_reply", "waitingSince must be an object of groups to times, oldest first")
+        parsed[group] = tuple(float(at) for at in times)
+    return parsed
 
 
 def _times_by_group(times: Any, name: str) -> dict[str, float]:

@@ -18,10 +18,8 @@ exceeds the root's limit.
 
 from __future__ import annotations
 
-import bisect
 import hashlib
-import itertools
-import math
+import heapq
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
@@ -97,156 +95,47 @@ def left_waiting(requests: Iterable[Request], outcomes: dict[str, ClientOutcome]
 
 def unmet_demand(requests: Iterable[Request], outcomes: dict[str, ClientOutcome]) -> dict[str, Demand]:
     """Per group, what a round left waiting for capacity, as one demand for
-    the parent: the count left waiting, and when its items were enqueued,
-    folded into runs (each client's youngest items are the ones left; at
-    most the ``MAX_DEMAND_ENTRIES`` oldest groups: one request carries no more)."""
-    runs: dict[str, list[tuple[float, int]]] = {}
+    the parent: the count left waiting, and the enqueue times of its oldest
+    items (each client's youngest items are the ones left; at most the
+    ``MAX_DEMAND_ENTRIES`` oldest groups: one request carries no more)."""
+    counts: dict[str, int] = {}
+    times: dict[str, list[float]] = {}
     for _, demand, count in left_waiting(requests, outcomes):
-        runs.setdefault(demand.group, []).extend(left_runs(demand, count))
-    for group_runs in runs.values():
-        group_runs.sort()
-    groups = sorted(runs, key=lambda group: (runs[group][0][0], group))[:MAX_DEMAND_ENTRIES]
-    unmet = {}
-    for group in groups:
-        count = min(sum(n for _, n in runs[group]), MAX_COUNT)
-        folded = fold_runs(runs[group], MAX_DEMAND_TIMES, count)
-        unmet[group] = Demand(group, count, folded[0][0], tuple(at for at, _ in folded),
-                              tuple(n for _, n in folded))
-    return unmet
+        counts[demand.group] = counts.get(demand.group, 0) + count
+        times.setdefault(demand.group, []).extend(_left_times(demand, count))
+    oldest = {group: heapq.nsmallest(MAX_DEMAND_TIMES, at) for group, at in times.items()}
+    groups = sorted(counts, key=lambda group: (oldest[group][0], group))[:MAX_DEMAND_ENTRIES]
+    return {group: Demand(group, min(counts[group], MAX_COUNT), oldest[group][0], tuple(oldest[group]))
+            for group in groups}
 
 
-def left_runs(demand: Demand, left: int) -> list[tuple[float, int]]:
-    """The demand's ``left`` youngest items as (time, items) runs, oldest
-    first: past the times it gives, the rest stand at the last one."""
-    runs = demand.runs() or [(demand.oldest_at, 0)]
-    unlisted = demand.count - sum(n for _, n in runs)
-    youngest = [(runs[-1][0], min(left, unlisted))] if unlisted > 0 else []
-    left -= youngest[0][1] if youngest else 0
-    for at, n in reversed(runs):
-        if left <= 0:
-            break
-        youngest.append((at, min(n, left)))
-        left -= n
-    return _merged(reversed(youngest))
+def _left_times(demand: Demand, left: int) -> tuple[float, ...]:
+    """The times of a demand's ``left`` youngest items that its times name,
+    or the last time it names (the rest stand there)."""
+    known = demand.times[demand.count - left:]
+    return known or ((demand.times or (demand.oldest_at,))[-1],)
 
 
-def _merged(runs: Iterable[tuple[float, int]]) -> list[tuple[float, int]]:
-    """Runs, oldest first, with those of one time made one (and empty ones dropped)."""
-    merged: list[tuple[float, int]] = []
-    for at, n in runs:
-        if merged and merged[-1][0] == at:
-            merged[-1] = (at, merged[-1][1] + n)
-        elif n > 0:
-            merged.append((at, n))
-    return merged
+class OldestWaiting:
+    """Per group, the oldest items a round left waiting for capacity, with
+    their clients: enough to tell each client the ``MAX_DEMAND_TIMES``
+    oldest waiting at clients other than itself."""
 
+    def __init__(self, requests: Iterable[Request], outcomes: dict[str, ClientOutcome]) -> None:
+        entries: dict[str, list[tuple[float, str]]] = {}
+        for client_id, demand, count in left_waiting(requests, outcomes):
+            entries.setdefault(demand.group, []).extend((at, client_id) for at in _left_times(demand, count))
+        # A client's own items are at most MAX_DEMAND_TIMES of them: twice as many leave enough of others'.
+        self.oldest = {group: heapq.nsmallest(2 * MAX_DEMAND_TIMES, items) for group, items in entries.items()}
 
-def fold_runs(runs: Iterable[tuple[float, int]], most: int, total: int) -> list[tuple[float, int]]:
-    """Runs (time, items), oldest first, folded into at most ``most`` runs of
-    at most ``total`` items in all, each standing at its oldest item's time.
-    Runs grow by one factor from a single item at the head of the line to
-    hold the whole line in ``most`` (``run_sizes``): exact where the next
-    permits go and where a child's line is compared with others', coarser
-    far behind. Items of one time stay one run however many they are."""
-    merged = _merged(runs)
-    sizes = run_sizes(min(total, sum(n for _, n in merged)), most)
-    folded: list[tuple[float, int]] = []
-    at_head: float | None = None  #: the open run's time (None: none is open)
-    filled = 0
-    for at, n in merged:
-        n = min(n, total)
-        total -= n
-        while n > 0:
-            if at_head is None and folded and folded[-1][0] == at:  # the run just closed stands here too
-                folded[-1], n = (at, folded[-1][1] + n), 0
-                break
-            at_head = at if at_head is None else at_head
-            size = sizes[min(len(folded), len(sizes) - 1)]
-            take = min(n, size - filled) if len(folded) < len(sizes) - 1 else n
-            filled, n = filled + take, n - take
-            if filled == size and len(folded) < len(sizes) - 1:
-                folded.append((at_head, filled))
-                at_head, filled = None, 0
-    if at_head is not None:
-        folded.append((at_head, filled))
-    return folded
-
-
-def run_sizes(items: int, most: int) -> list[int]:
-    """How many items each of at most ``most`` runs holds, ``items`` in all:
-    the k-th ends at item items ** ((k + 1) / most), rounded down (one each
-    while the line is no longer than ``most``)."""
-    sizes, end = [], 0
-    for k in range(most):
-        if end >= items:
-            break
-        next_end = min(items, max(end + 1, math.floor(items ** ((k + 1) / most))))
-        sizes.append(next_end - end)
-        end = next_end
-    return sizes or [0]
-
-
-class OlderElsewhere:
-    """Per group, the items a round left waiting for capacity, oldest first:
-    enough to tell each child how many items of others wait that are older
-    than its own by more than ``margin_ms`` (see ``holder_tree.ParentLink.decide``).
-    A child left nothing stands at the youngest item it asked for: its
-    next items are younger still."""
-
-    def __init__(self, requests: Iterable[Request], outcomes: dict[str, ClientOutcome], margin_ms: float) -> None:
-        self.margin_ms = margin_ms
-        runs: dict[str, list[tuple[float, int]]] = {}
-        self.stands: dict[tuple[str, str], float] = {}  #: (client, group) -> where its line stands
-        latest = {request.client_id: request for request in requests}
-        for client_id, request in latest.items():
-            for demand in request.demand:
-                self.stands[client_id, demand.group] = (demand.times or (demand.oldest_at,))[-1]
-        for client_id, demand, count in left_waiting(latest.values(), outcomes):
-            left = left_runs(demand, count)
-            runs.setdefault(demand.group, []).extend(left)
-            if left:
-                self.stands[client_id, demand.group] = left[0][0]
-        self.times: dict[str, list[float]] = {}
-        self.before: dict[str, list[int]] = {}  #: per group, the items older than each time
-        self._behind_counts: dict[str, int] = {}  #: per group, the clients with older work elsewhere
-        for group, group_runs in runs.items():
-            group_runs.sort()
-            self.times[group] = [at for at, _ in group_runs]
-            self.before[group] = list(itertools.accumulate((n for _, n in group_runs), initial=0))
-
-    def older(self, client_id: str, group: str) -> int:
-        """The items of other clients older than this client's line by the margin."""
-        stands = self.stands.get((client_id, group))
-        if stands is None or group not in self.times:
-            return 0
-        return self.before[group][bisect.bisect_left(self.times[group], stands - self.margin_ms)]
-
-    def counts(self, client_id: str, groups: Iterable[str]) -> dict[str, int]:
-        """Per group of ``groups``, this client's share of the older work
-        elsewhere: what waits older than its line, over the number of
-        clients behind it too. Each client behind counts the same old
-        items; owing all of them each, together they would give back many
-        times what those items need, and capacity would swing."""
-        shares = {}
+    def others(self, client_id: str, groups: Iterable[str]) -> dict[str, tuple[float, ...]]:
+        """Per group of ``groups``, the oldest items left waiting by other clients, oldest first."""
+        since = {}
         for group in groups:
-            older = self.older(client_id, group)
-            if older:
-                shares[group] = -(-older // self._behind(group))
-        return shares
-
-    def _behind(self, group: str) -> int:
-        if group not in self._behind_counts:
-            self._behind_counts[group] = sum(
-                1 for client_id, other in self.stands if other == group and self.older(client_id, group))
-        return self._behind_counts[group]
-
-
-def yield_margin_ms(period_ms: float) -> float:
-    """How much older work elsewhere must be for a child to give it its
-    freed permits: half a round period. Lower, and capacity moves for work
-    a round would not put ahead; higher, and the lines of children drift
-    apart by as much."""
-    return period_ms / 2
+            times = [at for at, other in self.oldest.get(group, ()) if other != client_id][:MAX_DEMAND_TIMES]
+            if times:
+                since[group] = tuple(times)
+        return since
 
 
 @dataclass
