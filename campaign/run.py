@@ -86,7 +86,7 @@ def planted(plant: str | None) -> Iterator[None]:
         grant = working.get(report.grant_id)
         if grant is not None and report.released:
             released = min(grant.claimed, grant.released + report.released)  # as if it were a delta
-            working.put(allocation.replace(grant, released=released))
+            working.put(grant._replace(released=released))
         return outcome
 
     allocation.apply_report = applied_twice
