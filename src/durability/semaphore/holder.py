@@ -184,7 +184,6 @@ class DurabilitySemaphore:
         self._unwritten: set[str] = set()
         self._lease_rows: dict[str, Lease] = {}  #: each lease as its row holds it (see leases.needs_row)
         self._ids_reserved = 0  #: lease ids reserved in the row (set when the ids are loaded)
-        # Lease ids unread here (a first read writes a row): they join the timer once read.
         self._schedule_reclaim(next_reclaim_at(self._grants().values(), self._leases().values(), self._ids))
         self._link, self._waker = _tree_parts(self, parent, can_grant)
 
