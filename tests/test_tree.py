@@ -20,7 +20,15 @@ from durability.semaphore.allocation import ClientOutcome, ResolutionFailed
 from durability.semaphore.holder_tree import ParentLink
 from durability.semaphore.messages import GROUP_LIMIT, LIMIT, NOT_FOUND, OK, Demand, GrantEntry, ReportOutcome, Request
 from durability.semaphore.queue_identity import wire_identity
-from durability.semaphore.tree import Borrowed, closed_groups, holder_for, over_limit, parent_of, unmet_demand
+from durability.semaphore.tree import (
+    Borrowed,
+    closed_groups,
+    holder_for,
+    over_limit,
+    parent_of,
+    unmet_demand,
+    waiting_before,
+)
 from durability.testing import Runtime, load_worker_module
 
 TREE = Path(__file__).resolve().parent / "workers" / "tree.py"
@@ -152,28 +160,42 @@ class _NoLoans:
         return {}
 
 
-def test_a_child_gives_back_only_what_older_work_elsewhere_waits_for():
+def test_a_child_serves_only_its_work_as_old_as_the_line_elsewhere_and_owes_the_rest():
 
     async def scenario():
         charged = {"g": 4}
         link = ParentLink(None, "acct", "acct~child-0", 1_000.0, lambda: True, lambda: charged, _NoLoans(), _Timers())
         link._persist = lambda: None  # no rows here
         link.ensure_exchanges = lambda: None  # and no exchanges
-        link.borrowed.take([entry("a", "g", 4)], [])
+        link.borrowed.take([entry("a", "g", 8)], [])  # 8 held, 4 charged: 4 idle
         now = now_ms()
-        link.waiting_since, link._since_heard_at = {"g": (now - 9_000, now - 8_000, now - 100)}, now
-        link.unmet = {"g": Demand("g", 3, now - 5_000)}
-        link._unmet_at = now
-        link.decide({"g": now - 5_000})
-        # Two items elsewhere are older by more than half a period; the third is not.
-        assert link.owed == {"g": 2} and link.ceiling("g") == 2
-        charged["g"] = 1  # three of its clients' permits came back
+        link.unmet, link._unmet_at = {"g": Demand("g", 3, now - 9_200)}, now
+        here = {"g": [Demand("g", 2, now - 9_200, (now - 9_200, now - 6_000)),
+                      Demand("g", 1, now - 7_000, (now - 7_000,))]}
+        link.decide(here)
+        assert link.owed == {} and link.ceiling("g") == 8  # nobody waits elsewhere: all of it is for here
+        link.waiting_since, link._since_heard_at = {"g": (now - 9_000, now - 100)}, now
+        link.decide(here)
+        # The line elsewhere starts at -9,000: only -9,200 here is within half a period of it.
+        assert link.owed == {"g": 3} and link.ceiling("g") == 5
+        charged["g"] = 5  # the round served that one
         link.after_round(None)
-        assert link.borrowed.capacity("g") == 2  # two went back; one stays for the work waiting here
-        link.decide({"g": now - 5_000})
-        assert link.owed == {"g": 0} and link.ceiling("g") == 2  # nothing more until the parent speaks again
+        assert link.borrowed.capacity("g") == 5  # the other three went back to the parent
+        link._since_heard_at -= 2_000  # no word from the parent for 2 s: its line has moved on by as much
+        charged["g"] = 3  # two more came free here
+        link.decide({"g": [Demand("g", 1, now - 6_000), Demand("g", 1, now - 7_000)]})
+        # The head elsewhere is now taken as -7,000 (and half a period): -7,000 is within it, -6,000 not.
+        assert link.owed == {"g": 1} and link.ceiling("g") == 4
 
     asyncio.run(scenario())
+
+
+def test_waiting_before_counts_the_items_a_demand_names_and_those_past_its_last_name():
+    demands = [Demand("g", 5, 10.0, (10.0, 20.0, 30.0)), Demand("g", 2, 15.0, (15.0, 40.0)), Demand("g", 4, 50.0)]
+    assert waiting_before(demands, 5.0) == 0
+    assert waiting_before(demands, 20.0) == 3  # 10, 20 and 15
+    assert waiting_before(demands, 30.0) == 5 + 1  # all five of the first: its last two came after 30
+    assert waiting_before(demands, 50.0) == 5 + 2 + 4  # a demand naming no times stands at its oldest
 
 
 class _RunningTimers(_Timers):

@@ -598,7 +598,7 @@ def item_shares(state: RoundState, terms: RoundTerms, granting: list[tuple[Wante
     demand at its oldest item's turn; a demand without times stands in
     line at its oldest item with all of it. What a client holds for its
     demand covers its oldest items. O(S log S) in the slices: at most
-    ``MAX_DEMAND_TIMES`` + 1 per demand."""
+    ``MAX_TREE_DEMAND_TIMES`` + 1 per demand."""
     wants = [wanted.want for wanted, _ in granting]
     if not any(demand.times for _, demand in granting) or _room_for_all(state, terms, granting):
         return wants

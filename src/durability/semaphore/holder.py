@@ -61,6 +61,7 @@ from .leases import (
 from .messages import (
     MAX_REPORTS,
     Blocked,
+    Demand,
     GrantEntry,
     GroupUsage,
     LeaseEntry,
@@ -188,9 +189,9 @@ class DurabilitySemaphore:
         self._link, self._waker = _tree_parts(self, parent, can_grant)
 
     def _ensure_round_if_waiting(self) -> bool:
-        """A child its parent lent more: a round for the requests it holds as
-        soon as ``round_wait_ms`` after the last one, not a period: they are
-        all here, and the permits would idle until then."""
+        """In a tree, permits lent or released where requests wait: a round as soon as
+        ``round_wait_ms`` after the last one, not a period. The waiting are all held here
+        (a tree's holders are small), and the permits would idle until then."""
         if self._waiting:
             self._ensure_round(soon=True, spacing=self.round_wait_ms)
         return bool(self._waiting)
@@ -227,7 +228,7 @@ class DurabilitySemaphore:
             # The row keeps how far ids are reserved (see _reserve_lease_ids):
             # a new instance takes every id up to there as issued, and
             # numbers its own after them.
-            self._ids = self.scheduler.transaction(lambda: self.store.lease_ids(now_ms(), self._ttl_ms()))
+            self._ids = self.scheduler.transaction(lambda: self.store.lease_ids(now_ms(), _ttl_of(self.lease_policy)))
             self._ids_reserved = self._ids.issued
         return self._ids
 
@@ -283,15 +284,12 @@ class DurabilitySemaphore:
                 unwritten.discard(grant_id)
                 del rows.deleted[grant_id]
         rows.leases_written = {lease_id: lease for lease_id, lease in changes.leases_written.items()
-                               if needs_row(self._lease_rows_now().get(lease_id), lease, self._ttl_ms())}
+                               if needs_row(self._lease_rows_now().get(lease_id), lease, _ttl_of(self.lease_policy))}
         return rows, unwritten
 
     def _lease_rows_now(self) -> dict[str, Lease]:
         self._leases()  # loads the rows with the book
         return self._lease_rows
-
-    def _ttl_ms(self) -> float:
-        return self.lease_policy.ttl_ms if self.lease_policy is not None else DEFAULT_TTL_MS
 
     def _reserve_lease_ids(self, issued: int | None) -> int | None:
         """The lease-id count to write for a round that issued up to ``issued``:
@@ -352,6 +350,8 @@ class DurabilitySemaphore:
             self._commit(working.changes)
             await self.scheduler.sync()
         self._tell_parent([], None, sync.client_id)  # a child gives back what its clients released, or wakes
+        if working.changes and (self._link is not None or parent_of(sync.client_id) is not None):
+            self._ensure_round_if_waiting()
         if self._waker is not None:
             self._waker.watch(lambda: _holding(self._grants()))
         ttl_ms = self.lease_policy.ttl_ms if self.lease_policy is not None else 0
@@ -410,7 +410,7 @@ class DurabilitySemaphore:
         self._last_round_at = now
         requests = [waiting.request for waiting in batch]
         if self._link is not None:
-            self._link.decide(_oldest_by_group(requests))
+            self._link.decide(_demands_by_group(requests))
         limits = self._resolve_limits(requests)
         result: RoundResult = run_round(
             self._grants(), requests, limits, now, self.grant_timeout_ms, _new_grant_id,
@@ -600,12 +600,16 @@ def _hold_or_answer(batch: list[_Waiting], result: RoundResult, next_request_at:
     return held, answered
 
 
-def _oldest_by_group(requests: list[Request]) -> dict[str, float]:
-    oldest: dict[str, float] = {}
+def _ttl_of(policy: LeasePolicy | None) -> float:
+    return policy.ttl_ms if policy is not None else DEFAULT_TTL_MS
+
+
+def _demands_by_group(requests: list[Request]) -> dict[str, list[Demand]]:
+    demands: dict[str, list[Demand]] = {}
     for request in requests:
         for demand in request.demand:
-            oldest[demand.group] = min(demand.oldest_at, oldest.get(demand.group, demand.oldest_at))
-    return oldest
+            demands.setdefault(demand.group, []).append(demand)
+    return demands
 
 
 def _note_blocked(blocked: dict[str, tuple[float, dict[str, tuple[str, int]]]], now: float,

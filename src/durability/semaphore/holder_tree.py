@@ -14,7 +14,6 @@ the report leaves, and deleted once settled (see ``tree.Borrowed``).
 from __future__ import annotations
 
 import asyncio
-import bisect
 import logging
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -23,7 +22,7 @@ from .._clock import now_ms, sleep_until
 from .client import SemaphoreClient
 from .messages import Demand, Reply, Request, Sync
 from .store import HolderStore
-from .tree import Borrowed, parent_of
+from .tree import Borrowed, parent_of, waiting_before
 
 log = logging.getLogger("durability.semaphore")
 
@@ -82,8 +81,6 @@ class ParentLink:
         #: per group, the oldest items the parent's last round left waiting at other children
         self.waiting_since: dict[str, tuple[float, ...]] = {}
         self._since_heard_at = 0.0  #: when ``waiting_since`` came
-        #: (when, group, count) given back to older work since the ask the last reply answered
-        self._given: list[tuple[float, str, int]] = []
         self.owed: dict[str, int] = {}  #: per group, permits to give back to older work: see ``decide``
         self.yielding: set[str] = set()  #: groups where this round hands out nothing: see ``decide``
         self.over_limit = False  #: the parent's last reply said its permits out exceed its limit
@@ -97,31 +94,35 @@ class ParentLink:
         self.scheduler = scheduler  #: the object's: see ``keep_alarm``
         scheduler.register(GIVER, self.on_timer, durable=False)
 
-    def decide(self, oldest_here: dict[str, float]) -> None:
-        """Before a round: what the child owes older work elsewhere. Where
-        the parent said others wait with items older than this child's
-        oldest by more than ``yield_margin_ms``, that many permits freed
-        here go back to the parent for them instead of to younger work
-        here, and no more until the parent's next reply says where the line
-        stands (giving back all would leave this child's own line to age
-        and pull the permits back: capacity would swing between children,
-        idle while it moves)."""
+    def decide(self, waiting_here: dict[str, list[Demand]]) -> None:
+        """Before a round: what the child owes older work elsewhere. The
+        parent's last reply said where the line stands at other children
+        (``waiting_since``); the child serves only its items waiting since
+        before that line's head, or at most ``yield_margin_ms`` after it,
+        and owes the rest of its idle permits to the parent, which lends
+        them to the oldest work of any child. A child whose line is no
+        younger than the others' owes nothing, so most permits are reused
+        where they came free, and only those a younger line would take move.
+        (Owing a count of the older items elsewhere instead let each
+        child's younger work take what the count missed: the parent lists
+        only the oldest few, and a child with many clients frees more than
+        that in a period.)"""
         if self.over_limit:  # the parent's limit was lowered: nothing it lent is handed out again
-            self.yielding = set(oldest_here) | set(self.borrowed.by_group())
+            self.yielding = set(waiting_here) | set(self.borrowed.by_group())
             return
         self.yielding = set(self.closed)
-        # Waits are compared, not times: the line elsewhere moved on since
-        # the parent said where it stood (about as fast as the clock, while
-        # the backlog's wait holds), and a stale time would look older than
-        # the work that waits there now.
+        # The head elsewhere moved on since the parent saw it (about as fast
+        # as the clock, while the backlog's wait holds): a stale head would
+        # hold back work here that is as old as what waits there now.
         moved = now_ms() - self._since_heard_at
-        given: dict[str, int] = {}
-        for _, group, count in self._given:
-            given[group] = given.get(group, 0) + count
+        charged, held = self.charged(), self.borrowed.by_group()
         self.owed = {}
-        for group, at in oldest_here.items():
-            older = bisect.bisect_left(self.waiting_since.get(group, ()), at - self.yield_margin_ms - moved)
-            self.owed[group] = max(0, older - given.get(group, 0))
+        for group, demands in waiting_here.items():
+            elsewhere = self.waiting_since.get(group)
+            if elsewhere:
+                idle = held.get(group, 0) - charged.get(group, 0)
+                served = waiting_before(demands, elsewhere[0] + moved + self.yield_margin_ms)
+                self.owed[group] = max(0, idle - served)
 
     def ceiling(self, group: str) -> int:
         """What the child may hand out in ``group`` this round: what it
@@ -136,10 +137,11 @@ class ParentLink:
 
     @property
     def yield_margin_ms(self) -> float:
-        """Older by half a round period. Lower, and capacity moves for work
-        a round would not put ahead; higher, and the lines of children drift
-        apart by as much (``scripts/bench_tree.py``: at a period, a third
-        more admissions out of order by a period, at the same busy share)."""
+        """Half a round period. Lower, and capacity moves between children
+        for work a round would not put ahead (a quarter: a point less busy
+        at ``bench_tree.py --quick``); higher, and the lines of children
+        drift apart by as much (a period: three times the admissions out of
+        order by a round)."""
         return self.period_ms / 2
 
     def after_round(self, unmet: dict[str, Demand] | None, synced_by: str | None = None) -> None:
@@ -182,7 +184,6 @@ class ParentLink:
                 given = min(idle, self.owed[group])
                 self.borrowed.give_back(group, given)
                 self.owed[group] -= given
-                self._given.append((now_ms(), group, given))
 
     def ensure_exchanges(self) -> None:
         if self._asking is None and (self.unmet or not self.borrowed.heard or self._woken):
@@ -252,7 +253,6 @@ class ParentLink:
             # instance never counts on a permit its old one gave back.
             self._persist()
             await self.store.sql.flush()
-            sent_at = now_ms()
             async with asyncio.timeout(timeout_ms / 1000):  # a reply that never comes
                 sent = await send(self.parent_key, message)
             reply = Reply.parse(sent, kind)
@@ -269,8 +269,6 @@ class ParentLink:
         self.yielding |= self.closed
         if kind == "grants":
             self.waiting_since, self._since_heard_at = reply.waiting_since, now_ms()
-            # The parent's round saw what was given back before the ask left, not after.
-            self._given = [entry for entry in self._given if entry[0] >= sent_at]
         if self.borrowed.take(reply.grants, reply.reports) > 0:
             self.on_lent()
         self._give_back_idle()

@@ -35,7 +35,10 @@ V = TypeVar("V")  # a field of an entry, as checked
 VERSION = 1
 MAX_ID_LENGTH = 256  # clientId, group, grantId
 MAX_DEMAND_ENTRIES = 64  # groups in one request
-MAX_DEMAND_TIMES = 32  # item times in one demand entry (``Demand.times``)
+MAX_DEMAND_TIMES = 32  # item times a queue sends in one demand entry (``Demand.times``)
+#: item times one demand entry may carry: a tree's child sends up to this many of
+#: what its round left waiting, so that its parent lends to the oldest of them
+MAX_TREE_DEMAND_TIMES = 256
 MAX_REPORTS = 256  # grant reports, and lease reports, in one message
 MAX_COUNT = 1_000_000  # demand in one group, permits claimed or released on one grant
 MAX_WAIT_MS = 300_000  # how long a request may ask to be held for a grant
@@ -69,7 +72,7 @@ class Demand:
     """Queued items of one group that no claim covers yet, and the oldest one's age.
 
     ``times``: the enqueue times of the oldest of them, oldest first (at
-    most ``MAX_DEMAND_TIMES``; the first is ``oldest_at``), so that a round
+    most ``MAX_TREE_DEMAND_TIMES``, a queue sends ``MAX_DEMAND_TIMES``; the first is ``oldest_at``), so that a round
     serves items oldest first across clients, not a client's whole demand
     at its oldest item's turn. Optional: without it, all ``count`` items
     stand in line at ``oldest_at``; past the last time given, the rest
@@ -273,7 +276,7 @@ def _demand_times(entry: dict[str, Any], count: int, oldest_at: float, where: st
     """A demand's ``times``: at most ``count`` of them, oldest first, the first ``oldestAt``."""
     if "times" not in entry:
         return ()
-    times = [_time(at, f"{where}.times") for at in _list(entry["times"], f"{where}.times", MAX_DEMAND_TIMES)]
+    times = [_time(at, f"{where}.times") for at in _list(entry["times"], f"{where}.times", MAX_TREE_DEMAND_TIMES)]
     if len(times) > count or (times and times[0] != oldest_at) or any(b < a for a, b in zip(times, times[1:])):
         raise ProtocolError("invalid_message",
                             f"{where}.times must be at most count times, oldest first, the first oldestAt")
@@ -593,7 +596,7 @@ def _waiting_since(waiting: Any) -> dict[str, tuple[float, ...]]:
         if number_in(times, 0, MAX_SAFE_INTEGER):  # a parent of the tree's first version: the oldest alone
             times = [times]
         if (not storable_text(group, MAX_ID_LENGTH) or not isinstance(times, list) or not times
-                or len(times) > MAX_DEMAND_TIMES or not all(number_in(at, 0, MAX_SAFE_INTEGER) for at in times)
+                or len(times) > MAX_TREE_DEMAND_TIMES or not all(number_in(at, 0, MAX_SAFE_INTEGER) for at in times)
                 or any(b < a for a, b in zip(times, times[1:]))):
             raise ProtocolError("malformed_reply", "waitingSince must be an object of groups to times, oldest first")
         parsed[group] = tuple(float(at) for at in times)

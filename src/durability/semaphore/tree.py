@@ -18,6 +18,7 @@ exceeds the root's limit.
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 import heapq
 from collections.abc import Callable, Iterable, Iterator
@@ -32,6 +33,7 @@ from .messages import (
     MAX_DEMAND_TIMES,
     MAX_ID_LENGTH,
     MAX_REPORTS,
+    MAX_TREE_DEMAND_TIMES,
     NOT_FOUND,
     Demand,
     GrantEntry,
@@ -103,7 +105,7 @@ def unmet_demand(requests: Iterable[Request], outcomes: dict[str, ClientOutcome]
     for _, demand, count in left_waiting(requests, outcomes):
         counts[demand.group] = counts.get(demand.group, 0) + count
         times.setdefault(demand.group, []).extend(_left_times(demand, count))
-    oldest = {group: heapq.nsmallest(MAX_DEMAND_TIMES, at) for group, at in times.items()}
+    oldest = {group: heapq.nsmallest(MAX_TREE_DEMAND_TIMES, at) for group, at in times.items()}
     groups = sorted(counts, key=lambda group: (oldest[group][0], group))[:MAX_DEMAND_ENTRIES]
     return {group: Demand(group, min(counts[group], MAX_COUNT), oldest[group][0], tuple(oldest[group]))
             for group in groups}
@@ -116,6 +118,19 @@ def _left_times(demand: Demand, left: int) -> tuple[float, ...]:
     return known or ((demand.times or (demand.oldest_at,))[-1],)
 
 
+def waiting_before(demands: Iterable[Demand], cutoff: float) -> int:
+    """How many items of ``demands`` have waited since ``cutoff`` or
+    earlier. A demand names the times of its oldest items only; when all
+    it names are that old, its items past them are counted too (they came
+    after the last one named, and a round treats them as at its time)."""
+    count = 0
+    for demand in demands:
+        times = demand.times or (demand.oldest_at,)
+        named = bisect.bisect_right(times, cutoff)
+        count += demand.count if named == len(times) else named
+    return count
+
+
 class OldestWaiting:
     """Per group, the oldest items a round left waiting for capacity, with
     their clients: enough to tell each client the ``MAX_DEMAND_TIMES``
@@ -125,8 +140,8 @@ class OldestWaiting:
         entries: dict[str, list[tuple[float, str]]] = {}
         for client_id, demand, count in left_waiting(requests, outcomes):
             entries.setdefault(demand.group, []).extend((at, client_id) for at in _left_times(demand, count))
-        # A client's own items are at most MAX_DEMAND_TIMES of them: twice as many leave enough of others'.
-        self.oldest = {group: heapq.nsmallest(2 * MAX_DEMAND_TIMES, items) for group, items in entries.items()}
+        # A client's own items are at most MAX_TREE_DEMAND_TIMES of them: twice as many leave enough of others'.
+        self.oldest = {group: heapq.nsmallest(2 * MAX_TREE_DEMAND_TIMES, items) for group, items in entries.items()}
 
     def others(self, client_id: str, groups: Iterable[str]) -> dict[str, tuple[float, ...]]:
         """Per group of ``groups``, the oldest items left waiting by other clients, oldest first."""
