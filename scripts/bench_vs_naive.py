@@ -50,9 +50,10 @@ LEASE_MODES = {"strict leases": {"mode": "strict"}, "under leases": {"mode": "un
 SYSTEMS = ["grants", *LEASE_MODES, "naive, polling every 5 s", "naive, polling every 1 s"]
 
 
-def leases_of(system: str) -> dict | None:
+def leases_of(system: str, permits_per_lease: int = 2) -> dict | None:
     mode = LEASE_MODES.get(system)
-    return None if mode is None else {"provisioning": mode, "permits_per_lease": 2, "ttl_ms": 10 * 60_000}
+    return None if mode is None else {"provisioning": mode, "permits_per_lease": permits_per_lease,
+                                      "ttl_ms": 10 * 60_000}
 
 
 def ceilings_of(system: str, limits: dict) -> dict:
@@ -60,7 +61,10 @@ def ceilings_of(system: str, limits: dict) -> dict:
     return {a: limit + limit // 2 if system == "over leases" else limit for a, limit in limits.items()}
 
 
-def faults_of(on: bool) -> Faults | None:
+def faults_of(on: bool | Faults) -> Faults | None:
+    """The demo's faults if ``on`` is true; faults given as such are taken as they are."""
+    if isinstance(on, Faults):
+        return on
     rate = 0.02
     return Faults(lost_request=rate, lost_reply=rate, duplicate=rate, latency_ms=(1, 30), evict=rate / 2,
                   crash_before_commit=rate / 4, alarm_failure=rate) if on else None
@@ -69,7 +73,7 @@ def faults_of(on: bool) -> Faults | None:
 def example_runtime(system: str, args, limits: dict, ledger: measure.Ledger) -> Runtime:
     runtime = Runtime.from_wrangler(ROOT / "wrangler.toml", seed=args.seed, faults=faults_of(args.faults), vars={
         "ACCOUNT_LIMITS": json.dumps(limits), "SHARDS": str(args.shards),
-        "ACCOUNT_LEASES": json.dumps(leases_of(system))})
+        "ACCOUNT_LEASES": json.dumps(leases_of(system, getattr(args, "permits_per_lease", 2)))})
     module = runtime.module
     real_run_job = module.run_job
 

@@ -124,3 +124,17 @@ def test_the_progress_bar_writes_plain_lines_when_stderr_is_no_terminal():
     assert "\r" not in piped.getvalue()
     assert len(piped.getvalue().splitlines()) == 12  # each tenth, the end, and the note
     assert terminal.getvalue().count("\r") == 1_002  # redrawn in place
+
+
+def test_the_lease_benchmark_measures_latency_and_work_while_the_holder_is_down():
+    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_leases.py"), "--jobs", "30",
+                           "--outage-s", "30", "--json"], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2_000:]  # the script fails itself if work ran above its ceiling
+    rows = {r["system"]: r for r in json.loads(done.stdout)}
+    assert list(rows) == ["grants", "strict leases", "under leases", "over leases"]
+    grants, strict = rows["grants"], rows["strict leases"]
+    assert all(r["admitted"] == 30 and r["max_running"] <= r["ceiling"] for r in rows.values())
+    # A grant waits for its round (20 ms in the example) and needs the holder; a drawn lease permit does not.
+    assert grants["admission_p50_ms"] >= 20 and grants["admitted_without_a_round"] == 0
+    assert grants["admitted_while_down"] == 0 < grants["submitted_while_down"]
+    assert strict["admission_p50_ms"] <= 10 and strict["admitted_while_down"] > 0
