@@ -43,7 +43,7 @@ sys.path[:0] = [str(ROOT / "src"), str(ROOT), str(ROOT / "scripts")]
 
 from bench_vs_naive import LEASE_MODES, ceilings_of, drive, example_runtime  # noqa: E402
 
-from bench import measure  # noqa: E402
+from bench import measure, tables  # noqa: E402
 from bench.workload import Arrival  # noqa: E402
 from durability.testing import Faults, Outage  # noqa: E402
 
@@ -124,14 +124,13 @@ def row_of(system: str, args, work: list[Arrival]) -> dict:
 
 
 def table(rows: list[dict]) -> str:
-    lines = ["| system | admission p50 / p99 (ms) | admitted without a round | requests / job | $ per million jobs "
-             "| admitted while the holder is down | most running / ceiling |", "| --- " * 7 + "|"]
-    for r in rows:
-        lines.append(f"| {r['system']} | {r['admission_p50_ms']} / {r['admission_p99_ms']} | "
-                     f"{r['admitted_without_a_round']:.0%} | {r['requests_per_job']} | "
-                     f"{r['dollars_per_million_jobs']} | {r['admitted_while_down']} of {r['submitted_while_down']} | "
-                     f"{r['max_running']} / {r['ceiling']} |")
-    return "\n".join(lines)
+    columns = ("system", "admission p50 / p99 (ms)", "admitted without a round", "requests / job",
+               "$ per million jobs", "admitted while the holder is down", "most running / ceiling")
+    return tables.markdown(columns, ((
+        r["system"], f"{r['admission_p50_ms']} / {r['admission_p99_ms']}", f"{r['admitted_without_a_round']:.0%}",
+        r["requests_per_job"], r["dollars_per_million_jobs"],
+        f"{r['admitted_while_down']} of {r['submitted_while_down']}", f"{r['max_running']} / {r['ceiling']}",
+    ) for r in rows))
 
 
 def main() -> int:

@@ -38,7 +38,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT / "src"), str(ROOT)]
 
-from bench import measure  # noqa: E402
+from bench import measure, tables  # noqa: E402
 from bench.breakdown import WriteBreakdown  # noqa: E402
 from bench.workload import LostReleases, arrivals, limits_of, shard_of  # noqa: E402
 from durability.testing import Faults, JsException, Runtime, load_worker_module  # noqa: E402
@@ -206,15 +206,12 @@ def timeline(ledger: measure.Ledger, limits: dict) -> dict[str, list[tuple[float
 
 
 def table(rows: list[dict]) -> str:
-    header = ("| system | rows written / job | rows read / job | requests / job | $ per million jobs "
-              "| busy while jobs wait | out of oldest-first order | p50 / p99 wait (s) | makespan / bound (s) |")
-    lines = [header, "| --- " * 9 + "|"]
-    for r in rows:
-        lines.append(f"| {r['system']} | {r['rows_written_per_job']} | {r['rows_read_per_job']} | "
-                     f"{r['requests_per_job']} | {r['dollars_per_million_jobs']} | {r['busy_while_waiting']:.1%} | "
-                     f"{r['out_of_order']:.0%} | {r['p50_wait_s']} / {r['p99_wait_s']} | "
-                     f"{r['makespan_s']} / {r['makespan_bound_s']} |")
-    return "\n".join(lines)
+    columns = ("system", "rows written / job", "rows read / job", "requests / job", "$ per million jobs",
+               "busy while jobs wait", "out of oldest-first order", "p50 / p99 wait (s)", "makespan / bound (s)")
+    return tables.markdown(columns, ((
+        r["system"], r["rows_written_per_job"], r["rows_read_per_job"], r["requests_per_job"],
+        r["dollars_per_million_jobs"], f"{r['busy_while_waiting']:.1%}", f"{r['out_of_order']:.0%}",
+        f"{r['p50_wait_s']} / {r['p99_wait_s']}", f"{r['makespan_s']} / {r['makespan_bound_s']}") for r in rows))
 
 
 def plot(rows: list[dict], path: Path, title: str) -> None:
