@@ -166,6 +166,35 @@ def test_a_request_whose_reply_was_lost_is_answered_from_the_listing_not_granted
     assert runtime.module.WORLD["starts"] == {"j0": 1, "j1": 1}
 
 
+def test_claims_the_holder_confirmed_are_given_back_when_a_new_instance_hears_of_them_past_their_deadline(runtime):
+    # A claim heard of only after the grant's claim deadline may be one an
+    # earlier instance used and lost the record of: admitting on it again
+    # would reuse a permit under the limit of when it was granted, so it goes
+    # back, and the items wait for a grant of their own.
+    config = runtime.module.CONFIG
+    held = asyncio.Event()
+    config["hold_replies"] = {"request": held}
+    holder = runtime.env.HOLDER.getByName("holder")
+
+    async def scenario():
+        await shard(runtime).submit(jobs("j", 2, ms=60_000))
+        await asyncio.sleep(3)  # granted 2, claimed; the shard never heard
+        runtime.evict(shard(runtime))  # the new instance asks again, and its reply is held too
+        await asyncio.sleep(config["grant_timeout_ms"] / 1000 + 1)
+        config["hold_replies"] = {}
+        held.set()  # the listing reaches the new instance past the grant's claim deadline
+        await asyncio.sleep(0.5)
+        heard = await shard(runtime).states()
+        await asyncio.sleep(10)
+        return heard, await shard(runtime).states(), await holder.usage()
+
+    heard, states, usage = runtime.run(scenario())
+    assert heard == {"j0": "queued", "j1": "queued"}  # not admitted on the old claims
+    assert states == {"j0": "admitted", "j1": "admitted"}  # on a grant of their own
+    assert usage["outstanding"] == 2 and usage["grants"] == 1  # the old one went back
+    assert runtime.module.WORLD["starts"] == {"j0": 1, "j1": 1}
+
+
 @pytest.mark.parametrize("two_phase", [False, True])
 @pytest.mark.parametrize("cancelled", [0, 2])
 def test_claims_the_holder_confirmed_after_the_shard_lost_them_are_taken_up_by_the_next_instance(

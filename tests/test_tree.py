@@ -169,6 +169,7 @@ def test_a_child_serves_only_its_work_as_old_as_the_line_elsewhere_and_owes_the_
         link.ensure_exchanges = lambda: None  # and no exchanges
         link.borrowed.take([entry("a", "g", 8)], [])  # 8 held, 4 charged: 4 idle
         now = now_ms()
+        link._heard_at = now  # that reply came just now
         link.unmet, link._unmet_at = {"g": Demand("g", 3, now - 9_200)}, now
         here = {"g": [Demand("g", 2, now - 9_200, (now - 9_200, now - 6_000)),
                       Demand("g", 1, now - 7_000, (now - 7_000,))]}
@@ -186,6 +187,29 @@ def test_a_child_serves_only_its_work_as_old_as_the_line_elsewhere_and_owes_the_
         link.decide({"g": [Demand("g", 1, now - 6_000), Demand("g", 1, now - 7_000)]})
         # The head elsewhere is now taken as -7,000 (and half a period): -7,000 is within it, -6,000 not.
         assert link.owed == {"g": 1} and link.ceiling("g") == 4
+
+    asyncio.run(scenario())
+
+
+def test_a_child_that_has_not_heard_from_its_parent_for_a_while_hands_out_nothing_and_gives_back():
+
+    async def scenario():
+        charged = {"g": 2}
+        link = ParentLink(None, "acct", "acct~child-0", 1_000.0, lambda: True, lambda: charged, _NoLoans(), _Timers())
+        link._persist = lambda: None
+        link.ensure_exchanges = lambda: None
+        link.borrowed.take([entry("a", "g", 5)], [])  # 5 held, 2 charged: 3 idle
+        waiting = {"g": [Demand("g", 4, now_ms() - 1_000)]}
+        link.decide(waiting)
+        assert link.ceiling("g") == 0  # a new instance, no reply yet: nothing handed out
+        link._heard_at = now_ms()
+        link.decide(waiting)
+        assert link.ceiling("g") == 5
+        link._heard_at = now_ms() - link.fresh_for_ms - 1  # e.g. cut off since, while the root's limit fell
+        link.decide(waiting)
+        assert link.stale() and link.ceiling("g") == 0
+        link.after_round({"g": Demand("g", 4, now_ms() - 1_000)})
+        assert link.borrowed.capacity("g") == 2  # the idle three go back; the charged two come back as released
 
     asyncio.run(scenario())
 

@@ -84,6 +84,8 @@ class ParentLink:
         self.owed: dict[str, int] = {}  #: per group, permits to give back to older work: see ``decide``
         self.yielding: set[str] = set()  #: groups where this round hands out nothing: see ``decide``
         self.over_limit = False  #: the parent's last reply said its permits out exceed its limit
+        #: when the exchange that brought the parent's last reply was sent (None: none yet): see ``stale``
+        self._heard_at: float | None = None
         self.closed: set[str] = set()  #: groups the parent's last reply closed (``tree.closed_groups``)
         self._asking: asyncio.Task[None] | None = None
         self._giving: asyncio.Task[None] | None = None
@@ -107,7 +109,7 @@ class ParentLink:
         child's younger work take what the count missed: the parent lists
         only the oldest few, and a child with many clients frees more than
         that in a period.)"""
-        if self.over_limit:  # the parent's limit was lowered: nothing it lent is handed out again
+        if self.over_limit or self.stale():  # nothing it lent is handed out again: see ``stale``
             self.yielding = set(waiting_here) | set(self.borrowed.by_group())
             return
         self.yielding = set(self.closed)
@@ -123,6 +125,22 @@ class ParentLink:
                 idle = held.get(group, 0) - charged.get(group, 0)
                 served = waiting_before(demands, elsewhere[0] + moved + self.yield_margin_ms)
                 self.owed[group] = max(0, idle - served)
+
+    @property
+    def fresh_for_ms(self) -> float:
+        """How long a reply of the parent lets the child hand out what it holds."""
+        return WAKE_AFTER_PERIODS * self.period_ms
+
+    def stale(self) -> bool:
+        """The child has not heard from its parent for ``fresh_for_ms`` (or
+        not since this instance started). It then hands out nothing, and
+        gives back what its clients do not use: a limit lowered at the root
+        reaches a child only in a reply, so without this bound a child cut
+        off, or one whose clients never wait (it has nothing to ask for),
+        would reuse its permits under the old limit for good. A child with
+        permits asks at least every half of it (``ensure_exchanges``), so
+        one that can reach its parent never goes stale."""
+        return self._heard_at is None or now_ms() - self._heard_at > self.fresh_for_ms
 
     def ceiling(self, group: str) -> int:
         """What the child may hand out in ``group`` this round: what it
@@ -188,6 +206,12 @@ class ParentLink:
     def ensure_exchanges(self) -> None:
         if self._asking is None and (self.unmet or not self.borrowed.heard or self._woken):
             self._asking = asyncio.ensure_future(self._ask_at(self._next_at(self._last_ask_at)))
+        elif self._asking is None and self.borrowed.total() > 0 and self._heard_at is not None:
+            # Holding permits with nothing to ask for: a request now and then
+            # keeps the child from going stale (a row-free exchange; one per
+            # half ``fresh_for_ms`` per such child).
+            refresh_at = self._heard_at + self.fresh_for_ms / 2
+            self._asking = asyncio.ensure_future(self._ask_at(max(refresh_at, self._next_at(self._last_ask_at))))
         if self._giving is None and self.borrowed.unconfirmed():
             self._giving = asyncio.ensure_future(self._give_at(self._next_at(self._last_give_at)))
         self.keep_alarm()
@@ -248,6 +272,7 @@ class ParentLink:
 
     async def _exchange(self, message: dict[str, Any], kind: str, timeout_ms: float) -> None:
         send = self.parent.request if kind == "grants" else self.parent.sync
+        sent_at = now_ms()
         try:
             # What a report gives back is written before it leaves: a new
             # instance never counts on a permit its old one gave back.
@@ -261,6 +286,8 @@ class ParentLink:
             log.warning("budget tree: %s could not reach its parent %s: %r", self.child_id, self.parent_key, error)
             return
         self._failures = 0
+        # The reply says what held at the parent some time after it was sent.
+        self._heard_at = max(self._heard_at or sent_at, sent_at)
         self._woken = self._woken and kind != "grants"
         self.contended = reply.contended
         self.over_limit, self.closed = reply.over_limit, set(reply.closed_groups)

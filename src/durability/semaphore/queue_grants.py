@@ -96,10 +96,19 @@ class QueueGrants:
                 # of items this object deleted and then forgot (keep_done_ms
                 # 0, a new instance): their permits may be anyone's by now.
                 released_there = min(unknown, max(0, entry.released - learned.released))
-                admitted = self.answer_claims(learned, unknown - released_there, 0)
+                # Such a claim is as good as an unclaimed permit, and no
+                # better: used until the grant's claim deadline, given back
+                # after it. An older claim may be one an earlier instance
+                # used and lost the record of, again and again across
+                # restarts: admitting on it would reuse a permit for good,
+                # under whatever limit held when it was granted.
+                fresh = now_ms() <= entry.claim_deadline
+                admitted = self.answer_claims(learned, unknown - released_there, 0) if fresh else 0
                 learned = replace(learned, extra=learned.extra + unknown - admitted)  # no item left: given back
                 if admitted:
                     ctx.due_by(TimerKind.ADMIT, None, now_ms())
+                if unknown > admitted:  # the holder hears at once of what went back
+                    ctx.due_by(TimerKind.REPORT, key, now_ms())
             if learned != known or not ctx.grants.knows_terms(entry.grant_id):
                 ctx.grants.keep(learned)
             ctx.memory.heard_up_to[key] = max(ctx.memory.heard_up_to.get(key, 0.0), entry.claim_deadline)
