@@ -172,11 +172,14 @@ class ParentLink:
             self.unmet, self._unmet_at = unmet, now_ms()
         self._woken = self._woken or synced_by == self.parent_key
         self._give_back_idle()
-        self._persist()
         self.ensure_exchanges()
 
     def _persist(self) -> None:
-        """Write what changed in the loans (in the object's current batch)."""
+        """Write what changed in the loans (in the object's current batch),
+        just before a report leaves: a give-back nobody was told of yet
+        needs no row (a new instance counts those permits as held, as the
+        parent still does), and the give-backs of a period, made after
+        many rounds and syncs, cost one row per loan, not one each."""
         written, deleted = self.borrowed.changes()
         if written or deleted:
             self.store.sql.transaction(lambda: self.store.write_loans(written, deleted))
@@ -299,7 +302,6 @@ class ParentLink:
         if self.borrowed.take(reply.grants, reply.reports) > 0:
             self.on_lent()
         self._give_back_idle()
-        self._persist()
 
 
 class Waker:
