@@ -7,8 +7,8 @@ uses (a sync), each at most once per period and one at a time, and yields
 to older work waiting at other children. The rules themselves (what
 is held, what is given back) are pure, in ``tree``.
 Must not know: how the child allocates, or SQL (the loans' rows are the
-store's). A loan is written each time permits of it are given back, before
-the report leaves, and deleted once settled (see ``tree.Borrowed``).
+store's). A loan is written when a report that gives permits of it back
+is about to leave, and deleted once settled (see ``tree.Borrowed``).
 """
 
 from __future__ import annotations

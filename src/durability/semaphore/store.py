@@ -15,10 +15,10 @@ holder keeps the books in memory and reads the tables once per instance.
 
 Version 2 added the lease tables; a version 1 holder migrates in place and
 keeps its grants. Version 3 added the loans table: in a budget tree, what a
-child gave back of a loan from its parent (``tree.Loan``), written each
-time it gives permits of the loan back (before the report that says so
-leaves) and deleted once the parent settles it: two rows for a loan given
-back whole, none for one its parent never hears anything of. Version 4
+child gave back of a loan from its parent (``tree.Loan``), written just
+before each report that gives permits of the loan back leaves and deleted
+once the parent settles it: two rows for a loan given back whole in one
+report, none for one its parent never hears anything of. Version 4
 added when the lease ids' epoch began (``LeaseIds.started_at``), written
 with the epoch; a table older than that counts its epoch as begun long ago,
 and keeps a lease of another epoch it charges until that lease's next report.
