@@ -15,8 +15,9 @@ for what it has queued (held by the holder up to 240 s while nothing is
 granted, a long poll), taking what it is granted at once (grants come
 claimed), and a ``sync`` with its releases half a second after an item ends.
 
-Each scale runs twice: a single holder, and a tree (``fan_out`` leaves of
-about 250 clients each under one root). The runtime refuses an object's
+Each scale runs twice: a single holder, and a tree (a leaf per 250
+clients, at most 64, under one root: ``shape``; ``--fan-out`` and
+``--depth`` set another shape). The runtime refuses an object's
 requests past 1,000 per second ("overloaded"), as production does; clients
 back off on a refusal. Prints per run: clients, holder objects, the peak
 requests per second any one object took, calls refused as overloaded, the
@@ -28,7 +29,7 @@ made while an older item waited, rows written and requests per admission
 ``--plot PATH`` writes a PNG of per-object requests per second over time
 for the largest tree (each object's line; the root in black), and with the
 single holder for comparison. ``--json`` prints a JSON list with one object
-per tree scale, with the keys clients, objects,
+per tree scale, with the keys clients, objects, fan_out, depth,
 peak_requests_per_s_per_object, busy_while_waiting, out_of_order_share
 (strict), out_of_order_by_a_round (the "by 2 s" column),
 rows_written_per_admission and requests_per_admission (and the single
@@ -63,6 +64,7 @@ WORK_MS = (20_000, 80_000)  # long against a round period (2 s): the busy share 
 ARRIVALS_S = 180
 OVERLOAD = 1.2  # arrivals per second, over what the limit can run
 CLIENTS_PER_LEAF = 250
+WIDEST = 64  # leaves at most: the root takes a request or two per child per round period
 WAIT_MS = 240_000  # how long a holder may hold a client's request (the queue's own default)
 RELEASE_DELAY_S = 0.5  # a client reports its releases this long after one, in one sync
 GIVE_UP_S = 600  # virtual seconds after the arrivals end
@@ -87,9 +89,9 @@ class Client:
 class Driver:
     """The clients, the ground truth, and what went wrong on the way."""
 
-    def __init__(self, runtime: Runtime, fan_out: int | None, clients: int, limit: int) -> None:
+    def __init__(self, runtime: Runtime, fan_out: int | None, depth: int, clients: int, limit: int) -> None:
         self.runtime = runtime
-        self.server = DurabilitySemaphore.client(binding="HOLDER", fan_out=fan_out).bind(runtime.env)
+        self.server = DurabilitySemaphore.client(binding="HOLDER", fan_out=fan_out, depth=depth).bind(runtime.env)
         self.clients = [Client(f"client-{i:06d}") for i in range(clients)]
         self.ledger = measure.Ledger()
         self.limit = limit
@@ -203,11 +205,23 @@ def arrivals(clients: int, limit: int, seed: int) -> list[tuple[float, int, str,
         plan.append((at, rng.randrange(clients), f"i{len(plan)}", rng.randint(*WORK_MS)))
 
 
-def run(clients: int, limit: int, tree: bool, seed: int) -> dict:
-    fan_out = max(2, round(clients / CLIENTS_PER_LEAF)) if tree else None
+def shape(clients: int) -> tuple[int, int]:
+    """(fan_out, depth): a leaf per ``CLIENTS_PER_LEAF`` clients, at most
+    ``WIDEST``, on one level. A leaf's requests follow the admissions its
+    clients make, not their number; the root takes a request or two per
+    child per round period, so one level of 400 leaves took it past 500 a
+    second, and a second level costs order (see docs/semaphore.md)."""
+    return min(WIDEST, max(2, round(clients / CLIENTS_PER_LEAF))), 1
+
+
+def run(clients: int, limit: int, tree: bool, seed: int, fan_out: int | None = None, depth: int = 1) -> dict:
+    if not tree:
+        fan_out, depth = None, 1
+    elif fan_out is None:
+        fan_out, depth = shape(clients)
     module = load_worker_module(WORKER)
     runtime = Runtime(module, {"HOLDER": "TreeBenchHolder"}, vars={"LIMIT": limit, "TREE": tree}, seed=seed)
-    driver = Driver(runtime, fan_out, clients, limit)
+    driver = Driver(runtime, fan_out, depth, clients, limit)
     plan = arrivals(clients, limit, seed)
     wall = time.perf_counter()
 
@@ -229,7 +243,9 @@ def run(clients: int, limit: int, tree: bool, seed: int) -> dict:
     ledger = driver.ledger
     admitted = max(1, len(ledger.started_at))
     result = {
-        "tree": tree, "clients": clients, "fan_out": fan_out, "objects": len(holders), "items": len(plan),
+        "tree": tree, "clients": clients, "fan_out": fan_out, "depth": depth, "objects": len(holders),
+        "items": len(plan),
+        "busiest": max(holders, key=lambda h: h.stats.peak_requests_per_s).name,
         "admitted": len(ledger.started_at), "done": len(ledger.ended_at),
         "peak_requests_per_s_per_object": max(h.stats.peak_requests_per_s for h in holders),
         "overloaded": totals["overloaded"],
@@ -310,6 +326,10 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="a fast smoke run: 1,000 and 3,000 clients, limit 1,000")
     parser.add_argument("--single", default="all", choices=["all", "none"],
                         help="run the single holder at every scale too (all), or not (none)")
+    parser.add_argument("--fan-out", type=int, default=None,
+                        help=f"the tree's children per parent (default: a leaf per {CLIENTS_PER_LEAF} clients, "
+                             f"at most {WIDEST})")
+    parser.add_argument("--depth", type=int, default=1, help="the tree's levels below the root, with --fan-out")
     parser.add_argument("--plot", type=Path, default=None)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
@@ -319,14 +339,14 @@ def main() -> None:
     rows = []
     for clients in scales:
         for tree in ([False, True] if args.single == "all" else [True]):
-            rows.append(run(clients, limit, tree, args.seed))
+            rows.append(run(clients, limit, tree, args.seed, args.fan_out, args.depth))
             # Each run as it ends (on stderr with --json, whose stdout is the JSON alone).
             print(table(rows[-1:]).splitlines()[-1] if len(rows) > 1 else table(rows[-1:]), flush=True,
                   file=sys.stderr if args.json else sys.stdout)
     if args.plot:
         plot(rows, args.plot)
     if args.json:
-        keys = ["clients", "objects", "peak_requests_per_s_per_object", "busy_while_waiting",
+        keys = ["clients", "objects", "fan_out", "depth", "peak_requests_per_s_per_object", "busy_while_waiting",
                 "out_of_order_share", "out_of_order_by_a_round", "rows_written_per_admission",
                 "requests_per_admission"]
         single = {r["clients"]: {k: r[k] for k in keys} for r in rows if not r["tree"]}
@@ -334,7 +354,9 @@ def main() -> None:
                           for r in rows if r["tree"]], indent=1))
         return
     print(f"\none key, limit {limit:,}; items arrive at random clients {OVERLOAD - 1:.0%} faster than the limit "
-          f"runs them (20-80 s each) for {ARRIVALS_S} s; tree: one leaf per {CLIENTS_PER_LEAF} clients")
+          f"runs them (20-80 s each) for {ARRIVALS_S} s; tree: "
+          + (f"fan_out {args.fan_out}, depth {args.depth}" if args.fan_out else
+             f"one leaf per {CLIENTS_PER_LEAF} clients, at most {WIDEST}"))
     print(table(rows))
     print(LEGEND)
     for r in rows:
