@@ -75,6 +75,7 @@ class Client:
     """A client of the key: items queued, grants held, and the exchanges in flight."""
 
     client_id: str
+    group: str = GROUP  # the group its items are queued in
     queue: deque = field(default_factory=deque)  # (item id, work ms)
     grants: dict = field(default_factory=dict)  # grant id -> [permits, released, confirmed released]
     heard_up_to: float = 0.0
@@ -116,7 +117,7 @@ class Driver:
             times = [self.ledger.submitted_at[item_id] for item_id, _ in islice(client.queue, MAX_DEMAND_TIMES)]
             message = {"type": "request", "v": 1, "clientId": client.client_id, "claims": True,
                        "wait": WAIT_MS, "heardUpTo": client.heard_up_to, "grants": self.reports(client),
-                       "demand": [{"group": GROUP, "count": len(client.queue), "oldestAt": times[0],
+                       "demand": [{"group": client.group, "count": len(client.queue), "oldestAt": times[0],
                                    "times": times}]}
             reply = await self.send(client, self.server.request, message)
             if reply is not None:
