@@ -40,7 +40,6 @@ tenants). ``--quick``: a limit of 100 and the small tenants for 60 s.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import bisect
 import json
 import random
@@ -50,7 +49,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT / "src"), str(ROOT), str(ROOT / "scripts")]
 
-from bench_tree import KEY, WORK_MS, Client, Driver  # noqa: E402
+from bench_tree import KEY, WORK_MS, Client, Driver, play  # noqa: E402
 
 from bench import measure, tables  # noqa: E402
 from durability.testing import Runtime, load_worker_module  # noqa: E402
@@ -118,18 +117,8 @@ def run(policy: str, limit: int, small_until_s: float, seed: int, round_period_m
     driver.clients = clients()
     plan = arrivals(limit, small_until_s, seed, flood)
 
-    async def scenario():
-        start = runtime.loop.time()
-        for at, index, item_id, work_ms in plan:
-            if at > runtime.loop.time() - start:
-                await asyncio.sleep(at - (runtime.loop.time() - start))
-            driver.arrive(driver.clients[index], item_id, work_ms)
-        give_up = runtime.loop.time() + GIVE_UP_S
-        while len(driver.ledger.ended_at) < len(plan) and runtime.loop.time() < give_up:
-            await asyncio.sleep(1)
-
     with runtime:
-        runtime.run(scenario())
+        runtime.run(play(driver, plan, GIVE_UP_S))
     if driver.errors or len(driver.ledger.ended_at) < len(plan):
         raise AssertionError(f"{policy}: {len(driver.ledger.ended_at)} of {len(plan)} done; {driver.errors[:2]}")
     if driver.ledger.max_running.get(KEY, 0) > limit:

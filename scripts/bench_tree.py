@@ -204,6 +204,20 @@ def arrivals(clients: int, limit: int, seed: int) -> list[tuple[float, int, str,
         plan.append((at, rng.randrange(clients), f"i{len(plan)}", rng.randint(*WORK_MS)))
 
 
+async def play(driver: Driver, plan: list[tuple[float, int, str, int]], give_up_s: float) -> None:
+    """Each item of ``plan`` to its client at its time, then wait until all
+    have ended, or ``give_up_s`` after the last arrival."""
+    loop = driver.runtime.loop
+    start = loop.time()
+    for at, index, item_id, work_ms in plan:
+        if at > loop.time() - start:
+            await asyncio.sleep(at - (loop.time() - start))
+        driver.arrive(driver.clients[index], item_id, work_ms)
+    give_up = loop.time() + give_up_s
+    while len(driver.ledger.ended_at) < len(plan) and loop.time() < give_up:
+        await asyncio.sleep(1)
+
+
 def run(clients: int, limit: int, tree: bool, seed: int) -> dict:
     fan_out = max(2, round(clients / CLIENTS_PER_LEAF)) if tree else None
     module = load_worker_module(WORKER)
@@ -213,14 +227,7 @@ def run(clients: int, limit: int, tree: bool, seed: int) -> dict:
     wall = time.perf_counter()
 
     async def scenario():
-        start = runtime.loop.time()
-        for at, index, item_id, work_ms in plan:
-            if at > runtime.loop.time() - start:
-                await asyncio.sleep(at - (runtime.loop.time() - start))
-            driver.arrive(driver.clients[index], item_id, work_ms)
-        give_up = runtime.loop.time() + GIVE_UP_S
-        while len(driver.ledger.ended_at) < len(plan) and runtime.loop.time() < give_up:
-            await asyncio.sleep(1)
+        await play(driver, plan, GIVE_UP_S)
         await asyncio.sleep(5)  # the last releases reach the holders
 
     runtime.run(scenario())
