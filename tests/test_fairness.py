@@ -16,7 +16,7 @@ from hypothesis import given, settings, strategies as st
 from durability.semaphore.allocation import Grant, Limits, run_round
 from durability.semaphore.fairness import Claimant, FairPolicy, Share, allot, checked_share
 from durability.semaphore.holder_fairness import UserFairShare
-from durability.semaphore.messages import Demand, Report, Request
+from durability.semaphore.messages import Demand, ProtocolError, Report, Request, ShareUsage, Usage
 
 T0 = 1_700_000_000_000.0
 TIMEOUT_MS = 30_000
@@ -223,3 +223,17 @@ def test_a_key_with_a_floor_and_demand_reaches_its_floor_within_one_job_length_o
     assert not misses, misses[:5]
     # The check can fail: oldest first serves the flood's older backlog, and the floor is never met.
     assert floor_misses(0, None)
+
+
+def test_usage_carries_the_policy_and_shares_both_ways_and_refuses_a_malformed_share():
+    usage = Usage(10, 10, 4, 0, 0, 2, 0, policy="fair_share",
+                  shares={"t": ShareUsage(held=4, weight=2.5, floor=1, priority=-1, waiting=3)})
+    assert Usage.parse(usage.to_wire()) == usage
+    older = {key: value for key, value in usage.to_wire().items() if key not in ("policy", "shares")}
+    assert Usage.parse(older).policy == "oldest_first"  # a holder of an earlier release sends neither
+    for bad in ({"weight": "2"}, {"priority": 0.5}, {"held": -1}):
+        wire = usage.to_wire()
+        wire["shares"]["t"].update(bad)
+        with pytest.raises(ProtocolError) as refused:
+            Usage.parse(wire)
+        assert refused.value.code == "malformed_reply" and "usage.shares.t" in str(refused.value)
