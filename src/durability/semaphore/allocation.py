@@ -4,7 +4,9 @@ Lives here: the grant book (``Grant``), applying cumulative reports,
 reclaiming unclaimed permits past their deadline, and one allocation round
 from (book of grants and leases, requests, resolved limits, now) to
 (changes, per-client outcome): grants first, then leases from what is left
-(the lease rules themselves live in ``leases``). A round runs in named
+(the lease rules themselves live in ``leases``); oldest first, or each
+key's allotment first under a fair-share policy (the rule lives in
+``fairness``). A round runs in named
 phases over one ``RoundState``: reports, retirement, grants, leases,
 listing. It changes nothing it is given, the books and the ``LeaseIds``
 included: the new count of lease ids issued is in its changes.
@@ -611,7 +613,8 @@ def item_shares(state: RoundState, terms: RoundTerms, granting: list[tuple[Wante
         return wants
     assert terms.budgets is not None  # refusal() let only resolved limits through
     room_total = terms.budgets.grant_room(state.granted, state.leased)
-    allotted = None if terms.fair is None else fair_allotment(state, terms.fair, granting, room_total)
+    fair = terms.fair
+    allotted = {} if fair is None else fair_allotment(state, fair, granting, room_total)
     room_groups: dict[str, int] = {}
     shares = [0] * len(granting)
     in_line = sorted(piece for position, entry in enumerate(granting) for piece in _slices(position, *entry))
@@ -620,8 +623,8 @@ def item_shares(state: RoundState, terms: RoundTerms, granting: list[tuple[Wante
             break
         wanted = granting[index][0]
         take = min(count, room_total)
-        if allotted is not None:
-            key = terms.fair.key(wanted.group) if terms.fair is not None else wanted.group
+        if fair is not None:  # the key's allotment bounds what its items take
+            key = fair.key(wanted.group)
             take = min(take, allotted.get(key, 0))
             allotted[key] = allotted.get(key, 0) - take
         if wanted.ceiling is not None:

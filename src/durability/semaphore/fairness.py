@@ -126,13 +126,21 @@ def _fill(room: int, keys: list[Claimant]) -> int:
     for claimant in keys:
         used += _give(claimant, min(int(_target(claimant, level)) - claimant.held - claimant.given, room - used))
     # Rounding down leaves under one permit per key: it goes to the keys
-    # furthest below their target, one each.
-    behind = [((c.held + c.given) / c.share.weight, c.oldest, c.key, c) for c in keys if c.given < c.wants]
+    # furthest below their target, one at a time (a key still wanting goes
+    # back in line, so no room is left while a key wants some).
+    behind = [_behind(c) for c in keys if c.given < c.wants]
     heapq.heapify(behind)
     while used < room and behind:
-        *_, claimant = heapq.heappop(behind)
+        claimant = heapq.heappop(behind)[-1]
         used += _give(claimant, 1)
+        if claimant.given < claimant.wants:
+            heapq.heappush(behind, _behind(claimant))
     return used
+
+
+def _behind(claimant: Claimant) -> tuple[float, float, str, Claimant]:
+    """A key's place in line for a permit left over: lowest holding per weight first, then oldest work."""
+    return (claimant.held + claimant.given) / claimant.share.weight, claimant.oldest, claimant.key, claimant
 
 
 def _target(claimant: Claimant, level: float) -> float:
