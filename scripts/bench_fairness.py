@@ -27,14 +27,17 @@ by weight, none above its running plus waiting work); its gap is the mean
 of its share of the limit minus the mean of that target over those
 seconds. Prints per policy: the largest gap (points), each tenant's mean
 share and target, the small tenants' p50 and p99 waits, their p99 over the
-p99 they wait alone (the same small arrivals with no flood), and the busy
-share of the limit while items wait (ground truth, outside the objects).
+p99 they wait alone (the same small arrivals with no flood), the busy
+share of the limit while items wait, and the longest a small tenant took
+to reach the floor the ``floors`` policy gives it (or its work, if less)
+from any moment it held less, sampled every 100 ms: all ground truth,
+outside the objects.
 
 ``--plot PATH`` writes a PNG: each tenant's share of the limit over time
 per policy, with its target dashed. ``--json`` prints a JSON list, one
 object per policy, with the keys policy, share_error_points,
 small_p99_over_alone, busy_while_waiting (and small_p50_s, small_p99_s,
-tenants). ``--quick``: a limit of 100 and the small tenants for 60 s.
+floor_reached_within_s, tenants). ``--quick``: a limit of 100 and the small tenants for 60 s.
 """
 
 from __future__ import annotations
@@ -175,6 +178,25 @@ def shares_over_time(ledger: measure.Ledger, limit: int) -> dict[str, list[tuple
     return found
 
 
+def floor_reached_within_s(ledger: measure.Ledger, limit: int, step_ms: float = 100.0) -> float:
+    """The longest a small tenant took, from any moment it held less than
+    min(its floor under the ``floors`` policy, its work), to hold that many
+    (or have nothing left waiting), in seconds, sampled every ``step_ms``."""
+    timeline = Timeline(ledger)
+    floor = round(POLICIES["floors"]["floors"][SMALL[0]] * limit)
+    longest = 0.0
+    for tenant in SMALL:
+        samples = [timeline.at(tenant, n * step_ms) for n in range(int(timeline.end / step_ms) + 1)]
+        for n, (running, waiting) in enumerate(samples):
+            wanted = min(floor, running + waiting)
+            if not waiting or running >= wanted:
+                continue
+            reached = next((m for m in range(n, len(samples)) if samples[m][0] >= wanted or not samples[m][1]),
+                           len(samples))
+            longest = max(longest, (reached - n) * step_ms / 1000)
+    return longest
+
+
 def row_of(policy: str, ledger: measure.Ledger, alone_p99_s: float, limit: int) -> dict:
     over_time = shares_over_time(ledger, limit)
     tenants = {}
@@ -191,16 +213,19 @@ def row_of(policy: str, ledger: measure.Ledger, alone_p99_s: float, limit: int) 
             "small_p50_s": round(measure.percentile(waits, 0.5), 2), "small_p99_s": round(p99, 2),
             "small_p99_over_alone": round(p99 / alone_p99_s, 2) if alone_p99_s else None,
             "busy_while_waiting": round(measure.busy_share(ledger, {KEY: limit})[0], 4),
+            "floor_reached_within_s": round(floor_reached_within_s(ledger, limit), 1),
             "tenants": tenants, "over_time": over_time}
 
 
 def table(rows: list[dict], alone_p99_s: float) -> str:
     columns = ("policy", "largest gap (points)", "flood share / target", "small shares / targets",
-               "small p50 / p99 wait (s)", f"small p99 / alone ({alone_p99_s:.1f} s)", "busy while waiting")
+               "small p50 / p99 wait (s)", f"small p99 / alone ({alone_p99_s:.1f} s)", "busy while waiting",
+               "floor reached within (s)")
     return tables.markdown(columns, ((
         r["policy"], r["share_error_points"], _share(r["tenants"][FLOOD]),
         ", ".join(_share(r["tenants"][t]) for t in SMALL if t in r["tenants"]),
         f"{r['small_p50_s']} / {r['small_p99_s']}", r["small_p99_over_alone"], f"{r['busy_while_waiting']:.1%}",
+        r["floor_reached_within_s"],
     ) for r in rows))
 
 

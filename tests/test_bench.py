@@ -151,4 +151,6 @@ def test_the_fairness_benchmark_prints_one_object_per_policy_and_a_plot(tmp_path
     # Oldest first serves the flood's older backlog; the weighted split keeps each tenant near its share.
     assert rows["weighted"]["share_error_points"] < 5 < rows["oldest"]["share_error_points"]
     assert rows["weighted"]["small_p99_over_alone"] < rows["oldest"]["small_p99_over_alone"]
+    # A floor is reached within a job length (20 to 80 s here) of the moment a tenant is short of it.
+    assert rows["floors"]["floor_reached_within_s"] < 20 < rows["oldest"]["floor_reached_within_s"]
     assert plot.stat().st_size > 10_000
