@@ -11,7 +11,9 @@ objects (by a hash of the job id). Each shard queues its jobs per account
 with ``DurabilitySemaphoreQueue``; the account's ``AccountLimit`` holder
 admits them, oldest first across all shards, within the account's limit
 (``ACCOUNT_LIMITS`` per account, else ``ACCOUNT_CONCURRENCY``) and each
-workflow's limit (``WORKFLOW_LIMITS``). An admitted job runs through the
+workflow's limit (``WORKFLOW_LIMITS``); with ``ACCOUNT_FAIR_SHARE`` set,
+the account's workflows share its limit by weight, floor and priority
+instead of oldest first across them. An admitted job runs through the
 ``DurabilityJobs`` runner; its permit goes back when the job ends, and the
 queue's ``finished()`` sweep returns any permit whose release was lost.
 
