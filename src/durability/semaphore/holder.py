@@ -489,12 +489,13 @@ class DurabilitySemaphore:
             **_sharing(self.fair_share, grants, self._blocked),
         )
 
-def _answer(self: DurabilitySemaphore, answered: list[tuple[_Waiting, ClientOutcome]], held: list[_Waiting],
+
+def _answer(holder: DurabilitySemaphore, answered: list[tuple[_Waiting, ClientOutcome]], held: list[_Waiting],
             result: RoundResult, limits: Limits, now: float, requests: list[Request]) -> None:
     """A round's replies: each with the line ahead of its client and, to a
     tree's child, the parent's limits and who else waits (a function of
-    the holder's, kept out of its class for size)."""
-    ttl_ms = self.lease_policy.ttl_ms if self.lease_policy is not None else 0
+    the holder, kept out of its class for size)."""
+    ttl_ms = holder.lease_policy.ttl_ms if holder.lease_policy is not None else 0
     line: Line | None = None
     oldest: OldestWaiting | None = None
     tree_limits: dict[str, Any] | None = None
@@ -503,7 +504,7 @@ def _answer(self: DurabilitySemaphore, answered: list[tuple[_Waiting, ClientOutc
         tree: dict[str, Any] = {}
         if parent_of(request.client_id) is not None:  # a child of a tree: who else waits, and since when
             oldest = oldest or OldestWaiting(requests, result.outcomes)
-            tree_limits = tree_limits or _tree_limits(self.limits, self._grants(), self._link, limits.groups)
+            tree_limits = tree_limits or _tree_limits(holder.limits, holder._grants(), holder._link, limits.groups)
             tree = {**tree_limits, "waiting_since": oldest.others(request.client_id,
                                                                   (d.group for d in request.demand))}
         # A client handed permits may ask again at once: its request is
@@ -513,9 +514,9 @@ def _answer(self: DurabilitySemaphore, answered: list[tuple[_Waiting, ClientOutc
         ahead: dict[str, float] = {}
         if served:
             if line is None:  # once per round: the held requests are the same for every reply
-                line = Line.of((h.request for h in held), limits, self.lease_policy)
+                line = Line.of((h.request for h in held), limits, holder.lease_policy)
             ahead = line.ahead_of(waiting.request.client_id, (d.group for d in waiting.request.demand))
-        ask_at = now if served else now + self.round_period_ms
+        ask_at = now if served else now + holder.round_period_ms
         reply = _grants_reply(outcome, ask_at, result.contended, ttl_ms, ahead)
         waiting.reply.set_result(replace(reply, **tree).to_wire())
 
