@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Benchmark one DurabilitySemaphore holder under bursty demand from many clients.
 
-    .venv/bin/python scripts/bench_holder.py [--quick] [--seed N] [--scales 100,1000,10000]
+    .venv/bin/python scripts/bench_holder.py [--quick] [--seed N] [--scales 100,1000,10000] [--fair-share]
     .venv/bin/python scripts/bench_holder.py --leases [--quick] [--seed N]
 
 Runs the holder Worker in scripts/bench_workers/holder_bench.py on the
@@ -424,7 +424,7 @@ busy: running items over the limit, while any item waited for admission (over: c
 
 
 # -- one scale --------------------------------------------------------------------------------
-def bench(n: int, rounds: int, seed: int, burst: int = 4) -> dict:
+def bench(n: int, rounds: int, seed: int, burst: int = 4, fair_share: bool = False) -> dict:
     rng = random.Random(seed)
     limit = 3 * n
     module = load_worker_module(WORKER)
@@ -433,7 +433,8 @@ def bench(n: int, rounds: int, seed: int, burst: int = 4) -> dict:
     # The load model is lifted: every client asks within the same second of a
     # round, and this measures what a round costs, not where one object
     # overloads (scripts/bench_tree.py shows that).
-    runtime = Runtime(module, {"HOLDER": "HolderBench"}, vars={"LIMIT": limit, "GROUP_LIMITS": LIMITED},
+    runtime = Runtime(module, {"HOLDER": "HolderBench"},
+                      vars={"LIMIT": limit, "GROUP_LIMITS": LIMITED, "FAIR_SHARE": fair_share},
                       seed=seed, max_requests_per_s=None)
     clients = [Client(f"client-{i:05d}", rng.sample(GROUPS, rng.randint(1, 5))) for i in range(n)]
     holder = runtime.env.HOLDER.getByName("account-1")
@@ -483,6 +484,8 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--scales", default=None, help="comma-separated client counts")
     parser.add_argument("--burst", type=int, default=4, help="items per group in one burst: 1 to this")
+    parser.add_argument("--fair-share", action="store_true",
+                        help="share the limit between four tenants (weights, a floor, two priority classes)")
     parser.add_argument("--leases", action="store_true",
                         help="instead: grants only against each lease mode, through real queues")
     parser.add_argument("--clients", type=int, default=None, help="with --leases: client objects")
@@ -506,7 +509,8 @@ def main() -> None:
 
     print(f"holder benchmark: seed {args.seed}; limit = 3 x clients; demand in 1-5 of {len(GROUPS)} groups, "
           f"{len(LIMITED)} of them capped at {next(iter(LIMITED.values()))}; "
-          f"a burst of 1-{args.burst} items per group for 25% of clients each round; items run 2-8 s")
+          f"a burst of 1-{args.burst} items per group for 25% of clients each round; items run 2-8 s"
+          + ("; shared by four tenants (--fair-share)" if args.fair_share else ""))
     print("rounds per scale: " + ", ".join(f"{n:,}: {r}" for n, r in plan.items())
           + ("  (--quick smoke run)" if args.quick else "  (the same at every scale, so rounds compare)"))
     print(f"{'clients':>8} {'rounds':>6} {'req/rnd':>7} {'admitted':>9} | {'round':>8} {'max':>7} {'alloc':>7} "
@@ -514,7 +518,7 @@ def main() -> None:
           f"{'grants':>6} {'wall':>5}")
     results = []
     for n, rounds in plan.items():
-        r = bench(n, rounds, args.seed, args.burst)
+        r = bench(n, rounds, args.seed, args.burst, args.fair_share)
         # The holder's own CPU: the round without the embedded SQL's billing emulation (it counts
         # a table's rows on every upsert, O(table)) and without collections of the whole process
         # heap (this script's clients live in it), but with the same writes on plain sqlite3.

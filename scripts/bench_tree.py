@@ -77,6 +77,7 @@ class Client:
     """A client of the key: items queued, grants held, and the exchanges in flight."""
 
     client_id: str
+    group: str = GROUP  # the group its items are queued in
     queue: deque = field(default_factory=deque)  # (item id, work ms)
     grants: dict = field(default_factory=dict)  # grant id -> [permits, released, confirmed released]
     heard_up_to: float = 0.0
@@ -89,7 +90,7 @@ class Client:
 class Driver:
     """The clients, the ground truth, and what went wrong on the way."""
 
-    def __init__(self, runtime: Runtime, fan_out: int | None, depth: int, clients: int, limit: int) -> None:
+    def __init__(self, runtime: Runtime, fan_out: int | None, clients: int, limit: int, depth: int = 1) -> None:
         self.runtime = runtime
         self.server = DurabilitySemaphore.client(binding="HOLDER", fan_out=fan_out, depth=depth).bind(runtime.env)
         self.clients = [Client(f"client-{i:06d}") for i in range(clients)]
@@ -118,7 +119,7 @@ class Driver:
             times = [self.ledger.submitted_at[item_id] for item_id, _ in islice(client.queue, MAX_DEMAND_TIMES)]
             message = {"type": "request", "v": 1, "clientId": client.client_id, "claims": True,
                        "wait": WAIT_MS, "heardUpTo": client.heard_up_to, "grants": self.reports(client),
-                       "demand": [{"group": GROUP, "count": len(client.queue), "oldestAt": times[0],
+                       "demand": [{"group": client.group, "count": len(client.queue), "oldestAt": times[0],
                                    "times": times}]}
             reply = await self.send(client, self.server.request, message)
             if reply is not None:
@@ -205,6 +206,20 @@ def arrivals(clients: int, limit: int, seed: int) -> list[tuple[float, int, str,
         plan.append((at, rng.randrange(clients), f"i{len(plan)}", rng.randint(*WORK_MS)))
 
 
+async def play(driver: Driver, plan: list[tuple[float, int, str, int]], give_up_s: float) -> None:
+    """Each item of ``plan`` to its client at its time, then wait until all
+    have ended, or ``give_up_s`` after the last arrival."""
+    loop = driver.runtime.loop
+    start = loop.time()
+    for at, index, item_id, work_ms in plan:
+        if at > loop.time() - start:
+            await asyncio.sleep(at - (loop.time() - start))
+        driver.arrive(driver.clients[index], item_id, work_ms)
+    give_up = loop.time() + give_up_s
+    while len(driver.ledger.ended_at) < len(plan) and loop.time() < give_up:
+        await asyncio.sleep(1)
+
+
 def shape(clients: int) -> tuple[int, int]:
     """(fan_out, depth): a leaf per ``CLIENTS_PER_LEAF`` clients, at most
     ``WIDEST``, on one level. A leaf's requests follow the admissions its
@@ -221,19 +236,12 @@ def run(clients: int, limit: int, tree: bool, seed: int, fan_out: int | None = N
         fan_out, depth = shape(clients)
     module = load_worker_module(WORKER)
     runtime = Runtime(module, {"HOLDER": "TreeBenchHolder"}, vars={"LIMIT": limit, "TREE": tree}, seed=seed)
-    driver = Driver(runtime, fan_out, depth, clients, limit)
+    driver = Driver(runtime, fan_out, clients, limit, depth)
     plan = arrivals(clients, limit, seed)
     wall = time.perf_counter()
 
     async def scenario():
-        start = runtime.loop.time()
-        for at, index, item_id, work_ms in plan:
-            if at > runtime.loop.time() - start:
-                await asyncio.sleep(at - (runtime.loop.time() - start))
-            driver.arrive(driver.clients[index], item_id, work_ms)
-        give_up = runtime.loop.time() + GIVE_UP_S
-        while len(driver.ledger.ended_at) < len(plan) and runtime.loop.time() < give_up:
-            await asyncio.sleep(1)
+        await play(driver, plan, GIVE_UP_S)
         await asyncio.sleep(5)  # the last releases reach the holders
 
     runtime.run(scenario())

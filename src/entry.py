@@ -11,7 +11,9 @@ objects (by a hash of the job id). Each shard queues its jobs per account
 with ``DurabilitySemaphoreQueue``; the account's ``AccountLimit`` holder
 admits them, oldest first across all shards, within the account's limit
 (``ACCOUNT_LIMITS`` per account, else ``ACCOUNT_CONCURRENCY``) and each
-workflow's limit (``WORKFLOW_LIMITS``). An admitted job runs through the
+workflow's limit (``WORKFLOW_LIMITS``); with ``ACCOUNT_FAIR_SHARE`` set,
+the account's workflows share its limit by weight, floor and priority
+instead of oldest first across them. An admitted job runs through the
 ``DurabilityJobs`` runner; its permit goes back when the job ends, and the
 queue's ``finished()`` sweep returns any permit whose release was lost.
 
@@ -189,9 +191,17 @@ class AccountLimit(DurableObject):
         # (--short) 95% (90% with rounds 50 ms / 250 ms apart). It costs
         # about 5% more rows written (more rounds make smaller grants); a
         # round that grants nothing writes nothing.
+        # ACCOUNT_FAIR_SHARE: how workflows share the account's limit, as JSON
+        # ({"weights": {workflow: w}, "floors": {workflow: n}, "priorities":
+        # {workflow: p}}, each optional), or empty for oldest first across
+        # the account. Turned on or off at start; its figures are read every round.
+        fair = _json_var(env, "ACCOUNT_FAIR_SHARE") and {
+            "weight": lambda workflow: self._fair("weights", workflow, 1),
+            "floor": lambda workflow: self._fair("floors", workflow, 0),
+            "priority": lambda workflow: self._fair("priorities", workflow, 0)}
         self.semaphore = DurabilitySemaphore(
             self.scheduler, limit=self._account_limit, group_limit=self._workflow_limit, leases=leases,
-            round_wait_ms=20, round_period_ms=100,
+            round_wait_ms=20, round_period_ms=100, fair_share=fair or None,
         )
 
     def _account_limit(self):
@@ -201,6 +211,9 @@ class AccountLimit(DurableObject):
 
     def _workflow_limit(self, workflow_id):
         return _json_var(self.env, "WORKFLOW_LIMITS").get(workflow_id)
+
+    def _fair(self, table, workflow_id, default):
+        return _json_var(self.env, "ACCOUNT_FAIR_SHARE").get(table, {}).get(workflow_id, default)
 
     async def permits(self, message):
         return await self.semaphore.handle(message)

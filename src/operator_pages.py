@@ -41,6 +41,13 @@ HEADERS = {
 
 GROUP_COLUMNS = ["workflow", "in use", "reserved", "lease footprint", "outstanding", "its limit"]
 WAITING_COLUMNS = ["workflow", "jobs waiting", "queues", "reason"]
+SHARE_COLUMNS = ["key", "holds", "share of the limit", "weight", "its weight's share", "floor", "priority",
+                 "jobs waiting"]
+POLICIES = {
+    "oldest_first": "oldest first: the oldest waiting job anywhere in the account goes first",
+    "fair_share": "fair share: floors, then priority classes, then room by weight (oldest first within a key)",
+    "oldest_first_fallback": "oldest first for now: a fair-share callback failed (see ACCOUNT_FAIR_SHARE)",
+}
 REASONS = {
     "limit": "the account's limit is reached",
     "group_limit": "the workflow's own limit is reached",
@@ -180,8 +187,30 @@ def account_page(account, usage):
         + _table(GROUP_COLUMNS, groups, "No workflow holds a permit.", GROUP_COLUMNS[1:])
         + "<h2>Waiting, and why</h2>"
         + _table(WAITING_COLUMNS, waiting, "Nothing waits.", WAITING_COLUMNS[1:3])
+        + _sharing(usage)
     )
     return _page(f"Account {account}", body)
+
+
+def _percent(part, whole):
+    return f"{100 * part / whole:.1f}%" if whole else None
+
+
+def _sharing(usage):
+    """How the limit is shared: the policy, and each key's holding against its weight and floor."""
+    policy = usage.get("policy", "oldest_first")
+    shares = usage.get("shares", {})
+    total_weight = sum(row["weight"] for row in shares.values())
+    rows = [
+        f'<tr data-share="{escape(key)}"><td>{escape(key)}</td>' + _cell("held", row["held"])
+        + _cell("share", _percent(row["held"], usage["limit"])) + _cell("weight", f'{row["weight"]:g}')
+        + _cell("weightShare", _percent(row["weight"], total_weight)) + _cell("floor", row["floor"])
+        + _cell("priority", row["priority"]) + _cell("waiting", row["waiting"]) + "</tr>"
+        for key, row in sorted(shares.items())
+    ]
+    return (f'<h2>Sharing the limit</h2><p data-field="policy"><code>{escape(policy)}</code> '
+            f'{escape(POLICIES.get(policy, ""))}</p>'
+            + (_table(SHARE_COLUMNS, rows, "", SHARE_COLUMNS[1:]) if rows else ""))
 
 
 def job_page(job_id, status, account_waiting=()):

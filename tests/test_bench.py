@@ -138,3 +138,19 @@ def test_the_lease_benchmark_measures_latency_and_work_while_the_holder_is_down(
     assert grants["admission_p50_ms"] >= 20 and grants["admitted_without_a_round"] == 0
     assert grants["admitted_while_down"] == 0 < grants["submitted_while_down"]
     assert strict["admission_p50_ms"] <= 10 and strict["admitted_while_down"] > 0
+
+
+def test_the_fairness_benchmark_prints_one_object_per_policy_and_a_plot(tmp_path):
+    plot = tmp_path / "shares.png"
+    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_fairness.py"), "--quick", "--json",
+                           "--plot", str(plot)], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2_000:]  # the script fails itself if work ran above the limit
+    rows = {r["policy"]: r for r in json.loads(done.stdout)}
+    assert list(rows) == ["oldest", "weighted", "floors", "priorities"]
+    assert all({"share_error_points", "small_p99_over_alone", "busy_while_waiting"} <= set(r) for r in rows.values())
+    # Oldest first serves the flood's older backlog; the weighted split keeps each tenant near its share.
+    assert rows["weighted"]["share_error_points"] < 5 < rows["oldest"]["share_error_points"]
+    assert rows["weighted"]["small_p99_over_alone"] < rows["oldest"]["small_p99_over_alone"]
+    # A floor is reached within a job length (20 to 80 s here) of the moment a tenant is short of it.
+    assert rows["floors"]["floor_reached_within_s"] < 20 < rows["oldest"]["floor_reached_within_s"]
+    assert plot.stat().st_size > 10_000

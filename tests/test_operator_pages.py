@@ -5,6 +5,7 @@ job-page.png), which CI keeps. Without Chromium it skips, except under CI
 (CI=true), where a missing Chromium fails.
 """
 
+import asyncio
 import json
 import os
 import shutil
@@ -18,6 +19,7 @@ from urllib.parse import urljoin, urlsplit
 import pytest
 from hypothesis import given, settings, strategies as st
 
+from durability.testing import Runtime
 from support import ROOT, example_runtime, example_worker_dir, http, serving
 
 TOKEN = "t0ken"
@@ -35,8 +37,9 @@ class Figures(HTMLParser):
 
     def handle_starttag(self, tag, attrs):
         attrs = dict(attrs)
-        if tag == "tr" and ("data-group" in attrs or "data-waiting" in attrs):
-            kind = "group" if "data-group" in attrs else "waiting"
+        kinds = [kind for kind in ("group", "waiting", "share") if f"data-{kind}" in attrs]
+        if tag == "tr" and kinds:
+            kind = kinds[0]
             self._row = self.rows.setdefault((kind, attrs.get(f"data-{kind}")), {})
         if "data-figure" in attrs:
             self._into = (self.figures, attrs["data-figure"])
@@ -144,6 +147,28 @@ def test_every_value_is_escaped_and_nothing_external_is_loaded(example):
     assert "<script" not in page and "<link" not in page and "http" not in page.replace('http-equiv', '')
     status, _, page = _fetch(example, '/jobs/"><i>j', bearer)
     assert status == 404 and "<i>" not in page and "&quot;&gt;&lt;i&gt;j" in page
+
+
+def test_the_account_page_shows_how_workflows_share_the_limit_against_their_weights_and_floors():
+    fair = {"weights": {"report": 3}, "floors": {"export": 1}}
+    with Runtime.from_wrangler(ROOT / "wrangler.toml", vars={"API_TOKEN": TOKEN, "ACCOUNT_CONCURRENCY": "4",
+                                                             "ACCOUNT_FAIR_SHARE": json.dumps(fair)}) as example:
+        async def scenario():
+            for n in range(6):
+                for workflow in ("report", "export"):
+                    await example.call_entrypoint("submit_job", {"id": f"{workflow}-{n}", "account": "acme",
+                                                                 "workflow": workflow, "work_ms": 600_000})
+            await asyncio.sleep(5)
+
+        example.run(scenario())
+        status, _, page = _fetch(example, "/accounts/acme", {**HTML, "Authorization": f"Bearer {TOKEN}"})
+    assert status == 200 and "Sharing the limit" in page
+    figures = Figures(page)
+    assert figures.figures["policy"].startswith("fair_share")
+    report, export = figures.rows[("share", "report")], figures.rows[("share", "export")]
+    assert (report["weight"], report["weightShare"], export["floor"]) == ("3", "75.0%", "1")
+    assert (report["held"], export["held"]) == ("3", "1")  # 3:1 of 4, each with work waiting
+    assert int(report["waiting"]) > 0 and int(export["waiting"]) > 0  # as their queues last told it
 
 
 # -- in Chromium, against the local server ---------------------------------------------

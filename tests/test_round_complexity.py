@@ -17,7 +17,10 @@ import random
 import sys
 from collections.abc import Callable
 
+import pytest
+
 from durability.semaphore.allocation import ClientOutcome, Grant, Limits, news_for, run_round
+from durability.semaphore.fairness import FairPolicy, Share
 from durability.semaphore.holder_line import Line
 from durability.semaphore.messages import MAX_DEMAND_TIMES, Demand, Report, Request
 
@@ -31,8 +34,9 @@ class Workload:
     """``n`` clients that claim what they are granted and release it a few
     rounds later, on a limit of n: about half of the demand waits."""
 
-    def __init__(self, n: int, seed: int = 1) -> None:
+    def __init__(self, n: int, seed: int = 1, fair: FairPolicy | None = None) -> None:
         self.rng = random.Random(seed)
+        self.fair = fair
         self.limits = Limits(n, {}, {})
         self.book: dict[str, Grant] = {}
         self.queued = {f"c{i:05d}": {} for i in range(n)}  # client -> group -> oldest waiting item times
@@ -58,7 +62,8 @@ class Workload:
         return requests
 
     def round(self, requests: list[Request]) -> tuple[dict[str, ClientOutcome], list[Request]]:
-        result = run_round(self.book, requests, self.limits, self.now, TIMEOUT_MS, lambda: next(self.ids))
+        result = run_round(self.book, requests, self.limits, self.now, TIMEOUT_MS, lambda: next(self.ids),
+                           fair=self.fair)
         result.changes.apply_to(self.book)
         for client, outcome in result.outcomes.items():
             for grant in outcome.new_grants:
@@ -105,20 +110,28 @@ def lines_run(fn: Callable[[], None]) -> int:
     return count
 
 
-def lines_per_round(n: int) -> tuple[int, int]:
+#: a fair-share policy over the groups: four tenants, weights, a floor and two priority classes
+FAIR = FairPolicy({g: f"t{i % 4}" for i, g in enumerate(GROUPS)},
+                  {"t0": Share(3.0), "t1": Share(1.0, floor=20), "t2": Share(1.0, priority=1), "t3": Share(2.0)})
+
+
+def lines_per_round(n: int, fair: FairPolicy | None = None) -> tuple[int, int]:
     """Lines one holder round runs at ``n`` clients, once the workload has
     settled, and the requests it served."""
-    workload = Workload(n)
+    workload = Workload(n, fair=fair)
     workload.settle(6)
     requests = workload.requests()
     return lines_run(lambda: holder_round(workload, requests)), len(requests)
 
 
-def test_a_round_grows_as_n_log_n_in_its_clients():
+@pytest.mark.parametrize("fair", [None, FAIR], ids=["oldest_first", "fair_share"])
+def test_a_round_grows_as_n_log_n_in_its_clients(fair):
     small, large = 300, 3_000
-    lines_small, requests_small = lines_per_round(small)
-    lines_large, requests_large = lines_per_round(large)
+    lines_small, requests_small = lines_per_round(small, fair)
+    lines_large, requests_large = lines_per_round(large, fair)
     # The workload scales with its clients, and demand waits at both scales.
     assert 8 < requests_large / requests_small < 12
     n_log_n = (large * math.log(large)) / (small * math.log(small))
     assert lines_large / lines_small < 1.25 * n_log_n, (lines_small, lines_large, round(n_log_n, 1))
+    print(f"lines per round x{lines_large / lines_small:.1f} from {small:,} to {large:,} clients"
+          f" (n log n x{n_log_n:.1f})")

@@ -313,8 +313,47 @@ def test_usage_reports_groups(runtime):
         "grants": 2, "leases": 0,
         "groups": {"a": {"outstanding": 3, "inUse": 2, "reserved": 1, "leaseFootprint": 0, "limit": 4},
                    "b": {"outstanding": 2, "inUse": 0, "reserved": 2, "leaseFootprint": 0, "limit": None}},
-        "waiting": [],
+        "waiting": [], "policy": "oldest_first", "shares": {},
     }
+
+
+def test_a_fair_share_splits_the_limit_by_weight_changes_live_and_shows_in_usage(runtime):
+    weights = {"big": 1, "small": 3}
+    runtime.module.CONFIG.update(limit=8, fair_share={"key": lambda group: group.split("-")[0],
+                                                      "weight": lambda key: weights[key]})
+
+    async def scenario():
+        old, young = await asyncio.gather(
+            holder(runtime).permits(request("a", [("big-1", 5, 0), ("big-2", 5, 1)])),
+            holder(runtime).permits(request("b", [("small-1", 10, 5_000)])))
+        weights["small"] = 1  # read again by the next round
+        return old, young, await holder(runtime).usage()
+
+    old, young, usage = runtime.run(scenario())
+    assert sum(g["permits"] for g in old["grants"]) == 2 and sum(g["permits"] for g in young["grants"]) == 6
+    assert usage["policy"] == "fair_share"
+    assert usage["shares"]["small"] == {"held": 6, "weight": 1.0, "floor": 0, "priority": 0, "waiting": 4}
+    assert usage["shares"]["big"]["held"] == 2 and usage["shares"]["big"]["waiting"] == 8
+
+
+def test_a_fair_share_callback_that_raises_serves_the_round_oldest_first_and_usage_says_so(runtime):
+    runtime.module.CONFIG.update(limit=4, fair_share={"weight": lambda key: 1 / 0})
+
+    async def scenario():
+        young, old = await asyncio.gather(holder(runtime).permits(request("y", [("g1", 4, 5_000)])),
+                                          holder(runtime).permits(request("o", [("g2", 4, 0)])))
+        return young, old, await holder(runtime).usage()
+
+    young, old, usage = runtime.run(scenario())
+    assert [g["permits"] for g in old["grants"]] == [4] and not young["grants"]
+    assert usage["policy"] == "oldest_first_fallback" and usage["shares"] == {}
+
+
+def test_fair_share_and_leases_together_are_refused_at_construction():
+    from durability.semaphore.holder_fairness import fair_share_of
+
+    with pytest.raises(ValueError, match="fair_share= or leases="):
+        fair_share_of({"weight": 1}, {"provisioning": {"mode": "strict"}})
 
 
 def test_usage_reports_what_waits_and_why_until_its_clients_stop_asking(runtime):

@@ -326,6 +326,29 @@ def test_a_tree_keeps_the_limit_and_runs_everything():
         assert root_usage["outstanding"] == 0 and not runtime.errors  # every permit came back to the root
 
 
+def test_in_a_tree_the_root_shares_the_limit_between_keys_from_the_groups_its_children_pass_up():
+    # A flood of old items in group "bulk" on every shard, then a few newer
+    # ones in "small": oldest first would run the whole flood before them.
+    module, runtime = tree_runtime(limit=4, fan_out=2, fair_share={"weight": lambda key: 1})
+
+    async def scenario():
+        await submit_all(runtime, shards=4, per_shard=10, ms=20_000)
+        await asyncio.sleep(5)
+        small = [{"id": f"small-{i}", "key": "acct", "group": "small", "body": {"ms": 20_000}} for i in range(2)]
+        await runtime.env.SHARD.getByName("s0").submit(small)
+        await asyncio.sleep(60)
+        usages = [await runtime.env.HOLDER.getByName(name).usage() for name in ("acct", "acct~child-0")]
+        await until_done(module, runtime, 42)
+        return usages
+
+    with runtime:
+        root, child = runtime.run(scenario())
+        assert not module.WORLD["violations"] and len(module.WORLD["done"]) == 42
+        started = sorted(module.WORLD["admitted"], key=module.WORLD["admitted"].get)
+        assert {"small-0", "small-1"} <= set(started[:12])  # within a job length or so, not after the flood
+        assert root["policy"] == "fair_share" and child["policy"] == "oldest_first"
+
+
 def test_a_child_evicted_keeps_its_budget_counted_and_its_clients_are_served_once_it_is_back():
     module, runtime = tree_runtime(limit=4, fan_out=2)
 

@@ -35,6 +35,7 @@ CONFIG = {
     "abort_in_admit": 0,  # admit() resets the object (ctx.abort) this many times first
     "fake_reply": None,  # when set, the shard's holder answers every message with this
     "leases": None,  # the holder's leases= option
+    "fair_share": None,  # the holder's fair_share= option
     "ceiling": None,  # what work may really reach (limit + extra for leases "over"); None: the limit
     "lease_report_delay_ms": 10_000,
     "keep_done_ms": 600_000,
@@ -82,6 +83,7 @@ class Holder(DurableObject):
             round_period_ms=CONFIG["round_period_ms"],
             grant_timeout_ms=CONFIG["grant_timeout_ms"],
             leases=CONFIG["leases"],
+            fair_share=CONFIG["fair_share"],
         )
 
     def _group_limit(self, group):

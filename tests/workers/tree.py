@@ -12,13 +12,13 @@ from durability import DurabilityScheduler
 from durability.semaphore import DurabilitySemaphore, DurabilitySemaphoreQueue
 
 CONFIG = {"limit": 4, "fan_out": 4, "depth": 1, "round_wait_ms": 200, "round_period_ms": 1_000, "cut": set(),
-          "group_limit": None}
+          "group_limit": None, "fair_share": None}
 WORLD = {"running": set(), "max_running": 0, "violations": [], "admitted": {}, "done": set(), "starts": []}
 
 
 def reset(**config):
     CONFIG.update({"limit": 4, "fan_out": 4, "depth": 1, "round_wait_ms": 200, "round_period_ms": 1_000,
-                   "cut": set(), "group_limit": None}, **config)
+                   "cut": set(), "group_limit": None, "fair_share": None}, **config)
     WORLD.update(running=set(), max_running=0, violations=[], admitted={}, done=set(), starts=[])
 
 
@@ -30,6 +30,7 @@ class TreeHolder(DurableObject):
             self.scheduler, limit=lambda: CONFIG["limit"], group_limit=self._group_limit,
             round_wait_ms=CONFIG["round_wait_ms"], round_period_ms=CONFIG["round_period_ms"],
             parent=DurabilitySemaphore.client(binding="HOLDER").with_(self._unless_cut).bind(env),
+            fair_share=CONFIG["fair_share"],
         )
 
     @staticmethod

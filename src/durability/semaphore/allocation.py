@@ -4,7 +4,9 @@ Lives here: the grant book (``Grant``), applying cumulative reports,
 reclaiming unclaimed permits past their deadline, and one allocation round
 from (book of grants and leases, requests, resolved limits, now) to
 (changes, per-client outcome): grants first, then leases from what is left
-(the lease rules themselves live in ``leases``). A round runs in named
+(the lease rules themselves live in ``leases``); oldest first, or each
+key's allotment first under a fair-share policy (the rule lives in
+``fairness``). A round runs in named
 phases over one ``RoundState``: reports, retirement, grants, leases,
 listing. It changes nothing it is given, the books and the ``LeaseIds``
 included: the new count of lease ids issued is in its changes.
@@ -33,6 +35,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
+from .fairness import Claimant, FairPolicy, allot
 from .leases import (
     SETTLED_MEMORY_MS,
     Budgets,
@@ -411,6 +414,7 @@ class RoundTerms:
     #: indexes of requests held over from an earlier round: their reports
     #: were heard then, and are no heartbeat now (the client may be gone since)
     held_over: frozenset[int] = frozenset()
+    fair: FairPolicy | None = None  #: how keys share the room (None: oldest first)
 
     @property
     def ttl_ms(self) -> float:
@@ -462,7 +466,8 @@ class Wanted(NamedTuple):
 def run_round(book: dict[str, Grant], requests: list[Request], limits: Limits, now: float,
               grant_timeout_ms: float, new_grant_id: Callable[[], str], *,
               leases: dict[str, Lease] | None = None, policy: LeasePolicy | None = None,
-              lease_ids: LeaseIds | None = None, held_over: Iterable[int] = ()) -> RoundResult:
+              lease_ids: LeaseIds | None = None, held_over: Iterable[int] = (),
+              fair: FairPolicy | None = None) -> RoundResult:
     """One allocation round over every request that arrived for it.
 
     Reports are applied first (a request whose reports touch another
@@ -478,10 +483,11 @@ def run_round(book: dict[str, Grant], requests: list[Request], limits: Limits, n
     carried. Nothing given is changed: the result says what the holder
     must apply. ``held_over``: the indexes of requests the holder held
     over from an earlier round, whose reports heartbeat no lease.
+    ``fair``: how keys share the room (``fairness``); grants only.
     """
     lease_ids = lease_ids if lease_ids is not None else LeaseIds("", 0)
     terms = RoundTerms(limits, now, grant_timeout_ms, new_grant_id, policy, lease_ids,
-                       budgets_for(policy, limits.total), frozenset(held_over))
+                       budgets_for(policy, limits.total), frozenset(held_over), fair)
     state = RoundState(Working(book, leases), issued=lease_ids.issued)
     apply_request_reports(state, terms, requests)
     retire(state, terms)
@@ -597,13 +603,18 @@ def item_shares(state: RoundState, terms: RoundTerms, granting: list[tuple[Wante
     first across clients (``Demand.times``), not to each client's whole
     demand at its oldest item's turn; a demand without times stands in
     line at its oldest item with all of it. What a client holds for its
-    demand covers its oldest items. O(S log S) in the slices: at most
+    demand covers its oldest items. With a fair policy (``terms.fair``),
+    each key first gets its allotment (``fairness.allot``), and takes it
+    oldest first. O(S log S) in the slices: at most
     ``MAX_TREE_DEMAND_TIMES`` + 1 per demand."""
     wants = [wanted.want for wanted, _ in granting]
-    if not any(demand.times for _, demand in granting) or _room_for_all(state, terms, granting):
+    in_order = terms.fair is None and not any(demand.times for _, demand in granting)
+    if in_order or _room_for_all(state, terms, granting):
         return wants
     assert terms.budgets is not None  # refusal() let only resolved limits through
     room_total = terms.budgets.grant_room(state.granted, state.leased)
+    fair = terms.fair
+    allotted = {} if fair is None else fair_allotment(state, fair, granting, room_total)
     room_groups: dict[str, int] = {}
     shares = [0] * len(granting)
     in_line = sorted(piece for position, entry in enumerate(granting) for piece in _slices(position, *entry))
@@ -612,6 +623,10 @@ def item_shares(state: RoundState, terms: RoundTerms, granting: list[tuple[Wante
             break
         wanted = granting[index][0]
         take = min(count, room_total)
+        if fair is not None:  # the key's allotment bounds what its items take
+            key = fair.key(wanted.group)
+            take = min(take, allotted.get(key, 0))
+            allotted[key] = allotted.get(key, 0) - take
         if wanted.ceiling is not None:
             assert not isinstance(wanted.ceiling, ResolutionFailed)
             left = room_groups.get(wanted.group)
@@ -622,6 +637,30 @@ def item_shares(state: RoundState, terms: RoundTerms, granting: list[tuple[Wante
         shares[index] += take
         room_total -= take
     return shares
+
+
+def fair_allotment(state: RoundState, fair: FairPolicy, granting: list[tuple[Wanted, Demand]],
+                   room_total: int) -> dict[str, int]:
+    """Permits per key this round: each key's demand capped by its groups'
+    own ceilings, what its groups hold, and its oldest work, shared by
+    ``fairness.allot``."""
+    by_group: dict[str, int] = {}
+    oldest: dict[str, float] = {}
+    for wanted, demand in granting:
+        _add(by_group, wanted.group, wanted.want)
+        key = fair.key(wanted.group)
+        oldest[key] = min(oldest.get(key, demand.oldest_at), demand.oldest_at)
+    wants: dict[str, int] = {}
+    ceilings = {wanted.group: wanted.ceiling for wanted, _ in granting}
+    for group, want in by_group.items():
+        ceiling = ceilings[group]
+        room = room_total if not isinstance(ceiling, int) else state.group_room(group, ceiling, room_total)
+        _add(wants, fair.key(group), max(0, min(want, room)))
+    held: dict[str, int] = {}
+    for group, charged in state.granted_groups.items():
+        _add(held, fair.key(group), charged)
+    return allot(room_total, (Claimant(key, held.get(key, 0), want, fair.share(key), oldest[key])
+                              for key, want in wants.items()))
 
 
 def _room_for_all(state: RoundState, terms: RoundTerms, granting: list[tuple[Wanted, Demand]]) -> bool:

@@ -45,6 +45,8 @@ from .allocation import (
     run_round,
     usage,
 )
+from .fairness import FairPolicy
+from .holder_fairness import OLDEST_FIRST, UserFairShare, fair_share_of
 from .holder_limits import UserLimits
 from .holder_line import Line
 from .holder_tree import ParentLink, Waker, child_link, object_name as _object_name
@@ -148,6 +150,11 @@ class DurabilitySemaphore:
             of its own (the root applies those; ``can_grant`` applies at the
             child, which knows the clients); the object named ``<key>`` is
             the root. A tree hands out grants only (no ``leases``).
+        fair_share: None (oldest first across the key), or how keys share
+            the limit: ``{"key": group -> key, "weight": key -> number,
+            "floor": key -> int, "priority": key -> int}``, each a constant
+            or a callable read once per round (see ``fairness``). Grants
+            only (no ``leases``); in a tree the root applies it.
     """
 
     def __init__(self, scheduler: DurabilityScheduler, *, limit: int | Callable[[], int],
@@ -155,8 +162,10 @@ class DurabilitySemaphore:
                  can_grant: Callable[[str, str], bool] | None = None,
                  round_wait_ms: float = 1_000, round_period_ms: float = 2_000,
                  grant_timeout_ms: float = 10_000, leases: dict[str, Any] | None = None,
-                 rejoin_wait_ms: float = 1_000, parent: SemaphoreClient | None = None) -> None:
+                 rejoin_wait_ms: float = 1_000, parent: SemaphoreClient | None = None,
+                 fair_share: dict[str, Any] | None = None) -> None:
         self.limits = UserLimits(limit, group_limit, can_grant)
+        self.fair_share: UserFairShare | None = fair_share_of(fair_share, leases)
         self.scheduler = scheduler
         self.round_wait_ms = _positive_ms(round_wait_ms, "round_wait_ms")
         self.round_period_ms = _positive_ms(round_period_ms, "round_period_ms")
@@ -416,6 +425,7 @@ class DurabilitySemaphore:
             self._grants(), requests, limits, now, self.grant_timeout_ms, _new_grant_id,
             leases=self._leases(), policy=self.lease_policy, lease_ids=self._lease_ids(),
             held_over=[index for index, waiting in enumerate(batch) if not waiting.heartbeat],
+            fair=_fair_policy(self.fair_share, requests, self._grants()),
         )
         self._commit(result.changes)
         self._contended = result.contended
@@ -426,35 +436,8 @@ class DurabilitySemaphore:
                 self._waker.wake_quiet(_holding(self._grants()))
             self._waker.watch(lambda: _holding(self._grants()))
         held, answered = _hold_or_answer(batch, result, now + self.round_period_ms)
-        self._answer(answered, held, result, limits, now, requests)
+        _answer(self, answered, held, result, limits, now, requests)
         self._waiting = held + self._waiting
-
-    def _answer(self, answered: list[tuple[_Waiting, ClientOutcome]], held: list[_Waiting], result: RoundResult,
-                limits: Limits, now: float, requests: list[Request]) -> None:
-        ttl_ms = self.lease_policy.ttl_ms if self.lease_policy is not None else 0
-        line: Line | None = None
-        oldest: OldestWaiting | None = None
-        tree_limits: dict[str, Any] | None = None
-        for waiting, outcome in answered:
-            request = waiting.request
-            tree: dict[str, Any] = {}
-            if parent_of(request.client_id) is not None:  # a child of a tree: who else waits, and since when
-                oldest = oldest or OldestWaiting(requests, result.outcomes)
-                tree_limits = tree_limits or _tree_limits(self.limits, self._grants(), self._link, limits.groups)
-                tree = {**tree_limits, "waiting_since": oldest.others(request.client_id,
-                                                                      (d.group for d in request.demand))}
-            # A client handed permits may ask again at once: its request is
-            # held for the next round anyway, and is then present in it,
-            # instead of arriving just after it and waiting a period more.
-            served = bool(outcome.new_grants or outcome.new_leases)
-            ahead: dict[str, float] = {}
-            if served:
-                if line is None:  # once per round: the held requests are the same for every reply
-                    line = Line.of((h.request for h in held), limits, self.lease_policy)
-                ahead = line.ahead_of(waiting.request.client_id, (d.group for d in waiting.request.demand))
-            ask_at = now if served else now + self.round_period_ms
-            reply = _grants_reply(outcome, ask_at, result.contended, ttl_ms, ahead)
-            waiting.reply.set_result(replace(reply, **tree).to_wire())
 
     def _resolve_limits(self, requests: list[Request]) -> Limits:
         """The user's callbacks, once per round: for every group in demand, and
@@ -503,7 +486,39 @@ class DurabilitySemaphore:
             leases=len(leases),
             groups=_group_usages(grants, leases, self.limits),
             waiting=_waiting_by_reason(self._blocked, now_ms()),
+            **_sharing(self.fair_share, grants, self._blocked),
         )
+
+
+def _answer(holder: DurabilitySemaphore, answered: list[tuple[_Waiting, ClientOutcome]], held: list[_Waiting],
+            result: RoundResult, limits: Limits, now: float, requests: list[Request]) -> None:
+    """A round's replies: each with the line ahead of its client and, to a
+    tree's child, the parent's limits and who else waits (a function of
+    the holder, kept out of its class for size)."""
+    ttl_ms = holder.lease_policy.ttl_ms if holder.lease_policy is not None else 0
+    line: Line | None = None
+    oldest: OldestWaiting | None = None
+    tree_limits: dict[str, Any] | None = None
+    for waiting, outcome in answered:
+        request = waiting.request
+        tree: dict[str, Any] = {}
+        if parent_of(request.client_id) is not None:  # a child of a tree: who else waits, and since when
+            oldest = oldest or OldestWaiting(requests, result.outcomes)
+            tree_limits = tree_limits or _tree_limits(holder.limits, holder._grants(), holder._link, limits.groups)
+            tree = {**tree_limits, "waiting_since": oldest.others(request.client_id,
+                                                                  (d.group for d in request.demand))}
+        # A client handed permits may ask again at once: its request is
+        # held for the next round anyway, and is then present in it,
+        # instead of arriving just after it and waiting a period more.
+        served = bool(outcome.new_grants or outcome.new_leases)
+        ahead: dict[str, float] = {}
+        if served:
+            if line is None:  # once per round: the held requests are the same for every reply
+                line = Line.of((h.request for h in held), limits, holder.lease_policy)
+            ahead = line.ahead_of(waiting.request.client_id, (d.group for d in waiting.request.demand))
+        ask_at = now if served else now + holder.round_period_ms
+        reply = _grants_reply(outcome, ask_at, result.contended, ttl_ms, ahead)
+        waiting.reply.set_result(replace(reply, **tree).to_wire())
 
 
 def _group_usages(grants: list[Grant], leases: list[Lease], limits: UserLimits) -> dict[str, GroupUsage]:
@@ -523,6 +538,25 @@ def _group_usages(grants: list[Grant], leases: list[Lease], limits: UserLimits) 
                                       leased_groups.get(group, 0),
                                       None if isinstance(ceiling, ResolutionFailed) else ceiling)
     return per_group
+
+
+def _fair_policy(fair_share: UserFairShare | None, requests: list[Request],
+                 grants: dict[str, Grant]) -> FairPolicy | None:
+    """The round's fair-share policy, over the groups in demand and those holding permits."""
+    if fair_share is None:
+        return None
+    return fair_share.for_round([d.group for r in requests for d in r.demand] + list(usage(grants.values())[1]))
+
+
+def _sharing(fair_share: UserFairShare | None, grants: list[Grant],
+             blocked: dict[str, tuple[float, dict[str, tuple[str, int]]]]) -> dict[str, Any]:
+    """``usage()``'s policy and per-key shares."""
+    if fair_share is None:
+        return {"policy": OLDEST_FIRST}
+    waiting: dict[str, int] = {}
+    for entry in _waiting_by_reason(blocked, now_ms()):
+        waiting[entry.group] = waiting.get(entry.group, 0) + entry.waiting
+    return {"policy": fair_share.status, "shares": fair_share.usage(usage(grants)[1], waiting)}
 
 
 def _lease_entry(lease: Lease, ttl_ms: float, new: bool = False) -> LeaseEntry:
@@ -642,6 +676,7 @@ def _tree_parts(holder: DurabilitySemaphore, parent: SemaphoreClient | None,
                       lambda: usage(holder._grants().values())[1], holder.store)
     if link is not None:  # a child borrows its limit: every group's ceiling is what it holds there
         holder.limits = UserLimits(link.borrowed.total, link.ceiling, can_grant)
+        holder.fair_share = None  # the root shares the limit: a child passes its demand up, groups and all
         link.ensure_exchanges()  # a new instance hears at once what it holds
     waker = Waker(parent, _object_name(ctx), holder.round_period_ms, holder.scheduler)
     waker.watch(lambda: _holding(holder._grants()))

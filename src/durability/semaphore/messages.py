@@ -683,6 +683,31 @@ class WaitingUsage:
 
 
 @dataclass(frozen=True)
+class ShareUsage:
+    """One key's part of the limit under a fair-share policy: what it holds
+    against its weight, floor and priority, and what it has waiting."""
+
+    held: int  #: permits its groups hold
+    weight: float
+    floor: int
+    priority: int
+    waiting: int  #: items its clients last said wait
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"held": self.held, "weight": self.weight, "floor": self.floor, "priority": self.priority,
+                "waiting": self.waiting}
+
+    @classmethod
+    def parse(cls, wire: Any, where: str = "share") -> ShareUsage:
+        entry = _reply_object(wire, where)
+        weight, priority = entry.get("weight"), entry.get("priority")
+        if not number_in(weight, 0, MAX_SAFE_INTEGER) or not int_in(priority, -MAX_SAFE_INTEGER, MAX_SAFE_INTEGER):
+            raise ProtocolError("malformed_reply", f"{where} must carry a weight and a priority")
+        return cls(_tally(entry, "held", where), float(weight), _tally(entry, "floor", where), priority,
+                   _tally(entry, "waiting", where))
+
+
+@dataclass(frozen=True)
 class Usage:
     """What ``DurabilitySemaphore.usage_info()`` returns: the limit, and the permits the books count."""
 
@@ -696,6 +721,10 @@ class Usage:
     groups: dict[str, GroupUsage] = field(default_factory=dict)
     #: what waits and why, as clients heard in the last minute told it (older holders: none)
     waiting: tuple[WaitingUsage, ...] = ()
+    #: how the last round shared the limit: oldest_first, fair_share, or
+    #: oldest_first_fallback (a fair-share callback raised)
+    policy: str = "oldest_first"
+    shares: dict[str, ShareUsage] = field(default_factory=dict)  #: per key, under a fair-share policy
 
     def to_wire(self) -> dict[str, Any]:
         return {
@@ -708,6 +737,8 @@ class Usage:
             "leases": self.leases,
             "groups": {group: usage.to_wire() for group, usage in self.groups.items()},
             "waiting": [entry.to_wire() for entry in self.waiting],
+            "policy": self.policy,
+            "shares": {key: share.to_wire() for key, share in self.shares.items()},
         }
 
     @classmethod
@@ -722,7 +753,18 @@ class Usage:
                    _tally(reply, "retiredFootprint", "usage"), _tally(reply, "grants", "usage"),
                    _tally(reply, "leases", "usage"),
                    {group: GroupUsage.parse(entry, f"usage.groups.{group}") for group, entry in groups.items()},
-                   _entries(reply, "waiting", WaitingUsage.parse) if "waiting" in reply else ())
+                   _entries(reply, "waiting", WaitingUsage.parse) if "waiting" in reply else (),
+                   *_sharing(reply))
+
+
+def _sharing(reply: dict[str, Any]) -> tuple[str, dict[str, ShareUsage]]:
+    """A usage reply's policy and shares (older holders send neither)."""
+    policy = reply.get("policy", "oldest_first")
+    shares = _reply_object(reply.get("shares", {}), "usage.shares")
+    if not storable_text(policy, MAX_ID_LENGTH) or len(shares) > MAX_REPLY_ENTRIES or not all(
+            storable_text(key, MAX_ID_LENGTH) for key in shares):
+        raise ProtocolError("malformed_reply", "usage.policy must be a name, usage.shares map keys to shares")
+    return policy, {key: ShareUsage.parse(entry, f"usage.shares.{key}") for key, entry in shares.items()}
 
 
 def _reply_object(value: Any, what: str) -> dict[str, Any]:
