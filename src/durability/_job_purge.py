@@ -1,0 +1,128 @@
+"""The purge of finished jobs: their rows deleted in batches from a scheduler timer.
+
+Lives here: the purge timer (participant ``durability.jobs.retention``,
+kept in memory and derived again from the rows by each new instance), the
+census of finished jobs it is set from, and one batch of deletions per
+firing, minus the jobs the owner's ``keep`` hook holds back. Must not know:
+how a job runs, or why the owner still needs a job (the rules are
+``retention``'s; the owner answers ``keep``).
+
+Cost, per purged job: one row written (its ``DELETE``). The timer costs no
+row; each firing reads the finished rows once (a scan: no index on
+``done_at``, which would cost a row written per job when it finishes and
+again when it goes) and deletes up to ``PURGE_BATCH`` of them in one
+transaction, so its wake-up (a request) and its alarm (at most one row,
+and only when nothing sooner is due) are shared by up to 500 jobs: 0.002
+rows per job at most. A batch cut short by a crash rolls back whole; the
+next instance derives the timer from the rows again, already due, and
+starts over. An idle object still purges: the timer holds the alarm.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from ._clock import now_ms
+from .retention import HOUR_MS, PURGE_BATCH, JobRetention
+from .scheduler import DurabilityScheduler, Timer
+
+PARTICIPANT = "durability.jobs.retention"
+KEY = "purge"
+#: a job ``keep`` held back is not offered to it again for this long (in this instance)
+HELD_RECHECK_MS = HOUR_MS
+
+#: ``keep(ids) -> the ids of those the owner still needs``, sync or async
+Keep = Callable[[list[str]], Any]
+
+
+class JobPurge:
+    """Deletes finished jobs that ``retention`` says are due, in batches, oldest first."""
+
+    def __init__(self, scheduler: DurabilityScheduler, retention: JobRetention, keep: Keep | None) -> None:
+        self.scheduler = scheduler
+        self.sql = scheduler.sql
+        self.retention = retention
+        self.keep = keep
+        self._held: dict[str, float] = {}  #: job id -> until when ``keep`` is not asked about it again
+        scheduler.register(PARTICIPANT, self._on_timer, durable=False)
+        self._finished, self._oldest = self._census()
+        self._arm()
+
+    def _census(self) -> tuple[int, float | None]:
+        """How many jobs are finished here, and when the oldest of them finished."""
+        row = self.sql.one("SELECT count(*) AS n, min(done_at) AS oldest FROM durability_jobs "
+                           "WHERE done_at IS NOT NULL")
+        return (0, None) if row is None else (int(row["n"]), row["oldest"])
+
+    def finished(self, done_at: float) -> None:
+        """A job finished at ``done_at`` (called with the write that says so):
+        the purge comes due no later than the rules say. In memory only."""
+        self._finished += 1
+        self._oldest = done_at if self._oldest is None else min(self._oldest, done_at)
+        self._arm()
+
+    def _arm(self, at: float | None = None) -> None:
+        due = self.retention.next_due_at(self._finished, self._oldest) if at is None else at
+        if due is not None:
+            self.scheduler.schedule_by(PARTICIPANT, KEY, due)
+
+    async def _on_timer(self, timer: Timer) -> None:
+        now = now_ms()
+        self._held = {job: until for job, until in self._held.items() if until > now}
+        candidates = self._due_ids(now)
+        kept = set(await self._kept(candidates)) if candidates and self.keep is not None else set()
+        for job in kept:
+            self._held[job] = now + HELD_RECHECK_MS
+        gone = [job for job in candidates if job not in kept]
+        self.sql.transaction(lambda: self._delete(gone))
+        self._finished, self._oldest = self._census()
+        self._arm_after(now, more=len(candidates) == PURGE_BATCH and bool(gone))
+        await self.scheduler.sync()
+
+    def _due_ids(self, now: float) -> list[str]:
+        """Up to ``PURGE_BATCH`` ids of the due jobs, oldest first, none held back."""
+        past_max, past_min = self.retention.cutoffs(now)
+        row = self.sql.one(
+            "SELECT count(*) AS n, coalesce(sum(done_at <= ?), 0) AS old, coalesce(sum(done_at <= ?), 0) AS settled "
+            "FROM durability_jobs WHERE done_at IS NOT NULL", -1 if past_max is None else past_max, past_min)
+        assert row is not None  # an aggregate always answers one row
+        due = self.retention.due_count(int(row["n"]), int(row["old"]), int(row["settled"]))
+        if due <= 0:
+            return []
+        rows = self.sql.exec("SELECT id FROM durability_jobs WHERE done_at IS NOT NULL ORDER BY done_at, id LIMIT ?",
+                             min(due, PURGE_BATCH + len(self._held)))
+        return [r["id"] for r in rows if r["id"] not in self._held][:PURGE_BATCH]
+
+    async def _kept(self, ids: list[str]) -> Iterable[str]:
+        kept = self.keep(list(ids)) if self.keep is not None else ()
+        if inspect.isawaitable(kept):
+            kept = await kept
+        return kept or ()
+
+    def _delete(self, ids: list[str]) -> None:
+        # One row written per job; a job still unfinished (it cannot be: a
+        # finished job stays finished) would be left alone by the condition.
+        for job in ids:
+            self.sql.exec("DELETE FROM durability_jobs WHERE id = ? AND done_at IS NOT NULL", job)
+
+    def _arm_after(self, now: float, *, more: bool) -> None:
+        """Set the timer for the next batch: at once when this one was full,
+        else when the oldest finished job not held back comes due, and no
+        later than the first held-back job is to be asked about again."""
+        if more:
+            self._arm(now)
+            return
+        oldest = self._oldest_not_held()
+        due = self.retention.next_due_at(self._finished, oldest)
+        if self._held:
+            recheck = min(self._held.values())
+            due = recheck if due is None else min(due, recheck)
+        if due is not None:
+            self._arm(max(due, now))
+
+    def _oldest_not_held(self) -> float | None:
+        rows = self.sql.exec("SELECT id, done_at FROM durability_jobs WHERE done_at IS NOT NULL "
+                             "ORDER BY done_at, id LIMIT ?", len(self._held) + 1)
+        return next((r["done_at"] for r in rows if r["id"] not in self._held), None)
