@@ -10,7 +10,9 @@ from durability.testing import Runtime, load_worker_module
 
 WORKER = Path(__file__).resolve().parent / "workers" / "retained_jobs.py"
 HOUR_S = 3_600
-MAX_AGE_S = 2 * HOUR_S  # the worker's max_age_ms
+MAX_AGE_S = 4 * HOUR_S  # the worker's max_age_ms
+SLACK_S = HOUR_S  # a purge runs up to an hour after its oldest job comes due (PURGE_SLACK_MS)
+GONE_S = MAX_AGE_S + SLACK_S  # by then a finished job is gone
 
 
 def retained_runtime(**options) -> Runtime:
@@ -38,7 +40,7 @@ def test_finished_jobs_are_purged_past_their_age_and_then_read_as_not_found(runt
         before = [(await stub.result(j))["status"] for j in "abc"]
         await asyncio.sleep(MAX_AGE_S - 60)
         kept = await stub.jobs_left()
-        await asyncio.sleep(120)
+        await asyncio.sleep(SLACK_S + 120)
         after = [await stub.result(j) for j in "abc"]
         return before, kept, after, await stub.jobs_left(), await stub.purge_timer()
 
@@ -59,7 +61,7 @@ def test_an_idle_object_purges_through_its_alarm_after_an_eviction(runtime):
         await stub.submit_many(["a", "b", "c"])
         await asyncio.sleep(5)
         runtime.evict(stub)
-        await asyncio.sleep(MAX_AGE_S + 60)
+        await asyncio.sleep(GONE_S + 60)
         return runtime.host_of(stub).db.inspect("SELECT id FROM durability_jobs")
 
     assert runtime.run(scenario()) == []
@@ -67,9 +69,10 @@ def test_an_idle_object_purges_through_its_alarm_after_an_eviction(runtime):
 
 def test_purging_goes_oldest_first_in_batches_of_500_at_one_row_written_per_job(runtime):
     # 1,200 jobs finished together against a limit of 1,000: the 200 beyond
-    # it (oldest first, then by id) go an hour after they finished, in one
-    # batch; the other 1,000 at two hours, in two. Rows written: one delete per job, and the alarm set again once
-    # the object is idle (a row at most per batch: here one in all).
+    # it (oldest first, then by id) are due an hour after they finished and go
+    # an hour later (the purge's slack), in one batch; the other 1,000 are
+    # due at four hours and go at five, in two. Rows written: one delete per
+    # job, and the alarm set again once the first batch left the object idle.
     stub = runtime.env.RETAINED.getByName("r")
     ids = [f"job-{n:04}" for n in range(1_200)]
 
@@ -77,10 +80,10 @@ def test_purging_goes_oldest_first_in_batches_of_500_at_one_row_written_per_job(
         await stub.submit_many(ids)  # all finish together: due together
         await asyncio.sleep(60)
         start = written(runtime, stub)
-        await asyncio.sleep(HOUR_S)
+        await asyncio.sleep(2 * HOUR_S)
         by_count = await stub.jobs_left(), await stub.keep_calls()
         edge = await stub.result("job-0199"), await stub.result("job-0200")
-        await asyncio.sleep(HOUR_S)
+        await asyncio.sleep(GONE_S - 2 * HOUR_S)
         return by_count, edge, await stub.jobs_left(), written(runtime, stub) - start, await stub.keep_calls()
 
     (left1, keeps1), (last_gone, first_kept), left2, rows, keeps = runtime.run(scenario())
@@ -99,7 +102,7 @@ def test_jobs_the_keep_hook_holds_back_stay_and_are_never_run_again(runtime):
         await stub.submit_many(["held", "free"])
         await asyncio.sleep(5)
         await stub.hold(["held"])
-        await asyncio.sleep(MAX_AGE_S + 60)
+        await asyncio.sleep(GONE_S + 60)
         while_held = await stub.result("held"), await stub.result("free")
         again = await stub.submit("held")  # the owner runs the id again: a no-op, the job is still known
         await stub.unhold()
@@ -120,7 +123,7 @@ def test_a_failing_keep_hook_purges_nothing_and_the_purge_is_retried(runtime):
         await stub.submit_many(["a", "b"])
         await asyncio.sleep(5)
         await stub.break_keep()
-        await asyncio.sleep(MAX_AGE_S + 60)
+        await asyncio.sleep(GONE_S + 60)
         during = await stub.jobs_left()
         await stub.break_keep(False)
         await asyncio.sleep(600)  # the scheduler's backoff: at most 5 minutes between tries
@@ -130,7 +133,7 @@ def test_a_failing_keep_hook_purges_nothing_and_the_purge_is_retried(runtime):
 
 
 def test_an_eviction_in_the_middle_of_a_purge_loses_nothing_and_the_purge_resumes(runtime):
-    # 1,000 jobs due together at two hours (200 more went at one hour, by
+    # 1,000 jobs purged together at five hours (200 more went at two, by
     # count); each keep call takes 10 s, and the object is evicted 15 s in,
     # while the second batch waits for its hook: the first batch's 500
     # deletions are committed, the second's never started. The new instance
@@ -143,7 +146,7 @@ def test_an_eviction_in_the_middle_of_a_purge_loses_nothing_and_the_purge_resume
         await stub.submit_many(ids)
         await asyncio.sleep(5)
         await stub.slow_keep()
-        await asyncio.sleep(MAX_AGE_S + 10)
+        await asyncio.sleep(GONE_S + 10)
         runtime.evict(stub)
         host = runtime.host_of(stub)
         middle = host.db.inspect("SELECT count(*) AS n FROM durability_jobs")[0]["n"]
@@ -164,7 +167,7 @@ def test_jobs_finished_before_the_upgrade_are_kept_a_full_window_from_it(runtime
         first = await stub.result("old")
         await asyncio.sleep(MAX_AGE_S - 60)
         kept = await stub.result("old")
-        await asyncio.sleep(120)
+        await asyncio.sleep(SLACK_S + 120)
         return first, kept, await stub.result("old")
 
     first, kept, after = runtime.run(scenario())

@@ -3,7 +3,7 @@
 import pytest
 
 from durability import JobRetention
-from durability.retention import DAY_MS, HOUR_MS, MIN_AGE_MS
+from durability.retention import DAY_MS, HOUR_MS, MIN_AGE_MS, PURGE_SLACK_MS
 
 NOW = 1_000 * DAY_MS
 
@@ -60,3 +60,11 @@ def test_the_next_purge_is_due_when_the_oldest_job_comes_due():
     assert rules.next_due_at(3, NOW) == NOW + DAY_MS
     assert rules.next_due_at(6, NOW) == NOW + MIN_AGE_MS  # beyond the count: an hour after it finished
     assert JobRetention(max_age_ms=None, max_count=5).next_due_at(5, NOW) is None
+
+
+def test_a_purge_runs_an_hour_after_its_oldest_job_comes_due_so_an_hour_of_jobs_goes_together():
+    rules = JobRetention(max_age_ms=DAY_MS, max_count=5)
+    assert PURGE_SLACK_MS == HOUR_MS
+    assert rules.purge_at(3, NOW) == NOW + DAY_MS + HOUR_MS
+    assert rules.purge_at(6, NOW) == NOW + MIN_AGE_MS + HOUR_MS
+    assert rules.purge_at(0, None) is None

@@ -8,7 +8,8 @@ how a job runs, or why the owner still needs a job (the rules are
 ``retention``'s; the owner answers ``keep``).
 
 Cost, per purged job: one row written (its ``DELETE``). The timer costs no
-row; each firing reads the finished rows once (a scan: no index on
+row. It fires an hour after the oldest finished job comes due, so jobs that
+finished within an hour of one another share a firing; each firing reads the finished rows once (a scan: no index on
 ``done_at``, which would cost a row written per job when it finishes and
 again when it goes) and deletes up to ``PURGE_BATCH`` of them in one
 transaction, so its wake-up (a request) and its alarm (at most one row,
@@ -64,7 +65,7 @@ class JobPurge:
         self._arm()
 
     def _arm(self, at: float | None = None) -> None:
-        due = self.retention.next_due_at(self._finished, self._oldest) if at is None else at
+        due = self.retention.purge_at(self._finished, self._oldest) if at is None else at
         if due is not None:
             self.scheduler.schedule_by(PARTICIPANT, KEY, due)
 
@@ -109,13 +110,14 @@ class JobPurge:
 
     def _arm_after(self, now: float, *, more: bool) -> None:
         """Set the timer for the next batch: at once when this one was full,
-        else when the oldest finished job not held back comes due, and no
+        else an hour after the oldest finished job not held back comes due
+        (``PURGE_SLACK_MS``: the jobs of that hour go together), and no
         later than the first held-back job is to be asked about again."""
         if more:
             self._arm(now)
             return
         oldest = self._oldest_not_held()
-        due = self.retention.next_due_at(self._finished, oldest)
+        due = self.retention.purge_at(self._finished, oldest)
         if self._held:
             recheck = min(self._held.values())
             due = recheck if due is None else min(due, recheck)

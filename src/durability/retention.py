@@ -13,6 +13,10 @@ due. A job is never purged less than ``MIN_AGE_MS`` after it finished, even
 beyond ``max_count``: a caller that asks again about a job it just ran (a
 retried request, say) still finds it. ``None`` for either limit lifts it.
 
+A purge runs ``PURGE_SLACK_MS`` (an hour) after the oldest finished job
+comes due, so that a steady stream of jobs is purged in hourly batches, not
+one firing per job: a job is gone within an hour past its window.
+
 Finished jobs come due oldest first, so the due ones are always a prefix of
 the finished jobs ordered by when they finished: the decisions deal in how
 long that prefix is, never in ids.
@@ -28,6 +32,10 @@ DAY_MS = 24 * HOUR_MS
 MIN_AGE_MS = HOUR_MS
 #: finished jobs deleted per firing of the purge timer (one transaction); more come at once after
 PURGE_BATCH = 500
+#: how long after the oldest finished job comes due its purge runs: jobs that
+#: finish within an hour of one another go in one batch (one wake-up, at most
+#: one alarm row) instead of one firing each
+PURGE_SLACK_MS = HOUR_MS
 
 
 def _is_number(value: object) -> bool:
@@ -75,6 +83,11 @@ class JobRetention:
         by_age = past_max_age if self.max_age_ms is not None else 0
         beyond = 0 if self.max_count is None else max(0, finished - self.max_count)
         return max(by_age, min(beyond, past_min_age))
+
+    def purge_at(self, finished: int, oldest_at: float | None) -> float | None:
+        """When to purge next: ``PURGE_SLACK_MS`` after the oldest comes due."""
+        due = self.next_due_at(finished, oldest_at)
+        return None if due is None else due + PURGE_SLACK_MS
 
     def next_due_at(self, finished: int, oldest_at: float | None) -> float | None:
         """When the oldest of ``finished`` jobs, finished at ``oldest_at``,

@@ -2,7 +2,7 @@
 
 ``Retained`` runs ``echo`` jobs (a payload with ``fail`` fails for good),
 counts every handler call in a table of its own, and keeps finished jobs
-two hours (``MAX_AGE_MS``) and at most ``MAX_COUNT``; its ``keep`` hook
+four hours (``MAX_AGE_MS``) and at most ``MAX_COUNT``; its ``keep`` hook
 holds back the ids listed in its ``held`` table, raises while its ``broken`` flag is
 set, as an owner's hook may, and takes 10 s per call while ``slow`` is.
 ``Upgraded`` starts from the jobs' schema version 2 (before ``done_at``),
@@ -17,7 +17,7 @@ from workers import DurableObject
 from durability import DurabilityJobs, DurabilityScheduler, JobRetention, NonRetryableError
 
 HOUR_MS = 3_600_000
-MAX_AGE_MS = 2 * HOUR_MS
+MAX_AGE_MS = 4 * HOUR_MS
 MAX_COUNT = 1_000
 
 
