@@ -189,3 +189,22 @@ def test_bad_options_are_refused_before_anything_is_stored(options, error):
 def test_a_retention_shorter_than_an_hour_is_refused():
     with pytest.raises(ValueError, match="at least 3600000"):
         JobRetention(max_age_ms=60_000)
+
+
+def test_a_job_that_finishes_while_the_keep_hook_is_asked_is_purged_in_its_turn(runtime):
+    stub = runtime.env.RETAINED.getByName("r")
+
+    async def scenario():
+        await stub.submit_many(["first"])
+        await asyncio.sleep(5)
+        await stub.slow_keep()  # each keep call now takes 10 s
+        await asyncio.sleep(GONE_S)
+        await stub.submit_many(["meanwhile"])  # finishes while "first"'s batch waits for the hook
+        await asyncio.sleep(30)
+        between = await stub.result("first"), await stub.result("meanwhile")
+        await asyncio.sleep(GONE_S)
+        return between, await stub.jobs_left()
+
+    (first, meanwhile), left = runtime.run(scenario())
+    assert first == {"status": "not_found"} and meanwhile["status"] == "completed"
+    assert left == 0

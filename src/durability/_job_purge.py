@@ -9,9 +9,10 @@ how a job runs, or why the owner still needs a job (the rules are
 
 Cost, per purged job: one row written (its ``DELETE``). The timer costs no
 row. It fires an hour after the oldest finished job comes due, so jobs that
-finished within an hour of one another share a firing; each firing reads the finished rows once (a scan: no index on
+finished within an hour of one another share a firing. Each firing scans
+the table twice (a count, then the oldest rows: there is no index on
 ``done_at``, which would cost a row written per job when it finishes and
-again when it goes) and deletes up to ``PURGE_BATCH`` of them in one
+again when it goes; a new instance scans it once) and deletes up to ``PURGE_BATCH`` of them in one
 transaction, so its wake-up (a request) and its alarm (at most one row,
 and only when nothing sooner is due) are shared by up to 500 jobs: 0.002
 rows per job at most. A batch cut short by a crash rolls back whole; the
@@ -72,29 +73,40 @@ class JobPurge:
     async def _on_timer(self, timer: Timer) -> None:
         now = now_ms()
         self._held = {job: until for job, until in self._held.items() if until > now}
-        candidates = self._due_ids(now)
-        kept = set(await self._kept(candidates)) if candidates and self.keep is not None else set()
+        rows, due = self._oldest_rows(now)
+        candidates = [r["id"] for r in rows[:due] if r["id"] not in self._held][:PURGE_BATCH]
+        oldest, self._oldest = self._oldest, None  # from here on, only jobs finishing meanwhile set it
+        try:
+            kept = set(await self._kept(candidates)) if candidates and self.keep is not None else set()
+        except BaseException:
+            self._oldest = min((t for t in (oldest, self._oldest) if t is not None), default=None)  # none deleted
+            raise
         for job in kept:
             self._held[job] = now + HELD_RECHECK_MS
         gone = [job for job in candidates if job not in kept]
         self.sql.transaction(lambda: self._delete(gone))
-        self._finished, self._oldest = self._census()
+        self._finished -= len(gone)
+        # ``rows`` reach one past the batch and the held: the first left is the oldest not held.
+        deleted = set(gone)
+        rest = [r["done_at"] for r in rows if r["id"] not in deleted and r["id"] not in self._held]
+        self._oldest = min(rest[:1] + ([] if self._oldest is None else [self._oldest]), default=None)
         self._arm_after(now, more=len(candidates) == PURGE_BATCH and bool(gone))
         await self.scheduler.sync()
 
-    def _due_ids(self, now: float) -> list[str]:
-        """Up to ``PURGE_BATCH`` ids of the due jobs, oldest first, none held back."""
+    def _oldest_rows(self, now: float) -> tuple[list[dict[str, Any]], int]:
+        """The oldest finished jobs (id, done_at), one more than a batch and
+        the held-back ones, and how many of the oldest are due. Two scans of
+        the table (no index on ``done_at``: see the module's docstring)."""
         past_max, past_min = self.retention.cutoffs(now)
         row = self.sql.one(
             "SELECT count(*) AS n, coalesce(sum(done_at <= ?), 0) AS old, coalesce(sum(done_at <= ?), 0) AS settled "
             "FROM durability_jobs WHERE done_at IS NOT NULL", -1 if past_max is None else past_max, past_min)
         assert row is not None  # an aggregate always answers one row
-        due = self.retention.due_count(int(row["n"]), int(row["old"]), int(row["settled"]))
-        if due <= 0:
-            return []
-        rows = self.sql.exec("SELECT id FROM durability_jobs WHERE done_at IS NOT NULL ORDER BY done_at, id LIMIT ?",
-                             min(due, PURGE_BATCH + len(self._held)))
-        return [r["id"] for r in rows if r["id"] not in self._held][:PURGE_BATCH]
+        self._finished = int(row["n"])
+        due = self.retention.due_count(self._finished, int(row["old"]), int(row["settled"]))
+        rows = self.sql.exec("SELECT id, done_at FROM durability_jobs WHERE done_at IS NOT NULL "
+                             "ORDER BY done_at, id LIMIT ?", PURGE_BATCH + len(self._held) + 1)
+        return rows, due
 
     async def _kept(self, ids: list[str]) -> Iterable[str]:
         kept = self.keep(list(ids)) if self.keep is not None else ()
@@ -116,15 +128,9 @@ class JobPurge:
         if more:
             self._arm(now)
             return
-        oldest = self._oldest_not_held()
-        due = self.retention.purge_at(self._finished, oldest)
+        due = self.retention.purge_at(self._finished, self._oldest)
         if self._held:
             recheck = min(self._held.values())
             due = recheck if due is None else min(due, recheck)
         if due is not None:
             self._arm(max(due, now))
-
-    def _oldest_not_held(self) -> float | None:
-        rows = self.sql.exec("SELECT id, done_at FROM durability_jobs WHERE done_at IS NOT NULL "
-                             "ORDER BY done_at, id LIMIT ?", len(self._held) + 1)
-        return next((r["done_at"] for r in rows if r["id"] not in self._held), None)
