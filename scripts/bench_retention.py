@@ -6,11 +6,13 @@
 Runs the example Worker (``src/entry.py``) on the embedded runtime in
 virtual time: ``--jobs`` jobs of 1 s over ``--accounts`` accounts (one in
 ten fails for good), all done within ten minutes; then 29 days pass (inside
-the 30-day window) and then 2 more. Prints, per finished job, the rows
+the 30-day window) and then 3 more (past it, and the day the purge may
+wait). Prints, per finished job, the rows
 written while the objects idle inside the window (from ten minutes to day
 29: the alarms set for the purge as each object went idle, and anything
-else) and the rows written by the purge (from day 29 to day 31), both
-alarms included, over every object; and the rows left per finished job past the window in
+else) and the rows written by the purge (from day 29 to day 32), both
+alarms included, over every object (and the rows read meanwhile: the
+purge's scans, and the sweep's calls every 30 minutes); and the rows left per finished job past the window in
 every table of every object, leaving out the rows that stand for an object
 or a key (``durability_schema``, ``durability_semaphore_lease_ids``,
 ``durability_queue_pacing``; ``tests/test_example_retention.py``). Fails
@@ -54,17 +56,19 @@ def measure(jobs: int, accounts: int) -> dict:
             await asyncio.sleep(600)
             idle = runtime.totals()["rows_written"]
             await asyncio.sleep(29 * DAY_S)
-            within, written = rows_by_table(runtime), runtime.totals()["rows_written"]
-            await asyncio.sleep(2 * DAY_S)
-            return within, written - idle, runtime.totals()["rows_written"] - written, rows_by_table(runtime)
+            within, totals = rows_by_table(runtime), runtime.totals()
+            await asyncio.sleep(3 * DAY_S)  # the 30 days, and the day the purge may wait (slack_ms)
+            purge = {name: runtime.totals()[name] - totals[name] for name in ("rows_written", "rows_read")}
+            return within, totals["rows_written"] - idle, purge, rows_by_table(runtime)
 
-        within, idle_rows, purge_rows, after = runtime.run(scenario())
+        within, idle_rows, purge, after = runtime.run(scenario())
     per_job_left = sum(n for name, n in after.items() if name not in FIXED)
     return {
         "jobs": jobs,
         "job_rows_within_window": within.get("durability_jobs", 0),
         "rows_written_while_idle_in_window_per_job": round(idle_rows / jobs, 4),
-        "rows_written_by_purge_per_job": round(purge_rows / jobs, 4),
+        "rows_written_by_purge_per_job": round(purge["rows_written"] / jobs, 4),
+        "rows_read_meanwhile_per_job": round(purge["rows_read"] / jobs, 1),
         "rows_left_per_job_past_window": per_job_left / jobs,
         "rows_left_standing_for_objects_or_keys": {n: c for n, c in after.items() if n in FIXED},
     }

@@ -3,7 +3,7 @@
 import pytest
 
 from durability import JobRetention
-from durability.retention import DAY_MS, HOUR_MS, MIN_AGE_MS, PURGE_SLACK_MS
+from durability.retention import DAY_MS, HOUR_MS, MIN_AGE_MS
 
 NOW = 1_000 * DAY_MS
 
@@ -62,9 +62,13 @@ def test_the_next_purge_is_due_when_the_oldest_job_comes_due():
     assert JobRetention(max_age_ms=None, max_count=5).next_due_at(5, NOW) is None
 
 
-def test_a_purge_runs_an_hour_after_its_oldest_job_comes_due_so_an_hour_of_jobs_goes_together():
-    rules = JobRetention(max_age_ms=DAY_MS, max_count=5)
-    assert PURGE_SLACK_MS == HOUR_MS
-    assert rules.purge_at(3, NOW) == NOW + DAY_MS + HOUR_MS
-    assert rules.purge_at(6, NOW) == NOW + MIN_AGE_MS + HOUR_MS
+def test_a_purge_runs_a_while_after_its_oldest_job_comes_due_so_the_jobs_of_that_while_go_together():
+    assert JobRetention().slack_ms == DAY_MS  # a thirtieth of 30 days
+    assert JobRetention(max_age_ms=90 * DAY_MS).slack_ms == DAY_MS  # a day at most
+    assert JobRetention(max_age_ms=3 * DAY_MS).slack_ms == DAY_MS / 10
+    assert JobRetention(max_age_ms=2 * HOUR_MS).slack_ms == HOUR_MS  # an hour at least
+    assert JobRetention(max_age_ms=None, max_count=5).slack_ms == DAY_MS
+    rules = JobRetention(max_age_ms=3 * DAY_MS, max_count=5)
+    assert rules.purge_at(3, NOW) == NOW + 3 * DAY_MS + DAY_MS / 10
+    assert rules.purge_at(6, NOW) == NOW + MIN_AGE_MS + DAY_MS / 10
     assert rules.purge_at(0, None) is None

@@ -8,8 +8,8 @@ how a job runs, or why the owner still needs a job (the rules are
 ``retention``'s; the owner answers ``keep``).
 
 Cost, per purged job: one row written (its ``DELETE``). The timer costs no
-row. It fires an hour after the oldest finished job comes due, so jobs that
-finished within an hour of one another share a firing. Each firing scans
+row. It fires ``slack_ms`` (a day, by default) after the oldest finished job
+comes due, so jobs that finished within it share a firing. Each firing scans
 the table twice (a count, then the oldest rows: there is no index on
 ``done_at``, which would cost a row written per job when it finishes and
 again when it goes; a new instance scans it once) and deletes up to ``PURGE_BATCH`` of them in one
@@ -122,8 +122,8 @@ class JobPurge:
 
     def _arm_after(self, now: float, *, more: bool) -> None:
         """Set the timer for the next batch: at once when this one was full,
-        else an hour after the oldest finished job not held back comes due
-        (``PURGE_SLACK_MS``: the jobs of that hour go together), and no
+        else ``slack_ms`` after the oldest finished job not held back comes
+        due (the jobs that finish within it go together), and no
         later than the first held-back job is to be asked about again."""
         if more:
             self._arm(now)

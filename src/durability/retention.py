@@ -13,9 +13,14 @@ due. A job is never purged less than ``MIN_AGE_MS`` after it finished, even
 beyond ``max_count``: a caller that asks again about a job it just ran (a
 retried request, say) still finds it. ``None`` for either limit lifts it.
 
-A purge runs ``PURGE_SLACK_MS`` (an hour) after the oldest finished job
-comes due, so that a steady stream of jobs is purged in hourly batches, not
-one firing per job: a job is gone within an hour past its window.
+A purge runs a while (``slack_ms``: a thirtieth of ``max_age_ms``, from an
+hour to a day; a day by default) after the oldest finished job comes due,
+so that the jobs that finish within that while go together. Each firing
+scans the jobs' table (no index on when a job finished, which would cost
+rows written): with a firing per job the scans would cost more than the
+deletes, and with one a day they cost about 60 rows read per job
+(``docs/jobs.md``). A job is gone within ``slack_ms`` past its window, and
+``max_count`` may be exceeded by the jobs of one ``slack_ms``.
 
 Finished jobs come due oldest first, so the due ones are always a prefix of
 the finished jobs ordered by when they finished: the decisions deal in how
@@ -32,10 +37,6 @@ DAY_MS = 24 * HOUR_MS
 MIN_AGE_MS = HOUR_MS
 #: finished jobs deleted per firing of the purge timer (one transaction); more come at once after
 PURGE_BATCH = 500
-#: how long after the oldest finished job comes due its purge runs: jobs that
-#: finish within an hour of one another go in one batch (one wake-up, at most
-#: one alarm row) instead of one firing each
-PURGE_SLACK_MS = HOUR_MS
 
 
 def _is_number(value: object) -> bool:
@@ -84,10 +85,16 @@ class JobRetention:
         beyond = 0 if self.max_count is None else max(0, finished - self.max_count)
         return max(by_age, min(beyond, past_min_age))
 
+    @property
+    def slack_ms(self) -> float:
+        """How long after the oldest finished job comes due the purge runs: a
+        thirtieth of ``max_age_ms``, from an hour to a day (a day without it)."""
+        return DAY_MS if self.max_age_ms is None else min(DAY_MS, max(HOUR_MS, self.max_age_ms / 30))
+
     def purge_at(self, finished: int, oldest_at: float | None) -> float | None:
-        """When to purge next: ``PURGE_SLACK_MS`` after the oldest comes due."""
+        """When to purge next: ``slack_ms`` after the oldest comes due."""
         due = self.next_due_at(finished, oldest_at)
-        return None if due is None else due + PURGE_SLACK_MS
+        return None if due is None else due + self.slack_ms
 
     def next_due_at(self, finished: int, oldest_at: float | None) -> float | None:
         """When the oldest of ``finished`` jobs, finished at ``oldest_at``,
