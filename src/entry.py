@@ -30,8 +30,8 @@ keeps, per counter, the highest count it was told, so lost, repeated and
 reordered reports still add up to exactly what was counted.
 
 Retention: a shard keeps a finished job 30 days (the newest 100,000 at
-most), then deletes its row; ``GET /jobs/{id}`` answers ``not_found`` from
-then on, and submitting the id again runs a new job. A job whose queue item
+most), then deletes its row within a day; ``GET /jobs/{id}`` answers
+``not_found`` from then on, and submitting the id again runs a new job. A job whose queue item
 is still kept is not deleted, so the queue can never run it twice.
 
 Uploads: at most ``UPLOADS_PER_USER`` uploads of one user run at once,
