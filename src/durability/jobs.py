@@ -82,6 +82,7 @@ MAX_ERROR_LENGTH = 4_000
 
 log = logging.getLogger("durability.jobs")
 
+
 def _stamp_finished(sql: Sql, _version: int) -> None:
     sql.exec("UPDATE durability_jobs SET done_at = ? WHERE status IN ('completed', 'failed')", now_ms())
 
