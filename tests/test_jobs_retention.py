@@ -208,3 +208,21 @@ def test_a_job_that_finishes_while_the_keep_hook_is_asked_is_purged_in_its_turn(
     (first, meanwhile), left = runtime.run(scenario())
     assert first == {"status": "not_found"} and meanwhile["status"] == "completed"
     assert left == 0
+
+
+def test_jobs_held_back_beyond_the_count_do_not_make_the_purge_spin(runtime):
+    # 1,001 finished jobs against a limit of 1,000: the one beyond it is held
+    # back. Nothing else is due, so the purge waits (an hour: the worker's
+    # slack_ms) instead of firing again at once for the same held job.
+    stub = runtime.env.RETAINED.getByName("r")
+    ids = [f"job-{n:04}" for n in range(1_001)]
+
+    async def scenario():
+        await stub.submit_many(ids)
+        await stub.hold(["job-0000"])  # the oldest (all finished together: then by id)
+        await asyncio.sleep(3 * HOUR_S)
+        return await stub.keep_calls(), await stub.jobs_left()
+
+    keeps, left = runtime.run(scenario())
+    assert left == 1_001
+    assert 1 <= len(keeps) <= 3 and all(k["n"] == 1 for k in keeps)

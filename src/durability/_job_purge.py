@@ -129,6 +129,10 @@ class JobPurge:
             self._arm(now)
             return
         due = self.retention.purge_at(self._finished, self._oldest)
+        if due is not None and due <= now:
+            # Due already, yet nothing more could go: the jobs beyond
+            # max_count are held back. Look again a slack_ms on, not at once.
+            due = now + self.retention.slack_ms
         if self._held:
             recheck = min(self._held.values())
             due = recheck if due is None else min(due, recheck)
