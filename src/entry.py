@@ -31,6 +31,11 @@ transaction; the outbox then delivers the report at least once. A tally
 keeps, per counter, the highest count it was told, so lost, repeated and
 reordered reports still add up to exactly what was counted.
 
+Retention: a shard keeps a finished job 30 days (the newest 100,000 at
+most), then deletes its row within a day; ``GET /jobs/{id}`` answers
+``not_found`` from then on, and submitting the id again runs a new job. A job whose queue item
+is still kept is not deleted, so the queue can never run it twice.
+
 Uploads: at most ``UPLOADS_PER_USER`` uploads of one user run at once,
 held like a lock around the upload with ``durability.locks.semaphore``; a
 further upload waits up to ten seconds for a place. ``UploadSlots`` holds
@@ -398,6 +403,10 @@ class JobShard(DurableObject):
             handlers={"run": lambda job: run_job(self.env, job)},
             on_lifecycle_event=self._on_job_event,
             retries=Backoff(initial_ms=1_000, max_attempts=3),
+            # Finished jobs go after the library's 30 days (or beyond the
+            # newest 100,000 of the shard), one row written each, except
+            # while the queue keeps their item (see _queue_keeps).
+            keep=self._queue_keeps,
         )
         # finished() asks the shard's own job runner (rows read, no request),
         # so the example asks 5 s after admit() returned instead of the
@@ -471,6 +480,13 @@ class JobShard(DurableObject):
         # it would raise KeyError.)
         if event.type == "terminal":
             await self.permits.release(event.id)
+
+    def _queue_keeps(self, ids):
+        # The queue calls admit() again until it returns, so a job whose item
+        # it still keeps could be admitted once more: only the job's row
+        # makes that a no-op. Such a job stays until its item is gone (with
+        # keep_done_ms 0, at its release). Reads only.
+        return [job_id for job_id in ids if self.permits.status(job_id) is not None]
 
     async def _finished(self, ids):
         results = [await self.jobs.run.get_result(job_id) for job_id in ids]

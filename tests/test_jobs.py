@@ -306,7 +306,7 @@ async def warmed_up(runtime, stub):
     return lambda: (host.db.rows_written + host.stats.alarm_writes, host.db.rows_read)
 
 
-def test_a_job_that_succeeds_first_time_costs_three_rows_written(runtime):
+def test_a_job_that_succeeds_first_time_costs_three_rows_written_and_an_idle_object_one_more(runtime):
     stub = runtime.env.PLAIN.getByName("p")
 
     async def scenario():
@@ -320,7 +320,10 @@ def test_a_job_that_succeeds_first_time_costs_three_rows_written(runtime):
     before, after, result = runtime.run(scenario())
     assert result == {"status": "completed", "result": {"n": 1}}
     written, read = after[0] - before[0], after[1] - before[1]
-    assert (written, read) == (3, 11)  # job with its first attempt, alarm; outcome (its timer lives in memory)
+    # The job with its first attempt, the alarm, the outcome (its timer lives
+    # in memory); then, the object idle, the alarm set again for the purge 30
+    # days on: one row per idle spell, shared by every job of a busy one.
+    assert (written, read) == (4, 12)
 
 
 def test_a_handler_learns_its_job_from_current_job(runtime):
@@ -362,7 +365,9 @@ def test_a_retry_costs_three_rows_written(runtime):
 
     written, result = runtime.run(scenario())
     assert result["result"]["attempt"] == 2
-    assert written == [3, 6]  # the retry: its failure, the alarm set for it, the next attempt's start
+    # The retry: its failure, the alarm set for it, the next attempt's start
+    # (and each time the object goes idle, the alarm set for the purge).
+    assert written == [4, 7]
 
 
 def test_the_job_runner_keeps_its_first_name():

@@ -7,6 +7,7 @@ only this package, the standard library and the ``workers`` SDK;
 
 from .jobs import Durability, DurabilityJobs, JobContext, JobEvent, NonRetryableError, current_job
 from .outbox import DurabilityOutbox, OutboxChannel, OutboxMessage
+from .retention import JobRetention
 from .retry import Backoff
 from .scheduler import DurabilityScheduler, Timer
 
@@ -18,6 +19,7 @@ __all__ = [
     "DurabilityScheduler",
     "JobContext",
     "JobEvent",
+    "JobRetention",
     "NonRetryableError",
     "OutboxChannel",
     "OutboxMessage",

@@ -4,6 +4,7 @@ Lives here: the job table, ``run(id=..., payload=...)`` that records a job
 idempotently on its id together with the scheduler timer that will run it,
 running one attempt per timer firing, retrying failed attempts under a
 ``retry.Backoff``, results and errors, and best-effort lifecycle events.
+Finished jobs are purged under a ``JobRetention`` by ``_job_purge``.
 Must not know: what a handler does with its payload, or what a listener
 does with an event.
 
@@ -43,6 +44,13 @@ are best effort: a crash between the commit and the listener loses the
 event, and a listener that raises is logged and ignored. Read
 ``run.get_result(id)`` for the authoritative state.
 
+A finished job is kept under ``retention`` (by default 30 days, and the
+newest 100,000 of the object), then its row is deleted: ``get_result``
+answers ``not_found`` for it from then on, and ``run`` under its id starts
+a new job. Idempotency on the id therefore holds within the retention
+window; an owner that could run an id again later (a queue admitting an
+item again) holds it back with ``keep``.
+
 A handler is called with the payload alone; ``current_job()``, called from
 the handler (or a task it starts), says which job and attempt it runs for.
 """
@@ -60,9 +68,11 @@ from enum import StrEnum
 from typing import Any
 
 from ._clock import now_ms
+from ._job_purge import JobPurge, Keep
 from ._listeners import notify
-from ._schema import migrate, public_migrate
+from ._schema import Step, migrate, public_migrate
 from ._sql import Sql
+from .retention import JobRetention
 from .retry import Backoff, RetryDecision, decide_retry
 from .scheduler import DurabilityScheduler, Timer
 
@@ -72,13 +82,22 @@ MAX_ERROR_LENGTH = 4_000
 
 log = logging.getLogger("durability.jobs")
 
+
+def _stamp_finished(sql: Sql, _version: int) -> None:
+    sql.exec("UPDATE durability_jobs SET done_at = ? WHERE status IN ('completed', 'failed')", now_ms())
+
+
 # One WITHOUT ROWID table keyed by id, with no other index: recording a job,
 # starting an attempt and settling it each write one row. ``status`` is
 # pending (waiting for its timer), running (an attempt started and has not
 # settled), completed or failed (terminal). ``error`` keeps the last failure.
 # ``due_at`` is when a pending job's next attempt is due (version 2; NULL,
-# as in rows written before it, means at once).
-_SCHEMA = {
+# as in rows written before it, means at once). ``done_at`` is when a job
+# finished (version 3), written with its outcome (no row more) and read by
+# the purge (``_job_purge``); jobs that had finished before version 3 are
+# given the time of the upgrade, one write each, once, so that they are kept
+# a full ``max_age_ms`` from then.
+_SCHEMA: dict[int, list[Step]] = {
     1: [
         """
         CREATE TABLE IF NOT EXISTS durability_jobs (
@@ -94,6 +113,7 @@ _SCHEMA = {
         """
     ],
     2: ["ALTER TABLE durability_jobs ADD COLUMN due_at REAL"],
+    3: ["ALTER TABLE durability_jobs ADD COLUMN done_at REAL", _stamp_finished],
 }
 _TABLES = ["durability_jobs"]
 
@@ -105,7 +125,7 @@ class JobStatus(StrEnum):
     RUNNING = "running"  #: an attempt started (reported as pending)
     COMPLETED = "completed"
     FAILED = "failed"
-    NOT_FOUND = "not_found"  #: no such job (reported only)
+    NOT_FOUND = "not_found"  #: no such job: never run here, or purged by retention (reported only)
 
 
 class JobEventType(StrEnum):
@@ -227,7 +247,9 @@ class RunCall:
     async def get_result(self, id: str) -> dict[str, Any]:
         """``{"status": "pending"}`` (also while an attempt runs), ``{"status":
         "completed", "result": ...}``, ``{"status": "failed", "error": "..."}``
-        or ``{"status": "not_found"}``."""
+        or ``{"status": "not_found"}``: no job has this id, either because
+        none was run under it or because it finished and ``retention``
+        purged it (a purged job leaves no row to tell the two apart)."""
         self._durability.scheduler.resume_if_overdue()  # a read resumes an object whose alarm was lost
         row = self._durability._row(id) if isinstance(id, str) else None
         return {"status": JobStatus.NOT_FOUND} if row is None else _state(row)
@@ -254,11 +276,19 @@ class DurabilityJobs:
             best effort (see the module's docstring).
         retries: backoff between failed attempts and the attempt limit
             (default: 3 attempts, from 1 s). ``max_attempts=None`` retries forever.
+        retention: how long finished jobs are kept before their rows are
+            purged (default ``JobRetention()``: 30 days, and the newest
+            100,000; see ``durability.retention``).
+        keep: optional ``keep(ids) -> ids``, sync or async: of finished
+            jobs due to be purged, the ones the owner still needs (work a
+            queue could still admit again, say); they are kept and offered
+            again an hour later.
     """
 
     def __init__(self, scheduler: DurabilityScheduler, *, handlers: Mapping[str, Handler],
                  on_lifecycle_event: Listener | None = None,
-                 retries: Backoff | None = None) -> None:
+                 retries: Backoff | None = None, retention: JobRetention | None = None,
+                 keep: Keep | None = None) -> None:
         if not handlers:
             raise ValueError("DurabilityJobs needs at least one handler")
         for name, handler in handlers.items():
@@ -266,6 +296,10 @@ class DurabilityJobs:
                 raise ValueError(f"a handler name must be a non-empty string, not {name!r}")
             if not callable(handler):
                 raise ValueError(f"handler {name!r} is not callable")
+        if retention is not None and not isinstance(retention, JobRetention):
+            raise ValueError(f"retention must be a JobRetention, not {retention!r}")
+        if keep is not None and not callable(keep):
+            raise ValueError("keep must be callable: keep(ids) -> the ids still needed")
         self.scheduler = scheduler
         self.sql: Sql = scheduler.sql
         self.handlers = dict(handlers)
@@ -281,6 +315,8 @@ class DurabilityJobs:
         migrate(self.sql, "jobs", _SCHEMA)
         scheduler.register(PARTICIPANT, self._on_timer, durable=False)
         self._derive_timers()
+        self.retention = retention or JobRetention()
+        self._purge = JobPurge(scheduler, self.retention, keep)
 
     def _derive_timers(self) -> None:
         """A new instance sets again the timer of every job not settled: a
@@ -362,10 +398,12 @@ class DurabilityJobs:
             raise TypeError(f"job handler {name!r} returned a result that is not JSON: {error}") from None
 
     def _complete(self, job_id: str, attempt: int, text: str, result: Any) -> list[JobEvent]:
+        done_at = now_ms()
         self.sql.exec(
-            "UPDATE durability_jobs SET status = 'completed', result = ?, error = NULL WHERE id = ?",
-            text, job_id,
+            "UPDATE durability_jobs SET status = 'completed', result = ?, error = NULL, done_at = ? WHERE id = ?",
+            text, done_at, job_id,
         )
+        self._purge.finished(done_at)
         return [
             JobEvent(JobEventType.ATTEMPT_SETTLED, job_id, attempt, JobStatus.COMPLETED, result=result),
             JobEvent(JobEventType.TERMINAL, job_id, attempt, JobStatus.COMPLETED, result=result),
@@ -394,9 +432,11 @@ class DurabilityJobs:
             self.sql.transaction(retry)
             return [settled]
         log.error("job %s: attempt %d failed: %s; giving up", job_id, attempt, error)
+        done_at = now_ms()
         self.sql.exec(
-            "UPDATE durability_jobs SET status = 'failed', error = ? WHERE id = ?", error, job_id
+            "UPDATE durability_jobs SET status = 'failed', error = ?, done_at = ? WHERE id = ?", error, done_at, job_id
         )
+        self._purge.finished(done_at)
         return [settled, JobEvent(JobEventType.TERMINAL, job_id, attempt, JobStatus.FAILED, error=error)]
 
     async def _emit(self, events: list[JobEvent]) -> None:
