@@ -150,6 +150,21 @@ def test_a_groups_own_ceiling_holds_under_a_fair_policy():
     assert got == {"a": 3, "b": 17}
 
 
+def test_a_key_whose_oldest_group_is_at_its_ceiling_takes_its_share_in_its_other_groups():
+    # Tenant t's older items are in group t/a, full at its ceiling of 3; its
+    # newer ones in t/b. What t/a cannot take is still t's, for t/b.
+    book = {f"held{i}": Grant(f"held{i}", "t-a", "t/a", 1, 1, 0, T0 + TIMEOUT_MS) for i in range(3)}
+    requests = [request("t-a", "t/a", [T0 - 10] * 50), request("t-b", "t/b", [T0 - 5] * 50),
+                request("u", "u", [T0] * 50)]
+    fair = FairPolicy(key_of={"t/a": "t", "t/b": "t"})
+    result = run_round(book, requests, Limits(20, {"t/a": 3, "t/b": None, "u": None}, {}), T0, TIMEOUT_MS, ids(),
+                       fair=fair)
+    got = {client: sum(g.permits for g in o.new_grants) for client, o in result.outcomes.items()}
+    assert got.get("t-a", 0) == 0
+    assert got["t-b"] + got["u"] == 17  # no room idle
+    assert abs((3 + got["t-b"]) - got["u"]) <= 1  # t and u hold their equal shares
+
+
 class FloorRun:
     """A simulated key, round by round: a flood of old work in many groups,
     and a tenant with a floor whose work arrives in bursts later. Jobs

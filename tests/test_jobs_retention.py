@@ -116,13 +116,14 @@ def test_jobs_the_keep_hook_holds_back_stay_and_are_never_run_again(runtime):
     assert calls == 1
 
 
-def test_a_failing_keep_hook_purges_nothing_and_the_purge_is_retried(runtime):
+@pytest.mark.parametrize("broken", [True, "returns nothing"])
+def test_a_failing_keep_hook_purges_nothing_and_the_purge_is_retried(runtime, broken):
     stub = runtime.env.RETAINED.getByName("r")
 
     async def scenario():
         await stub.submit_many(["a", "b"])
         await asyncio.sleep(5)
-        await stub.break_keep()
+        await stub.break_keep(broken)
         await asyncio.sleep(GONE_S + 60)
         during = await stub.jobs_left()
         await stub.break_keep(False)

@@ -105,14 +105,21 @@ class JobPurge:
         self._finished = int(row["n"])
         due = self.retention.due_count(self._finished, int(row["old"]), int(row["settled"]))
         rows = self.sql.exec("SELECT id, done_at FROM durability_jobs WHERE done_at IS NOT NULL "
-                             "ORDER BY done_at, id LIMIT ?", PURGE_BATCH + len(self._held) + 1)
+                             "ORDER BY done_at, created_at, id LIMIT ?", PURGE_BATCH + len(self._held) + 1)
         return rows, due
 
     async def _kept(self, ids: list[str]) -> Iterable[str]:
         kept = self.keep(list(ids)) if self.keep is not None else ()
         if inspect.isawaitable(kept):
             kept = await kept
-        return kept or ()
+        # Anything but ids fails closed: a hook that forgot to return would
+        # otherwise hold back nothing, and work the owner still needs would go.
+        if isinstance(kept, (str, bytes)) or not isinstance(kept, Iterable):
+            raise TypeError(f"keep must return the ids to keep (an iterable of str), not {kept!r}")
+        kept = list(kept)
+        if not all(isinstance(job_id, str) for job_id in kept):
+            raise TypeError(f"keep must return job ids (str), not {kept[:3]!r}")
+        return kept
 
     def _delete(self, ids: list[str]) -> None:
         # One row written per job; a job still unfinished (it cannot be: a

@@ -624,9 +624,7 @@ def item_shares(state: RoundState, terms: RoundTerms, granting: list[tuple[Wante
         wanted = granting[index][0]
         take = min(count, room_total)
         if fair is not None:  # the key's allotment bounds what its items take
-            key = fair.key(wanted.group)
-            take = min(take, allotted.get(key, 0))
-            allotted[key] = allotted.get(key, 0) - take
+            take = min(take, allotted.get(fair.key(wanted.group), 0))
         if wanted.ceiling is not None:
             assert not isinstance(wanted.ceiling, ResolutionFailed)
             left = room_groups.get(wanted.group)
@@ -634,6 +632,9 @@ def item_shares(state: RoundState, terms: RoundTerms, granting: list[tuple[Wante
                 left = state.group_room(wanted.group, wanted.ceiling, room_total)
             take = max(0, min(take, left))
             room_groups[wanted.group] = left - take
+        if fair is not None:  # charged after the group's ceiling: what it cut stays the key's
+            key = fair.key(wanted.group)
+            allotted[key] = allotted.get(key, 0) - take
         shares[index] += take
         room_total -= take
     return shares

@@ -701,8 +701,9 @@ class ShareUsage:
     def parse(cls, wire: Any, where: str = "share") -> ShareUsage:
         entry = _reply_object(wire, where)
         weight, priority = entry.get("weight"), entry.get("priority")
-        if not number_in(weight, 0, MAX_SAFE_INTEGER) or not int_in(priority, -MAX_SAFE_INTEGER, MAX_SAFE_INTEGER):
-            raise ProtocolError("malformed_reply", f"{where} must carry a weight and a priority")
+        if (not number_in(weight, 0, MAX_SAFE_INTEGER) or weight == 0
+                or not int_in(priority, -MAX_SAFE_INTEGER, MAX_SAFE_INTEGER)):
+            raise ProtocolError("malformed_reply", f"{where} must carry a positive weight and a priority")
         return cls(_tally(entry, "held", where), float(weight), _tally(entry, "floor", where), priority,
                    _tally(entry, "waiting", where))
 
