@@ -19,7 +19,8 @@ so that the jobs that finish within that while go together. Each firing
 scans the jobs' table (no index on when a job finished, which would cost
 rows written): with a firing per job the scans would cost more than the
 deletes, and with one a day they cost about 60 rows read per job while
-a day's purge fits one batch, ``K``/250 past that (``docs/jobs.md``). A job is gone within ``slack_ms`` past its window, and
+a day's purge fits one batch, ``K``/250 past that (``docs/jobs.md``). A
+job is gone within ``slack_ms`` past its window, and
 ``max_count`` may be exceeded by the jobs of one ``slack_ms``.
 
 Finished jobs come due oldest first, so the due ones are always a prefix of

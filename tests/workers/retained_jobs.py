@@ -4,7 +4,8 @@
 counts every handler call in a table of its own, and keeps finished jobs
 four hours (``MAX_AGE_MS``) and at most ``MAX_COUNT``; its ``keep`` hook
 holds back the ids listed in its ``held`` table, raises while its ``broken`` flag is
-set, as an owner's hook may (or returns None while it is ``"returns nothing"``), and takes 10 s per call while ``slow`` is.
+set, as an owner's hook may (or returns None while it is ``"returns nothing"``),
+and takes 10 s per call while ``slow`` is.
 ``Upgraded`` starts from the jobs' schema version 2 (before ``done_at``),
 holding one completed job.
 """
