@@ -22,8 +22,11 @@ from durability.semaphore.messages import GROUP_LIMIT, LIMIT, NOT_FOUND, OK, Dem
 from durability.semaphore.queue_identity import wire_identity
 from durability.semaphore.tree import (
     Borrowed,
+    beat_phase,
     closed_groups,
+    depth_of,
     holder_for,
+    on_beat,
     over_limit,
     parent_of,
     unmet_demand,
@@ -49,6 +52,23 @@ def test_a_child_name_names_its_parent_and_nothing_else_does(key, index):
     assert parent_of(f"{key}~child-{index}") == key
     for not_a_child in (f"{key}~child-", f"{key}~child-0{index}", f"{key}~child-x", f"~child-{index}"):
         assert parent_of(not_a_child) is None
+
+
+def test_a_parent_beats_half_a_period_after_its_children_at_every_level():
+    assert [depth_of(name) for name in ("acct", "acct~child-3", "acct~child-3~child-0")] == [0, 1, 2]
+    assert depth_of("acct~child-x") == 0  # not a child's name
+    phases = [beat_phase(name, 2_000.0) for name in ("acct", "acct~child-3", "acct~child-3~child-0")]
+    assert phases == [1_000.0, 0.0, 1_000.0]
+
+
+@given(st.floats(min_value=1.6e12, max_value=1.9e12), st.sampled_from([0.0, 1_000.0]))
+def test_a_beat_is_the_first_at_or_after_a_time_and_a_period_from_the_next(at, phase):
+    beat = on_beat(at, 2_000.0, phase)
+    assert at - 0.01 <= beat < at + 2_000.0
+    assert on_beat(beat, 2_000.0, phase) == beat  # a beat is its own
+    assert on_beat(beat + 1, 2_000.0, phase) == pytest.approx(beat + 2_000.0)
+    assert (beat - phase) % 2_000.0 == pytest.approx(0.0, abs=0.01) or (beat - phase) % 2_000.0 == pytest.approx(
+        2_000.0, abs=0.01)
 
 
 def test_a_tree_shape_is_checked_where_it_is_given():
@@ -257,6 +277,35 @@ def test_a_childs_give_back_timer_is_set_again_each_time_it_fires_while_unconfir
             await timers.fire(link.on_timer, GIVER, GIVE)
             assert timers.timer(GIVER, GIVE) is not None  # the alarm still brings an evicted child back
         link._giving.cancel()
+
+    asyncio.run(scenario())
+
+
+def test_demand_that_comes_while_a_refresh_is_put_off_is_asked_for_within_a_period():
+    # A child whose round served everything puts its next request off (a
+    # refresh, half of ``fresh_for_ms`` away); demand left by a later round
+    # brings it forward, instead of waiting there while its clients do.
+
+    async def scenario():
+        link = _link()
+        sent = []
+
+        async def exchange(message, kind, timeout_ms):
+            sent.append(now_ms())
+
+        link._exchange = exchange
+        link.borrowed.take([entry("a", "g", 4)], [])
+        link._heard_at = link._last_ask_at = now_ms()
+        link.after_round({})  # nothing left waiting: only a refresh, far off
+        refresh = link._asking
+        assert link._ask_leaves_at == pytest.approx(now_ms() + link.fresh_for_ms / 2, abs=50)
+        link.after_round({"g": Demand("g", 3, now_ms())})
+        assert refresh.cancelled() or refresh.cancelling()
+        assert link._ask_leaves_at <= now_ms() + link.period_ms
+        await asyncio.sleep(link.period_ms / 1000 + 0.05)
+        assert len(sent) == 1  # the request for the demand left, and the refresh did not
+        if link._asking is not None:
+            link._asking.cancel()
 
     asyncio.run(scenario())
 

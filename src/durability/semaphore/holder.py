@@ -76,7 +76,7 @@ from .messages import (
     parse,
 )
 from .store import COMPONENT as HOLDER_COMPONENT, TABLES as HOLDER_TABLES, HolderStore
-from .tree import OldestWaiting, closed_groups, over_limit, parent_of, unmet_demand
+from .tree import OldestWaiting, beat_phase, closed_groups, on_beat, over_limit, parent_of, unmet_demand
 
 if TYPE_CHECKING:
     from .client import SemaphoreClient, SemaphoreClientFactory
@@ -119,11 +119,12 @@ class DurabilitySemaphore:
         can_grant: ``(client_id, group) -> bool``; False blocks that demand
             (``not_permitted``).
         round_wait_ms: how long a request waits so that concurrent requests
-            are allocated together (a tree's parent with room serves a
-            child at once: nothing is contended).
-        round_period_ms: the least time between two rounds (a tree's
-            child its parent just lent more runs one ``round_wait_ms``
-            after the last).
+            are allocated together (a parent with room outside a tree's
+            beat serves a child at once: nothing is contended).
+        round_period_ms: the least time between two rounds. A tree's
+            holders run theirs on a beat this far apart that they all keep
+            (``tree.beat_phase``); a child its parent just lent more runs
+            one ``round_wait_ms`` after its last.
             A request that asks to ``wait`` and gets nothing is held for the
             following rounds (up to its wait) instead of being answered
             empty, so a blocked client costs one request per wait, not one
@@ -195,12 +196,23 @@ class DurabilitySemaphore:
         self._lease_rows: dict[str, Lease] = {}  #: each lease as its row holds it (see leases.needs_row)
         self._ids_reserved = 0  #: lease ids reserved in the row (set when the ids are loaded)
         self._schedule_reclaim(next_reclaim_at(self._grants().values(), self._leases().values(), self._ids))
+        #: a tree's holder runs its rounds on a beat (``tree.on_beat``); None outside a tree
+        self._beat_phase_ms = None if parent is None else beat_phase(_object_name(scheduler.ctx),
+                                                                     self.round_period_ms)
         self._link, self._waker = _tree_parts(self, parent, can_grant)
 
     def _ensure_round_if_waiting(self) -> bool:
-        """In a tree, permits lent or released where requests wait: a round as soon as
-        ``round_wait_ms`` after the last one, not a period. The waiting are all held here
-        (a tree's holders are small), and the permits would idle until then."""
+        """In a tree, permits released where requests wait: a round on the next beat."""
+        if self._waiting:
+            self._ensure_round()
+        return bool(self._waiting)
+
+    def _round_for_lent(self) -> bool:
+        """A child its parent just lent more, where requests wait: a round as
+        soon as ``round_wait_ms`` after the last, off the beat. The parent
+        lends half a period after the child's beat: those permits would idle
+        that long (a point of the busy share at ``bench_tree.py``, for a
+        round and its grants more where the parent lent)."""
         if self._waiting:
             self._ensure_round(soon=True, spacing=self.round_wait_ms)
         return bool(self._waiting)
@@ -336,8 +348,12 @@ class DurabilitySemaphore:
         waiter: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
         self._waiting.append(_Waiting(parsed, waiter, now_ms() + parsed.wait_ms))
         # A parent with room serves a child without the batching wait: with
-        # nothing contended there is no order to keep (rounds stay a period apart).
-        self._ensure_round(soon=not self._contended and parent_of(parsed.client_id) is not None)
+        # nothing contended there is no order to keep (rounds stay a period
+        # apart). A parent on a tree's beat waits for it all the same: a
+        # round off the beat serves the first child to ask, not the oldest
+        # work of all (a point and a half of the busy share at bench_tree.py).
+        self._ensure_round(soon=not self._contended and parent_of(parsed.client_id) is not None
+                           and self._beat_phase_ms is None)
         return await waiter
 
     async def _sync(self, sync: Sync) -> dict[str, Any]:
@@ -377,16 +393,23 @@ class DurabilitySemaphore:
     # -- rounds -----------------------------------------------------------------
     def _ensure_round(self, soon: bool = False, spacing: float | None = None) -> None:
         """The next round: ``round_wait_ms`` from now (none if ``soon``), and
-        ``spacing`` (a round period unless given) after the last one."""
-        at = now_ms() + (0 if soon else self.round_wait_ms)
+        ``spacing`` (a round period unless given) after the last one; in a
+        tree, unless ``soon``, on the holder's next beat instead: the beats
+        space its rounds a period apart, and every holder of the tree keeps
+        the same ones, so the children's lines move together and each hears
+        its parent just before its round (see ``tree.beat_phase``)."""
+        beat = self._beat_phase_ms is not None and not soon
+        at = now_ms() + (0 if soon or beat else self.round_wait_ms)
         if self._last_round_at is not None:
-            at = max(at, self._last_round_at + (self.round_period_ms if spacing is None else spacing))
+            at = max(at, self._last_round_at + (1 if beat else self.round_period_ms if spacing is None else spacing))
         elif self._holds_permits():
             # This instance restarted while busy: the requests its old one
             # held failed, and their clients ask again at once (a request
             # that reached the holder is retried without backoff). Serving
             # before they are back would serve whoever asked first.
             at = max(at, self._started_at + self.rejoin_wait_ms)
+        if beat:
+            at = on_beat(at, self.round_period_ms, self._beat_phase_ms or 0.0)
         if self._round is not None:
             if self._round_due <= at:
                 return
@@ -672,7 +695,7 @@ def _tree_parts(holder: DurabilitySemaphore, parent: SemaphoreClient | None,
     if parent is None:
         return None, None
     ctx = holder.scheduler.ctx
-    link = child_link(parent, holder.scheduler, holder.round_period_ms, holder._ensure_round_if_waiting,
+    link = child_link(parent, holder.scheduler, holder.round_period_ms, holder._round_for_lent,
                       lambda: usage(holder._grants().values())[1], holder.store)
     if link is not None:  # a child borrows its limit: every group's ceiling is what it holds there
         holder.limits = UserLimits(link.borrowed.total, link.ceiling, can_grant)

@@ -88,8 +88,9 @@ class ParentLink:
         self._heard_at: float | None = None
         self.closed: set[str] = set()  #: groups the parent's last reply closed (``tree.closed_groups``)
         self._asking: asyncio.Task[None] | None = None
+        self._ask_leaves_at: float | None = None  #: when the request ``_asking`` waits to send leaves
         self._giving: asyncio.Task[None] | None = None
-        self._last_ask_at: float | None = None
+        self._last_ask_at: float | None = None  #: when the last request to the parent left
         self._last_give_at: float | None = None
         self._failures = 0
         self._woken = False  #: the parent woke the child: ask it, even with nothing to ask for
@@ -207,17 +208,30 @@ class ParentLink:
                 self.owed[group] -= given
 
     def ensure_exchanges(self) -> None:
-        if self._asking is None and (self.unmet or not self.borrowed.heard or self._woken):
-            self._asking = asyncio.ensure_future(self._ask_at(self._next_at(self._last_ask_at)))
-        elif self._asking is None and self.borrowed.total() > 0 and self._heard_at is not None:
-            # Holding permits with nothing to ask for: a request now and then
-            # keeps the child from going stale (a row-free exchange; one per
-            # half ``fresh_for_ms`` per such child).
-            refresh_at = self._heard_at + self.fresh_for_ms / 2
-            self._asking = asyncio.ensure_future(self._ask_at(max(refresh_at, self._next_at(self._last_ask_at))))
+        due = self._ask_due()
+        later = self._ask_leaves_at is not None and due is not None and due < self._ask_leaves_at
+        if due is not None and (self._asking is None or later):
+            # A refresh asked for later does not hold back demand that came
+            # since: it waited up to ``fresh_for_ms / 2`` while clients did.
+            if self._asking is not None:
+                self._asking.cancel()  # still asleep: nothing was sent
+            self._ask_leaves_at = due
+            self._asking = asyncio.ensure_future(self._ask_at(due))
         if self._giving is None and self.borrowed.unconfirmed():
             self._giving = asyncio.ensure_future(self._give_at(self._next_at(self._last_give_at)))
         self.keep_alarm()
+
+    def _ask_due(self) -> float | None:
+        """When the next request to the parent should leave, or None: at
+        once (a period after the last) for demand, for a first listing, or
+        when woken; else, holding permits with nothing to ask for, now and
+        then, which keeps the child from going stale (a row-free exchange;
+        one per half ``fresh_for_ms`` per such child)."""
+        if self.unmet or not self.borrowed.heard or self._woken:
+            return self._next_at(self._last_ask_at)
+        if self.borrowed.total() > 0 and self._heard_at is not None:
+            return max(self._heard_at + self.fresh_for_ms / 2, self._next_at(self._last_ask_at))
+        return None
 
     def keep_alarm(self) -> None:
         """While a give-back is unconfirmed, a timer ``MAX_BACKOFF_MS`` away:
@@ -242,6 +256,10 @@ class ParentLink:
         self.ensure_exchanges()
 
     def _next_at(self, last: float | None) -> float:
+        """A period after ``last`` (longer after failures). Requests are
+        spaced from when they leave: one that leaves just after the child's
+        round, on the beat, is at the parent's next round, half a period
+        later, and the next leaves just after the child's next round."""
         if last is None:
             return now_ms()
         wait = self.period_ms if not self._failures else min(MAX_BACKOFF_MS, self.period_ms * 2**self._failures)
@@ -256,10 +274,11 @@ class ParentLink:
 
     async def _ask_at(self, at: float) -> None:
         await sleep_until(at)
+        self._ask_leaves_at = None  # leaving: no longer put off or brought forward
+        self._last_ask_at = now_ms()  # requests are spaced from when they leave
         try:
             await self._exchange(self.request().to_wire(), "grants", EXCHANGE_TIMEOUT_MS)
         finally:
-            self._last_ask_at = now_ms()
             self._asking = None
         self.ensure_exchanges()
 
@@ -298,7 +317,7 @@ class ParentLink:
             self.yielding |= set(self.borrowed.by_group())
         self.yielding |= self.closed
         if kind == "grants":
-            self.waiting_since, self._since_heard_at = reply.waiting_since, now_ms()
+            self.waiting_since, self._since_heard_at = reply.waiting_since, sent_at
         if self.borrowed.take(reply.grants, reply.reports) > 0:
             self.on_lent()
         self._give_back_idle()

@@ -1,7 +1,8 @@
 """A budget tree's pure rules: which holder a client reaches, and what a child holder borrowed.
 
 Lives here: the names of a tree's holders (``holder_for``, ``parent_of``),
-the stable choice of a child for a client id, and ``Borrowed``: the grants a
+the stable choice of a child for a client id, the beat its holders' rounds
+keep (``beat_phase``, ``on_beat``), and ``Borrowed``: the grants a
 child holder holds from its parent, what they let it hand out per group,
 what it gives back, and the cumulative reports that say so.
 Must not know: storage, RPC, clocks, or how a round allocates.
@@ -21,6 +22,7 @@ from __future__ import annotations
 import bisect
 import hashlib
 import heapq
+import math
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
@@ -73,6 +75,33 @@ def parent_of(name: str) -> str | None:
     if not mark or not parent or not index.isdigit() or str(int(index)) != index:
         return None
     return parent
+
+
+def depth_of(name: str) -> int:
+    """How many levels below its root the holder ``name`` is (0: the root)."""
+    depth = 0
+    while (name := parent_of(name) or "") and depth <= MAX_DEPTH:
+        depth += 1
+    return depth
+
+
+def beat_phase(name: str, period_ms: float) -> float:
+    """Where in each period a tree's holder runs its rounds (``on_beat``):
+    a parent half a period after its children, so that what a child asked
+    for right after its round is at the parent's next round, and what the
+    parent lent there reaches the child half a period before its own. The
+    leaves of a one-level tree are at 0, its root at a half; a level down
+    alternates."""
+    return 0.0 if depth_of(name) % 2 else period_ms / 2
+
+
+def on_beat(at: float, period_ms: float, phase_ms: float) -> float:
+    """The first beat (a time ``phase_ms`` past a whole number of periods
+    since the epoch) at or after ``at``. Every holder of a tree keeps the
+    same beats by its clock, without a message: clocks a few milliseconds
+    apart only move the beats as much."""
+    periods = math.ceil((at - phase_ms) / period_ms - 1e-6)  # a beat a rounding error away is this one
+    return periods * period_ms + phase_ms
 
 
 def longest_key(depth: int) -> int:
