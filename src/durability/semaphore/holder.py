@@ -392,24 +392,8 @@ class DurabilitySemaphore:
 
     # -- rounds -----------------------------------------------------------------
     def _ensure_round(self, soon: bool = False, spacing: float | None = None) -> None:
-        """The next round: ``round_wait_ms`` from now (none if ``soon``), and
-        ``spacing`` (a round period unless given) after the last one; in a
-        tree, unless ``soon``, on the holder's next beat instead: the beats
-        space its rounds a period apart, and every holder of the tree keeps
-        the same ones, so the children's lines move together and each hears
-        its parent just before its round (see ``tree.beat_phase``)."""
-        beat = self._beat_phase_ms is not None and not soon
-        at = now_ms() + (0 if soon or beat else self.round_wait_ms)
-        if self._last_round_at is not None:
-            at = max(at, self._last_round_at + (1 if beat else self.round_period_ms if spacing is None else spacing))
-        elif self._holds_permits():
-            # This instance restarted while busy: the requests its old one
-            # held failed, and their clients ask again at once (a request
-            # that reached the holder is retried without backoff). Serving
-            # before they are back would serve whoever asked first.
-            at = max(at, self._started_at + self.rejoin_wait_ms)
-        if beat:
-            at = on_beat(at, self.round_period_ms, self._beat_phase_ms or 0.0)
+        """The next round, at ``_round_time``; an earlier one replaces a later one still asleep."""
+        at = _round_time(self, soon, spacing)
         if self._round is not None:
             if self._round_due <= at:
                 return
@@ -686,6 +670,26 @@ def _new_grant_id() -> str:
     # Drawn from `random` so that seeded test runs replay; 80 bits make a
     # collision between two grants of one holder negligible.
     return f"g{random.getrandbits(80):020x}"
+
+
+def _round_time(holder: DurabilitySemaphore, soon: bool, spacing: float | None) -> float:
+    """When the next round runs: ``round_wait_ms`` from now (none if
+    ``soon``), and ``spacing`` (a round period unless given) after the last
+    one; in a tree, unless ``soon``, on the holder's next beat instead: the
+    beats space its rounds a period apart, and every holder of the tree
+    keeps the same ones, so the children's lines move together and each
+    hears its parent just before its round (see ``tree.beat_phase``)."""
+    beat = holder._beat_phase_ms is not None and not soon
+    at = now_ms() + (0 if soon or beat else holder.round_wait_ms)
+    if holder._last_round_at is not None:
+        at = max(at, holder._last_round_at + (1 if beat else holder.round_period_ms if spacing is None else spacing))
+    elif holder._holds_permits():
+        # This instance restarted while busy: the requests its old one
+        # held failed, and their clients ask again at once (a request
+        # that reached the holder is retried without backoff). Serving
+        # before they are back would serve whoever asked first.
+        at = max(at, holder._started_at + holder.rejoin_wait_ms)
+    return on_beat(at, holder.round_period_ms, holder._beat_phase_ms or 0.0) if beat else at
 
 
 def _tree_parts(holder: DurabilitySemaphore, parent: SemaphoreClient | None,

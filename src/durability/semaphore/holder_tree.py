@@ -80,7 +80,7 @@ class ParentLink:
         self.contended = False  #: the parent's last reply left demand waiting for capacity
         #: per group, the oldest items the parent's last round left waiting at other children
         self.waiting_since: dict[str, tuple[float, ...]] = {}
-        self._since_heard_at = 0.0  #: when ``waiting_since`` came
+        self._since_heard_at = 0.0  #: when the request ``waiting_since`` answered left
         self.owed: dict[str, int] = {}  #: per group, permits to give back to older work: see ``decide``
         self.yielding: set[str] = set()  #: groups where this round hands out nothing: see ``decide``
         self.over_limit = False  #: the parent's last reply said its permits out exceed its limit
@@ -88,7 +88,7 @@ class ParentLink:
         self._heard_at: float | None = None
         self.closed: set[str] = set()  #: groups the parent's last reply closed (``tree.closed_groups``)
         self._asking: asyncio.Task[None] | None = None
-        self._ask_leaves_at: float | None = None  #: when the request ``_asking`` waits to send leaves
+        self._ask_leaves_at: float | None = None  #: when the request ``_asking`` holds leaves (None: it left)
         self._giving: asyncio.Task[None] | None = None
         self._last_ask_at: float | None = None  #: when the last request to the parent left
         self._last_give_at: float | None = None
@@ -209,8 +209,8 @@ class ParentLink:
 
     def ensure_exchanges(self) -> None:
         due = self._ask_due()
-        later = self._ask_leaves_at is not None and due is not None and due < self._ask_leaves_at
-        if due is not None and (self._asking is None or later):
+        sooner = self._ask_leaves_at is not None and due is not None and due < self._ask_leaves_at
+        if due is not None and (self._asking is None or sooner):
             # A refresh asked for later does not hold back demand that came
             # since: it waited up to ``fresh_for_ms / 2`` while clients did.
             if self._asking is not None:
