@@ -71,6 +71,28 @@ def test_a_beat_is_the_first_at_or_after_a_time_and_a_period_from_the_next(at, p
         2_000.0, abs=0.01)
 
 
+def test_a_tree_holders_rounds_keep_its_beat_and_a_loans_round_does_not_wait_for_it():
+    from types import SimpleNamespace
+
+    from durability.semaphore.holder import _round_time
+
+    beat = on_beat(now_ms(), 2_000.0, 0.0)
+    holder = SimpleNamespace(_beat_phase_ms=0.0, round_wait_ms=1_000.0, round_period_ms=2_000.0,
+                             _last_round_at=beat - 2_000.0, _started_at=0.0, rejoin_wait_ms=1_000.0,
+                             _holds_permits=lambda: False)
+    assert _round_time(holder, False, None) == pytest.approx(beat)  # no round_wait_ms: the beat batches
+    holder._last_round_at = beat
+    assert _round_time(holder, False, None) == pytest.approx(beat + 2_000.0)  # one round per beat
+    holder._last_round_at = beat + 1_900.0  # a round for a loan, just before the next beat: that beat is skipped
+    assert _round_time(holder, False, None) == pytest.approx(beat + 4_000.0)
+    holder._last_round_at = beat + 1_000.0  # a loan's round half a period after the beat
+    assert _round_time(holder, False, None) == pytest.approx(beat + 2_000.0)
+    assert _round_time(holder, True, 1_000.0) == pytest.approx(max(now_ms(), beat + 2_000.0))  # soon: off the beat
+    holder._beat_phase_ms = None  # outside a tree: round_wait_ms from now, a period after the last
+    holder._last_round_at = now_ms() - 5_000.0
+    assert _round_time(holder, False, None) == pytest.approx(now_ms() + 1_000.0, abs=50)
+
+
 def test_a_tree_shape_is_checked_where_it_is_given():
     for bad in ({"fan_out": 1}, {"fan_out": 0}, {"fan_out": 2, "depth": 0}, {"fan_out": True}):
         with pytest.raises(ValueError):
@@ -308,6 +330,15 @@ def test_demand_that_comes_while_a_refresh_is_put_off_is_asked_for_within_a_peri
             link._asking.cancel()
 
     asyncio.run(scenario())
+
+
+def test_a_childs_requests_leave_just_after_its_beat_however_late_the_last_one_left():
+    link = _link()  # period 1 s; a leaf: its beats at whole seconds
+    beat = on_beat(now_ms() + 10_000, 1_000.0, 0.0)
+    for late in (0.0, 3.0, 40.0, 499.0):  # each wake-up late by as much: no drift off the beat
+        assert link._next_at(beat + late) == pytest.approx(beat + 1_000.0 + 1)
+    link._failures = 2  # after failures, a backoff from the failure instead
+    assert link._next_at(beat) == pytest.approx(beat + 4_000.0)
 
 
 def test_a_parent_in_the_middle_closes_no_group_for_what_it_owes():

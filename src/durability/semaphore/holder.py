@@ -202,9 +202,11 @@ class DurabilitySemaphore:
         self._link, self._waker = _tree_parts(self, parent, can_grant)
 
     def _ensure_round_if_waiting(self) -> bool:
-        """In a tree, permits released where requests wait: a round on the next beat."""
+        """In a tree, permits released where requests wait: a round on the
+        next beat (a root made without ``parent=`` keeps no beat: one
+        ``round_wait_ms`` after its last round)."""
         if self._waiting:
-            self._ensure_round()
+            self._ensure_round(soon=self._beat_phase_ms is None, spacing=self.round_wait_ms)
         return bool(self._waiting)
 
     def _round_for_lent(self) -> bool:
@@ -682,7 +684,11 @@ def _round_time(holder: DurabilitySemaphore, soon: bool, spacing: float | None) 
     beat = holder._beat_phase_ms is not None and not soon
     at = now_ms() + (0 if soon or beat else holder.round_wait_ms)
     if holder._last_round_at is not None:
-        at = max(at, holder._last_round_at + (1 if beat else holder.round_period_ms if spacing is None else spacing))
+        # On the beat, a beat within a quarter period of the last round (one
+        # for a loan, off the beat) is skipped: two rounds a moment apart
+        # would split what comes free between them.
+        at = max(at, holder._last_round_at + (holder.round_period_ms / 4 if beat else
+                                              holder.round_period_ms if spacing is None else spacing))
     elif holder._holds_permits():
         # This instance restarted while busy: the requests its old one
         # held failed, and their clients ask again at once (a request

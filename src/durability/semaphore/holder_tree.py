@@ -22,7 +22,7 @@ from .._clock import now_ms, sleep_until
 from .client import SemaphoreClient
 from .messages import Demand, Reply, Request, Sync
 from .store import HolderStore
-from .tree import Borrowed, parent_of, waiting_before
+from .tree import Borrowed, beat_phase, on_beat, parent_of, waiting_before
 
 log = logging.getLogger("durability.semaphore")
 
@@ -33,6 +33,8 @@ WAKE_AFTER_PERIODS = 10
 #: how long an exchange waits for the parent's reply (its round comes within
 #: ``round_wait_ms``, a second by default) before it counts as failed
 EXCHANGE_TIMEOUT_MS = 30_000
+#: how long after a beat a child's request leaves: its round, due on the beat, has run by then
+AFTER_BEAT_MS = 1
 WAKER, WAKE = "durability.semaphore-tree", "wake"  #: the waker's timer, in the scheduler (kept in memory)
 #: a child's timer while a give-back is unconfirmed (``ParentLink.keep_alarm``)
 GIVER, GIVE = "durability.semaphore-tree-child", "give-back"
@@ -256,14 +258,20 @@ class ParentLink:
         self.ensure_exchanges()
 
     def _next_at(self, last: float | None) -> float:
-        """A period after ``last`` (longer after failures). Requests are
-        spaced from when they leave: one that leaves just after the child's
-        round, on the beat, is at the parent's next round, half a period
-        later, and the next leaves just after the child's next round."""
+        """When the next exchange may leave: after failures, a backoff from
+        the last failure; else a moment after the child's first beat at
+        least half a period after ``last``. A request so leaves just after
+        the child's round (its demand is that round's) and is at the
+        parent's next round, half a period later; spaced from the last
+        one instead, requests would drift off the beat by each wake-up's
+        lateness."""
         if last is None:
             return now_ms()
-        wait = self.period_ms if not self._failures else min(MAX_BACKOFF_MS, self.period_ms * 2**self._failures)
-        return max(now_ms(), last + wait)
+        if self._failures:
+            backoff: float = min(MAX_BACKOFF_MS, self.period_ms * 2**self._failures)
+            return max(now_ms(), last + backoff)
+        beat = on_beat(last + self.period_ms / 2, self.period_ms, beat_phase(self.child_id, self.period_ms))
+        return max(now_ms(), beat + AFTER_BEAT_MS)
 
     def request(self) -> Request:
         demand = () if self.borrowed.full() else tuple(self.unmet.values())
@@ -275,10 +283,12 @@ class ParentLink:
     async def _ask_at(self, at: float) -> None:
         await sleep_until(at)
         self._ask_leaves_at = None  # leaving: no longer put off or brought forward
-        self._last_ask_at = now_ms()  # requests are spaced from when they leave
+        self._last_ask_at = now_ms()  # on the beat, requests are spaced from when they leave
         try:
             await self._exchange(self.request().to_wire(), "grants", EXCHANGE_TIMEOUT_MS)
         finally:
+            if self._failures:  # a backoff counts from the failure (a timeout takes 30 s)
+                self._last_ask_at = now_ms()
             self._asking = None
         self.ensure_exchanges()
 
