@@ -17,7 +17,7 @@ from hypothesis import given, strategies as st
 from durability._clock import now_ms
 from durability.semaphore import DurabilitySemaphore
 from durability.semaphore.allocation import ClientOutcome, ResolutionFailed
-from durability.semaphore.holder_tree import ParentLink
+from durability.semaphore.holder_tree import AFTER_BEAT_MS, ParentLink
 from durability.semaphore.messages import GROUP_LIMIT, LIMIT, NOT_FOUND, OK, Demand, GrantEntry, ReportOutcome, Request
 from durability.semaphore.queue_identity import wire_identity
 from durability.semaphore.tree import (
@@ -323,11 +323,52 @@ def test_demand_that_comes_while_a_refresh_is_put_off_is_asked_for_within_a_peri
         assert link._ask_leaves_at == pytest.approx(now_ms() + link.fresh_for_ms / 2, abs=50)
         link.after_round({"g": Demand("g", 3, now_ms())})
         assert refresh.cancelled() or refresh.cancelling()
-        assert link._ask_leaves_at <= now_ms() + link.period_ms
-        await asyncio.sleep(link.period_ms / 1000 + 0.05)
+        # The next beat at least half a period after the last request (see ``_next_at``).
+        assert link._ask_leaves_at <= link._last_ask_at + 1.5 * link.period_ms + AFTER_BEAT_MS
+        await asyncio.sleep((link._ask_leaves_at - now_ms()) / 1000 + 0.05)
         assert len(sent) == 1  # the request for the demand left, and the refresh did not
         if link._asking is not None:
             link._asking.cancel()
+
+    asyncio.run(scenario())
+
+
+def test_a_give_back_goes_with_the_request_leaving_at_the_same_beat_and_alone_otherwise():
+    # A child asking every period gives back in its request, which reports
+    # every loan's count: one exchange per beat, not a request and a sync.
+    # With no request due, or one that left before the give-back, a sync goes.
+
+    async def scenario():
+        link = _link()
+        link._heard_at = now_ms()
+        sent = []
+
+        async def exchange(message, kind, timeout_ms):
+            sent.append((kind, [(r["grantId"], r["released"]) for r in message["grants"]]))
+            link.borrowed.take([], [ReportOutcome(r["grantId"], OK, r["claimed"], r["released"], 8)
+                                    for r in message["grants"]])
+
+        link._exchange = exchange
+        link.borrowed.take([entry("a", "g", 8)], [])
+        link.charged = lambda: {"g": 6}
+        link.after_round({"h": Demand("h", 3, now_ms())})  # demand elsewhere: a request, and 2 given back
+        await asyncio.sleep(link.period_ms * 1.6 / 1000)
+        assert sent[0] == ("grants", [("a", 2)])  # the give-back rode with the request
+        assert {kind for kind, _ in sent} == {"grants"}  # and no sync went
+        assert not link.borrowed.unconfirmed() and link._giving is None
+
+        link._asking.cancel()
+        link._asking = link._ask_leaves_at = None
+        sent.clear()
+        link.unmet = {}
+        link.charged = lambda: {"g": 5}
+        link._give_back_idle()  # nothing waits: no request due, so the give-back goes alone
+        link.ensure_exchanges()
+        await asyncio.sleep(link.period_ms * 1.6 / 1000)
+        assert sent[0] == ("synced", [("a", 3)])
+        for task in (link._asking, link._giving):
+            if task is not None:
+                task.cancel()
 
     asyncio.run(scenario())
 

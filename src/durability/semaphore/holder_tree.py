@@ -94,6 +94,7 @@ class ParentLink:
         self._giving: asyncio.Task[None] | None = None
         self._last_ask_at: float | None = None  #: when the last request to the parent left
         self._last_give_at: float | None = None
+        self._gave_back_at = 0.0  #: when the child last gave permits back (see ``_rides_with_ask``)
         self._failures = 0
         self._woken = False  #: the parent woke the child: ask it, even with nothing to ask for
         self.scheduler = scheduler  #: the object's: see ``keep_alarm``
@@ -204,10 +205,12 @@ class ParentLink:
             idle = held - charged.get(group, 0)
             if idle > 0 and (group not in self.unmet or group in self.yielding):
                 self.borrowed.give_back(group, idle)
+                self._gave_back_at = now_ms()
             elif idle > 0 and self.owed.get(group, 0) > 0:  # to older work elsewhere
                 given = min(idle, self.owed[group])
                 self.borrowed.give_back(group, given)
                 self.owed[group] -= given
+                self._gave_back_at = now_ms()
 
     def ensure_exchanges(self) -> None:
         due = self._ask_due()
@@ -292,11 +295,26 @@ class ParentLink:
             self._asking = None
         self.ensure_exchanges()
 
+    def _rides_with_ask(self) -> bool:
+        """A give-back due now goes with the child's request instead, as
+        that reports every loan's count: when the request leaves within
+        half a period (it reaches the same round of the parent's, which
+        lends half a period after the child's beat), or has left since the
+        give-back. Gives and requests both leave just after the child's
+        beat, so a child asking every period would otherwise send both: at
+        ``bench_tree.py``'s 1,000 clients, 205 of the root's 758 requests."""
+        if self._asking is None:
+            return False
+        if self._ask_leaves_at is not None:
+            return self._ask_leaves_at <= now_ms() + self.period_ms / 2
+        return self._last_ask_at is not None and self._last_ask_at >= self._gave_back_at
+
     async def _give_at(self, at: float) -> None:
         await sleep_until(at)
         try:
-            await self._exchange(Sync(self.child_id, self.borrowed.reports()).to_wire(), "synced",
-                                 EXCHANGE_TIMEOUT_MS)
+            if self.borrowed.unconfirmed() and not self._rides_with_ask():
+                await self._exchange(Sync(self.child_id, self.borrowed.reports()).to_wire(), "synced",
+                                     EXCHANGE_TIMEOUT_MS)
         finally:
             self._last_give_at = now_ms()
             self._giving = None
