@@ -482,11 +482,25 @@ def test_a_child_evicted_keeps_its_budget_counted_and_its_clients_are_served_onc
         await asyncio.sleep(1)
         runtime.host_of(runtime.env.HOLDER.getByName("acct")).evict()
         await until_done(module, runtime, 24)
+        await asyncio.sleep(10)  # the children give back what they hold
+        return await runtime.env.HOLDER.getByName("acct").usage()
 
     with runtime:
-        runtime.run(scenario())
+        root_usage = runtime.run(scenario())
         assert len(module.WORLD["done"]) == 24 and not module.WORLD["violations"]
         assert module.WORLD["max_running"] <= 4
+        assert root_usage["outstanding"] == 0  # the root's new instance counts every permit back
+
+
+def test_a_parent_writes_no_row_for_a_partial_give_back_of_a_loan_and_one_for_anything_else():
+    from durability.semaphore.allocation import Grant
+    from durability.semaphore.holder import _release_needs_row
+
+    loan = Grant("x", "acct~child-1", "g", 4, 4, 1, 0.0)
+    assert not _release_needs_row(loan, loan._replace(released=3))  # the child reports it again
+    assert _release_needs_row(loan, loan._replace(released=3, client_id="shard-1"))  # a client may not
+    assert _release_needs_row(loan, loan._replace(released=3, permits=5))
+    assert _release_needs_row(loan._replace(claimed=2), loan._replace(released=3))
 
 
 def test_a_depth_two_tree_keeps_the_limit_too():

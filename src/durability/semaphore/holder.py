@@ -291,7 +291,8 @@ class DurabilitySemaphore:
         It saves a row per grant (the insert, then the update of the first
         claim, become one write), and a grant reclaimed or settled with
         nothing claimed is forgotten without a row at all. A lease's counts
-        and heartbeats are written only as ``leases.needs_row`` says.
+        and heartbeats are written only as ``leases.needs_row`` says, and a
+        child's partial give-back of a loan as ``_release_needs_row`` says.
         """
         unwritten = set(self._unwritten)
         rows = replace(changes, written=dict(changes.written), deleted=dict(changes.deleted))
@@ -299,6 +300,8 @@ class DurabilitySemaphore:
             new = grant_id not in self._grants() or grant_id in unwritten
             if new and grant.claimed == 0:
                 unwritten.add(grant_id)
+                del rows.written[grant_id]
+            elif not new and not _release_needs_row(self._grants()[grant_id], grant):
                 del rows.written[grant_id]
             else:
                 unwritten.discard(grant_id)
@@ -714,6 +717,20 @@ def _tree_parts(holder: DurabilitySemaphore, parent: SemaphoreClient | None,
     waker = Waker(parent, _object_name(ctx), holder.round_period_ms, holder.scheduler)
     waker.watch(lambda: _holding(holder._grants()))
     return link, waker
+
+
+def _release_needs_row(before: Grant, after: Grant) -> bool:
+    """False for a loan to a child of a tree whose only change is permits
+    given back, some still held: its row keeps the older count. A child
+    reports every loan's cumulative counts in each request (``tree.Borrowed.reports``),
+    at least every half of ``fresh_for_ms`` while it holds any, and is woken
+    when quiet (``holder_tree.Waker``), so a new instance that read the
+    older count counts those permits as held (the safe side) only until
+    the child's next exchange. The loan's last give-back deletes the row
+    as ever. It saves a row per give-back at a tree's parents (a child
+    gives back about once a period while lines differ)."""
+    same = (before.permits, before.claimed, before.reclaimed) == (after.permits, after.claimed, after.reclaimed)
+    return not (same and after.released > before.released and parent_of(after.client_id) is not None)
 
 
 def _holding(grants: dict[str, Grant]) -> list[str]:
