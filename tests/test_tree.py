@@ -345,6 +345,7 @@ def test_a_give_back_goes_with_the_request_leaving_at_the_same_beat_and_alone_ot
 
         async def exchange(message, kind, timeout_ms):
             sent.append((kind, [(r["grantId"], r["released"]) for r in message["grants"]]))
+            await asyncio.sleep(0.2)  # on its way: the give-back is unconfirmed meanwhile
             link.borrowed.take([], [ReportOutcome(r["grantId"], OK, r["claimed"], r["released"], 8)
                                     for r in message["grants"]])
 
@@ -496,11 +497,40 @@ def test_a_parent_writes_no_row_for_a_partial_give_back_of_a_loan_and_one_for_an
     from durability.semaphore.allocation import Grant
     from durability.semaphore.holder import _release_needs_row
 
+    from types import SimpleNamespace
+
+    root = SimpleNamespace(own_key="acct")
     loan = Grant("x", "acct~child-1", "g", 4, 4, 1, 0.0)
-    assert not _release_needs_row(loan, loan._replace(released=3))  # the child reports it again
-    assert _release_needs_row(loan, loan._replace(released=3, client_id="shard-1"))  # a client may not
-    assert _release_needs_row(loan, loan._replace(released=3, permits=5))
-    assert _release_needs_row(loan._replace(claimed=2), loan._replace(released=3))
+    assert not _release_needs_row(loan, loan._replace(released=3), root)  # the child reports it again
+    assert _release_needs_row(loan, loan._replace(released=3, client_id="shard-1"), root)  # a client may not
+    assert _release_needs_row(loan, loan._replace(released=3, client_id="other~child-1"), root)  # not its child
+    assert _release_needs_row(loan, loan._replace(released=3), None)  # a holder outside any tree
+    assert _release_needs_row(loan, loan._replace(released=3, permits=5), root)
+    assert _release_needs_row(loan._replace(claimed=2), loan._replace(released=3), root)
+
+
+def test_a_new_instance_of_a_parent_wakes_at_once_the_quiet_children_that_hold_its_permits():
+    # Its rows may count permits a child gave back since (see above): the
+    # child's report brings the count back, so it is asked for at once.
+    from durability.semaphore.holder_tree import Waker
+
+    woken = []
+
+    class Children:
+        async def sync(self, key, message):
+            woken.append(key)
+
+    async def scenario():
+        timers = _Timers()
+        waker = Waker(Children(), "acct", 1_000.0, timers)
+        waker.heard_from("acct~child-0")  # asked since the instance started: not woken
+        waker.watch(lambda: ["acct~child-0", "acct~child-1"])
+        assert min(timers.timers.values()) <= now_ms()
+        waker.wake_quiet(["acct~child-0", "acct~child-1"])
+        await asyncio.sleep(0)
+        assert woken == ["acct~child-1"]
+
+    asyncio.run(scenario())
 
 
 def test_a_depth_two_tree_keeps_the_limit_too():

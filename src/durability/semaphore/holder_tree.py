@@ -3,7 +3,8 @@
 Lives here: ``ParentLink``, which a child holder tells after each round what
 its clients still wait for (per group, with the oldest item's time); it
 asks the parent for that, gives back at once what no client of the child
-uses (a sync), each at most once per period and one at a time, and yields
+uses (in the request leaving at the same beat, else a sync), each at most
+once per period and one at a time, and yields
 to older work waiting at other children. The rules themselves (what
 is held, what is given back) are pure, in ``tree``.
 Must not know: how the child allocates, or SQL (the loans' rows are the
@@ -94,7 +95,8 @@ class ParentLink:
         self._giving: asyncio.Task[None] | None = None
         self._last_ask_at: float | None = None  #: when the last request to the parent left
         self._last_give_at: float | None = None
-        self._gave_back_at = 0.0  #: when the child last gave permits back (see ``_rides_with_ask``)
+        self._gave_back = 0  #: how many times the child gave permits back (see ``_rides_with_ask``)
+        self._asked_after = 0  #: ``_gave_back`` when the last request was made
         self._failures = 0
         self._woken = False  #: the parent woke the child: ask it, even with nothing to ask for
         self.scheduler = scheduler  #: the object's: see ``keep_alarm``
@@ -205,12 +207,12 @@ class ParentLink:
             idle = held - charged.get(group, 0)
             if idle > 0 and (group not in self.unmet or group in self.yielding):
                 self.borrowed.give_back(group, idle)
-                self._gave_back_at = now_ms()
+                self._gave_back += 1
             elif idle > 0 and self.owed.get(group, 0) > 0:  # to older work elsewhere
                 given = min(idle, self.owed[group])
                 self.borrowed.give_back(group, given)
                 self.owed[group] -= given
-                self._gave_back_at = now_ms()
+                self._gave_back += 1
 
     def ensure_exchanges(self) -> None:
         due = self._ask_due()
@@ -277,6 +279,7 @@ class ParentLink:
         return max(now_ms(), beat + AFTER_BEAT_MS)
 
     def request(self) -> Request:
+        self._asked_after = self._gave_back
         demand = () if self.borrowed.full() else tuple(self.unmet.values())
         # Never held by the parent (no wait): the child hears every period
         # who else waits (``waiting_since``), and yields to older work.
@@ -297,10 +300,9 @@ class ParentLink:
 
     def _rides_with_ask(self) -> bool:
         """A give-back due now goes with the child's request instead, as
-        that reports every loan's count: when the request leaves within
-        half a period (it reaches the same round of the parent's, which
-        lends half a period after the child's beat), or has left since the
-        give-back. Gives and requests both leave just after the child's
+        that reports every loan's count: when the request leaves before the
+        parent's next beat (it reaches the same round of the parent's), or
+        left after the give-back was made. Gives and requests both leave just after the child's
         beat, so a child asking every period would otherwise send both (at
         ``bench_tree.py``'s 1,000 clients, 73 of the root's 758 requests).
         A give-back made while a request is on its way still goes as a
@@ -308,8 +310,8 @@ class ParentLink:
         if self._asking is None:
             return False
         if self._ask_leaves_at is not None:
-            return self._ask_leaves_at <= now_ms() + self.period_ms / 2
-        return self._last_ask_at is not None and self._last_ask_at >= self._gave_back_at
+            return self._ask_leaves_at <= on_beat(now_ms(), self.period_ms, beat_phase(self.parent_key, self.period_ms))
+        return self._asked_after >= self._gave_back
 
     async def _give_at(self, at: float) -> None:
         await sleep_until(at)
@@ -400,7 +402,16 @@ class Waker:
         children = self._children()
         if not children:
             return None
-        return min(self.heard.get(child, self.started_at) for child in children) + self.after_ms
+        return min(self._last_heard(child) for child in children) + self.after_ms
+
+    def _last_heard(self, child: str) -> float:
+        """When ``child`` was last heard from. A new instance has heard from
+        none: it wakes those that hold its permits at once, rather than ten
+        periods on. Its rows may count permits a child has since given back
+        (a partial give-back writes none: see ``holder._release_needs_row``),
+        and may so exceed its limit while it lent them again: its children
+        then hand out nothing (``overLimit``) until those report."""
+        return self.heard.get(child, self.started_at - self.after_ms)
 
     async def _on_timer(self, timer: Any) -> None:
         self.wake_quiet(self._children())
@@ -416,7 +427,7 @@ class Waker:
         """Wake each child of ``holding`` (those the books charge) not heard from for a while."""
         now = now_ms()
         for child in set(holding):
-            if parent_of(child) == self.own_key and self.heard.get(child, self.started_at) <= now - self.after_ms:
+            if parent_of(child) == self.own_key and self._last_heard(child) <= now - self.after_ms:
                 self.heard[child] = now
                 asyncio.ensure_future(self._wake(child))
 
