@@ -494,10 +494,10 @@ def test_a_child_evicted_keeps_its_budget_counted_and_its_clients_are_served_onc
 
 
 def test_a_parent_writes_no_row_for_a_partial_give_back_of_a_loan_and_one_for_anything_else():
+    from types import SimpleNamespace
+
     from durability.semaphore.allocation import Grant
     from durability.semaphore.holder import _release_needs_row
-
-    from types import SimpleNamespace
 
     root = SimpleNamespace(own_key="acct")
     loan = Grant("x", "acct~child-1", "g", 4, 4, 1, 0.0)
