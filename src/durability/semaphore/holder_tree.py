@@ -302,8 +302,9 @@ class ParentLink:
         """A give-back due now goes with the child's request instead, as
         that reports every loan's count: when the request leaves before the
         parent's next beat (it reaches the same round of the parent's), or
-        left after the give-back was made. Gives and requests both leave just after the child's
-        beat, so a child asking every period would otherwise send both (at
+        left after the give-back was made. Gives and requests both leave
+        just after the child's beat, so a child asking every period would
+        otherwise send both (at
         ``bench_tree.py``'s 1,000 clients, 73 of the root's 758 requests).
         A give-back made while a request is on its way still goes as a
         sync: it reaches the parent's round that request is waiting for."""
