@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 from collections import Counter
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from hypothesis import given, strategies as st
@@ -18,7 +19,17 @@ from durability._clock import now_ms
 from durability.semaphore import DurabilitySemaphore
 from durability.semaphore.allocation import ClientOutcome, ResolutionFailed
 from durability.semaphore.holder_tree import AFTER_BEAT_MS, ParentLink
-from durability.semaphore.messages import GROUP_LIMIT, LIMIT, NOT_FOUND, OK, Demand, GrantEntry, ReportOutcome, Request
+from durability.semaphore.messages import (
+    GROUP_LIMIT,
+    LIMIT,
+    NOT_FOUND,
+    OK,
+    Demand,
+    GrantEntry,
+    Reply,
+    ReportOutcome,
+    Request,
+)
 from durability.semaphore.queue_identity import wire_identity
 from durability.semaphore.tree import (
     Borrowed,
@@ -298,6 +309,59 @@ def test_a_childs_give_back_timer_is_set_again_each_time_it_fires_while_unconfir
         for _ in range(3):
             await timers.fire(link.on_timer, GIVER, GIVE)
             assert timers.timer(GIVER, GIVE) is not None  # the alarm still brings an evicted child back
+        link._giving.cancel()
+
+    asyncio.run(scenario())
+
+
+class _Parent:
+    """A parent whose replies to requests are lost while ``lose`` holds, after it lent in them."""
+
+    def __init__(self, loan):
+        self.loan, self.lose, self.requests, self.given_back = loan, True, [], []
+
+    async def sync(self, key, message):
+        self.given_back += [(report["grantId"], report["released"]) for report in message["grants"]]
+        await asyncio.sleep(3_600)  # unanswered: the give-back stays unconfirmed
+
+    async def request(self, key, message):
+        self.requests.append(message["demand"])
+        if self.lose:
+            raise ConnectionError("the reply was lost")
+        return Reply("grants", (), (), (), False, grants=(self.loan,)).to_wire()
+
+
+class _Flushed(_NoLoans):
+    sql = SimpleNamespace(flush=lambda: asyncio.sleep(0))
+
+
+def test_a_child_whose_request_failed_asks_until_it_hears_though_nothing_waits_any_more():
+    # The parent lent in a reply the child never got, and the child's
+    # demand went before it could ask again: only a listing says what it
+    # holds, and nothing else may start the parent to call it (the runtime
+    # may have given up on its alarm). So the child asks, under the backoff,
+    # and keeps a timer for it, until a request succeeds.
+    from durability.semaphore.holder_tree import GIVE, GIVER
+
+    async def scenario():
+        timers = _Timers()
+        parent = _Parent(entry("lost", "g", 2))
+        link = ParentLink(parent, "acct", "acct~child-0", 100.0, lambda: True, lambda: {}, _Flushed(), timers)
+        link._persist = lambda: None  # no rows here
+        link.borrowed.take([], [])  # it heard a listing before: it holds nothing
+        link._heard_at = now_ms()
+        link.after_round({"g": Demand("g", 2, now_ms())})
+        await asyncio.sleep(0.15)
+        assert len(parent.requests) == 1 and link._failures == 1  # the parent lent 2; the reply was lost
+        link.after_round({})  # the demand went: the child's clients were answered
+        await asyncio.sleep(0.25)  # a backoff of two periods: that request failed too
+        assert parent.requests[-1] == [] and link._failures == 2
+        assert link._asking is not None and timers.timer(GIVER, GIVE) is not None  # it asks again
+        parent.lose = False
+        await asyncio.sleep(0.45)  # a backoff of four periods
+        assert len(parent.requests) == 3 and link._failures == 0
+        await asyncio.sleep(0.3)
+        assert parent.given_back == [("lost", 2)]  # it heard of the loan, and gave it back
         link._giving.cancel()
 
     asyncio.run(scenario())

@@ -37,7 +37,7 @@ EXCHANGE_TIMEOUT_MS = 30_000
 #: how long after a beat a child's request leaves: its round, due on the beat, has run by then
 AFTER_BEAT_MS = 1
 WAKER, WAKE = "durability.semaphore-tree", "wake"  #: the waker's timer, in the scheduler (kept in memory)
-#: a child's timer while a give-back is unconfirmed (``ParentLink.keep_alarm``)
+#: a child's timer while a give-back is unconfirmed or a request failed (``ParentLink.keep_alarm``)
 GIVER, GIVE = "durability.semaphore-tree-child", "give-back"
 
 
@@ -98,7 +98,10 @@ class ParentLink:
         self._gave_back = 0  #: how many times the child gave permits back (see ``_rides_with_ask``)
         self._asked_after = 0  #: ``_gave_back`` when the last request was made
         self._failures = 0
-        self._woken = False  #: the parent woke the child: ask it, even with nothing to ask for
+        #: ask the parent, even with nothing to ask for, and hear every loan it
+        #: lists: it woke the child, or a request failed whose reply might have
+        #: lent permits the child never heard of (see ``_exchange``)
+        self._must_ask = False
         self.scheduler = scheduler  #: the object's: see ``keep_alarm``
         scheduler.register(GIVER, self.on_timer, durable=False)
 
@@ -176,7 +179,7 @@ class ParentLink:
         lost, so the child asks, and reads the listing of what it holds."""
         if unmet is not None:
             self.unmet, self._unmet_at = unmet, now_ms()
-        self._woken = self._woken or synced_by == self.parent_key
+        self._must_ask = self._must_ask or synced_by == self.parent_key
         self._give_back_idle()
         self.ensure_exchanges()
 
@@ -231,25 +234,30 @@ class ParentLink:
     def _ask_due(self) -> float | None:
         """When the next request to the parent should leave, or None: at
         once (a period after the last) for demand, for a first listing, or
-        when woken; else, holding permits with nothing to ask for, now and
+        while a listing is owed (``_must_ask``); else, holding permits with nothing to ask for, now and
         then, which keeps the child from going stale (a row-free exchange;
         one per half ``fresh_for_ms`` per such child)."""
-        if self.unmet or not self.borrowed.heard or self._woken:
+        if self.unmet or not self.borrowed.heard or self._must_ask:
             return self._next_at(self._last_ask_at)
         if self.borrowed.total() > 0 and self._heard_at is not None:
             return max(self._heard_at + self.fresh_for_ms / 2, self._next_at(self._last_ask_at))
         return None
 
     def keep_alarm(self) -> None:
-        """While a give-back is unconfirmed, a timer ``MAX_BACKOFF_MS`` away:
-        the exchanges are tasks in memory, and an evicted child whose clients
-        are quiet would never send its give-back again. The timer is the
-        scheduler's, in memory, derived again from the loans' rows when an
-        instance starts, so the object's alarm brings the child back. It is
-        set only where none is, so the alarm moves at most once per
-        ``MAX_BACKOFF_MS`` while give-backs flow (a row, and a request when
-        it fires), not once per give-back."""
-        if not self.borrowed.unconfirmed():
+        """While a give-back is unconfirmed, or a listing is owed after a
+        failed exchange, a timer ``MAX_BACKOFF_MS`` away: the exchanges are tasks in memory, and an
+        evicted child whose clients are quiet would never send its give-back
+        again, nor hear of a loan whose reply was lost (its parent counts
+        that loan until the child hears; the parent's waker would call it,
+        but not while the runtime has given up on the parent's alarm). The
+        timer is the scheduler's, in memory: a new instance derives it again
+        from the loans' rows, and asks for a first listing whatever started
+        it, so the object's alarm brings the child back. It is set only where
+        none is, so the alarm moves at most once per ``MAX_BACKOFF_MS`` while
+        give-backs flow or requests fail (a row, and a request when it
+        fires), not once per give-back; a child whose exchanges all succeed
+        and are confirmed sets none."""
+        if not (self.borrowed.unconfirmed() or (self._must_ask and self._failures)):
             self.scheduler.cancel(GIVER, GIVE)
         elif self.scheduler.timer(GIVER, GIVE) is None:
             self.scheduler.schedule(GIVER, GIVE, now_ms() + MAX_BACKOFF_MS)
@@ -338,12 +346,15 @@ class ParentLink:
             reply = Reply.parse(sent, kind)
         except Exception as error:  # unreachable, overloaded or refusing: ask again later
             self._failures += 1
+            # A request's reply may be lost after the parent lent in it: only
+            # a listing says, so the child asks until one comes, demand or not.
+            self._must_ask = self._must_ask or kind == "grants"
             log.warning("budget tree: %s could not reach its parent %s: %r", self.child_id, self.parent_key, error)
             return
         self._failures = 0
         # The reply says what held at the parent some time after it was sent.
         self._heard_at = max(self._heard_at or sent_at, sent_at)
-        self._woken = self._woken and kind != "grants"
+        self._must_ask = self._must_ask and kind != "grants"
         self.contended = reply.contended
         self.over_limit, self.closed = reply.over_limit, set(reply.closed_groups)
         if self.over_limit:
