@@ -68,7 +68,8 @@ class Partition:
 class Outage:
     """An object out of order from ``at_ms`` for ``ms``: every alarm run of
     ``holder`` key or ``shard`` index fails (``alarms``: long enough that the
-    runtime gives up on its alarm), or every call into it does (``calls``)."""
+    runtime gives up on its alarm), or every call into it does (``calls``).
+    In mode "tree", ``child``: the key's root's ``n``-th child instead (-1 the root)."""
 
     kind: str  #: "shard" or "holder"
     index: int
@@ -76,11 +77,14 @@ class Outage:
     ms: float
     alarms: bool = True
     calls: bool = False
+    child: int = -1
 
     @property
     def target(self) -> str:
         """The object as the runtime names it."""
-        return f"Shard:s{self.index}" if self.kind == "shard" else f"Holder:k{self.index}"
+        if self.kind == "shard":
+            return f"Shard:s{self.index}"
+        return f"Holder:k{self.index}" + (f"~child-{self.child}" if self.child >= 0 else "")
 
 
 @dataclass(frozen=True)
@@ -185,7 +189,7 @@ def generate(seed: int, mode: str) -> Scenario:
         jobs=jobs, changes=_changes(rng, mode, keys), faults=faults, latency_ms=latency,
         partitions=_partitions(rng, shards), lose_releases=rng.choice([0.0, 0.05, 0.2]),
         permits_per_lease=rng.randint(1, 4), keep_done=rng.random() < 0.5,
-        outages=_outages(rng, keys, shards), restarts=_restarts(rng, keys, jobs, fan_out), fan_out=fan_out,
+        outages=_outages(rng, keys, shards, fan_out), restarts=_restarts(rng, keys, jobs, fan_out), fan_out=fan_out,
     )
 
 
@@ -236,22 +240,30 @@ def _partitions(rng: random.Random, shards: int) -> tuple[Partition, ...]:
     return (Partition(rng.randrange(shards), at, round(rng.uniform(1.2, 2.0) * LEASE_TTL_MS, 1)),)
 
 
-def _outages(rng: random.Random, keys: int, shards: int) -> tuple[Outage, ...]:
+def _outages(rng: random.Random, keys: int, shards: int, fan_out: int = 0) -> tuple[Outage, ...]:
     """Three runs in ten: an object whose every alarm run fails for 170 to 220 s
     (the runtime's seven tries take about 160 s: it gives up on the alarm),
     a shard more often than a holder. One in five: an object that fails every
-    call for one to three minutes."""
+    call for one to three minutes. In a tree, a holder's outage is the
+    root's, or one of its children's."""
     found = []
     if rng.random() < 0.3:
         kind = "shard" if rng.random() < 0.7 else "holder"
         index = rng.randrange(shards if kind == "shard" else keys)
-        found.append(Outage(kind, index, round(rng.uniform(5_000, 60_000), 1), round(rng.uniform(170_000, 220_000), 1)))
+        found.append(Outage(kind, index, round(rng.uniform(5_000, 60_000), 1), round(rng.uniform(170_000, 220_000), 1),
+                            child=_outage_child(rng, kind, fan_out)))
     if rng.random() < 0.2:
         kind = "shard" if rng.random() < 0.5 else "holder"
         index = rng.randrange(shards if kind == "shard" else keys)
         found.append(Outage(kind, index, round(rng.uniform(5_000, 90_000), 1), round(rng.uniform(60_000, 180_000), 1),
-                            alarms=False, calls=True))
+                            alarms=False, calls=True, child=_outage_child(rng, kind, fan_out)))
     return tuple(found)
+
+
+def _outage_child(rng: random.Random, kind: str, fan_out: int) -> int:
+    """-1 (the root), or a child of the root, for a holder's outage in a tree
+    (no draw otherwise, so that other modes' seeds keep their scenarios)."""
+    return rng.randrange(-1, fan_out) if kind == "holder" and fan_out else -1
 
 
 def _restarts(rng: random.Random, keys: int, jobs: tuple[Job, ...], fan_out: int = 0) -> tuple[Restart, ...]:

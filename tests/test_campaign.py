@@ -182,6 +182,14 @@ def test_new_faults_are_drawn_and_shrink_away():
     assert with_outage.faults_end_ms == max(150_000, *(o.at_ms + o.ms for o in with_outage.outages))
     assert eval(with_outage.to_literal()) == with_outage
     assert any(not c.outages for c in smaller(with_outage))
+    assert all(o.child == -1 for o in outages + blackouts)  # no tree: the holder itself
+
+
+def test_a_trees_holder_outages_hit_its_root_and_its_children():
+    drawn = [generate(seed, "tree") for seed in range(400)]
+    targets = {o.target for s in drawn for o in s.outages if o.kind == "holder"}
+    assert "Holder:k0" in targets and {"Holder:k0~child-0", "Holder:k0~child-1"} <= targets
+    assert all(o.child < s.fan_out for s in drawn for o in s.outages)
 
 
 def test_campaign_tree_seed_11():

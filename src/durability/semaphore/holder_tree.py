@@ -37,7 +37,7 @@ EXCHANGE_TIMEOUT_MS = 30_000
 #: how long after a beat a child's request leaves: its round, due on the beat, has run by then
 AFTER_BEAT_MS = 1
 WAKER, WAKE = "durability.semaphore-tree", "wake"  #: the waker's timer, in the scheduler (kept in memory)
-#: a child's timer while a give-back is unconfirmed or a request failed (``ParentLink.keep_alarm``)
+#: a child's timer while a give-back is unconfirmed or a listing owed (``ParentLink.keep_alarm``)
 GIVER, GIVE = "durability.semaphore-tree-child", "give-back"
 
 
@@ -234,9 +234,10 @@ class ParentLink:
     def _ask_due(self) -> float | None:
         """When the next request to the parent should leave, or None: at
         once (a period after the last) for demand, for a first listing, or
-        while a listing is owed (``_must_ask``); else, holding permits with nothing to ask for, now and
-        then, which keeps the child from going stale (a row-free exchange;
-        one per half ``fresh_for_ms`` per such child)."""
+        while a listing is owed (``_must_ask``); else, holding permits with
+        nothing to ask for, now and then, which keeps the child from going
+        stale (a row-free exchange; one per half ``fresh_for_ms`` per such
+        child)."""
         if self.unmet or not self.borrowed.heard or self._must_ask:
             return self._next_at(self._last_ask_at)
         if self.borrowed.total() > 0 and self._heard_at is not None:
@@ -244,20 +245,20 @@ class ParentLink:
         return None
 
     def keep_alarm(self) -> None:
-        """While a give-back is unconfirmed, or a listing is owed after a
-        failed exchange, a timer ``MAX_BACKOFF_MS`` away: the exchanges are tasks in memory, and an
-        evicted child whose clients are quiet would never send its give-back
-        again, nor hear of a loan whose reply was lost (its parent counts
-        that loan until the child hears; the parent's waker would call it,
-        but not while the runtime has given up on the parent's alarm). The
-        timer is the scheduler's, in memory: a new instance derives it again
-        from the loans' rows, and asks for a first listing whatever started
-        it, so the object's alarm brings the child back. It is set only where
-        none is, so the alarm moves at most once per ``MAX_BACKOFF_MS`` while
-        give-backs flow or requests fail (a row, and a request when it
-        fires), not once per give-back; a child whose exchanges all succeed
-        and are confirmed sets none."""
-        if not (self.borrowed.unconfirmed() or (self._must_ask and self._failures)):
+        """While a give-back is unconfirmed, or a listing is owed
+        (``_must_ask``), a timer ``MAX_BACKOFF_MS`` away: the exchanges are
+        tasks in memory, and an evicted child whose clients are quiet would
+        never send its give-back again, nor hear of a loan whose reply was
+        lost (the parent's waker would call it, but not while the runtime has
+        given up on the parent's alarm). The timer is the scheduler's, in
+        memory: a new instance derives it again from the loans' rows, and
+        asks for a first listing whatever started it, so the object's alarm
+        brings the child back. It is set only where none is, so the alarm
+        moves at most once per ``MAX_BACKOFF_MS`` while give-backs flow,
+        requests fail or a wake is unanswered (a row, and a request when it
+        fires), not once per give-back; a child whose exchanges succeed and
+        are confirmed sets none."""
+        if not (self.borrowed.unconfirmed() or self._must_ask):
             self.scheduler.cancel(GIVER, GIVE)
         elif self.scheduler.timer(GIVER, GIVE) is None:
             self.scheduler.schedule(GIVER, GIVE, now_ms() + MAX_BACKOFF_MS)
