@@ -185,11 +185,14 @@ def test_new_faults_are_drawn_and_shrink_away():
     assert all(o.child == -1 for o in outages + blackouts)  # no tree: the holder itself
 
 
-def test_a_trees_holder_outages_hit_its_root_and_its_children():
+def test_a_trees_holder_outages_hit_its_root_and_its_children_and_keep_the_rest_of_each_seed():
     drawn = [generate(seed, "tree") for seed in range(400)]
     targets = {o.target for s in drawn for o in s.outages if o.kind == "holder"}
     assert "Holder:k0" in targets and {"Holder:k0~child-0", "Holder:k0~child-1"} <= targets
     assert all(o.child < s.fan_out for s in drawn for o in s.outages)
+    # The children's outages come from a source of their own: the rest of a seed stays.
+    assert all(o.child == -1 for o in generate(1650, "tree").outages)
+    assert generate(1650, "tree").restarts == (Restart(key=1, at_ms=13682.5),)
 
 
 def test_campaign_tree_seed_11():

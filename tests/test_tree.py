@@ -340,7 +340,7 @@ def test_a_child_whose_request_failed_asks_until_it_hears_though_nothing_waits_a
     # demand went before it could ask again: only a listing says what it
     # holds, and nothing else may start the parent to call it (the runtime
     # may have given up on its alarm). So the child asks, under the backoff,
-    # and keeps a timer for it, until a request succeeds.
+    # and keeps a timer for it, until a request gets through.
     from durability.semaphore.holder_tree import GIVE, GIVER
 
     async def scenario():
@@ -351,20 +351,41 @@ def test_a_child_whose_request_failed_asks_until_it_hears_though_nothing_waits_a
         link.borrowed.take([], [])  # it heard a listing before: it holds nothing
         link._heard_at = now_ms()
         link.after_round({"g": Demand("g", 2, now_ms())})
-        await asyncio.sleep(0.15)
-        assert len(parent.requests) == 1 and link._failures == 1  # the parent lent 2; the reply was lost
+        await _until(lambda: link._failures == 1)  # the parent lent 2; the reply was lost
         link.after_round({})  # the demand went: the child's clients were answered
-        await asyncio.sleep(0.25)  # a backoff of two periods: that request failed too
-        assert parent.requests[-1] == [] and link._failures == 2
+        await _until(lambda: link._failures == 2)  # the request made for it failed too
+        assert parent.requests[-1] == []
         assert link._asking is not None and timers.timer(GIVER, GIVE) is not None  # it asks again
         parent.lose = False
-        await asyncio.sleep(0.45)  # a backoff of four periods
+        await _until(lambda: parent.given_back)
         assert len(parent.requests) == 3 and link._failures == 0
-        await asyncio.sleep(0.3)
         assert parent.given_back == [("lost", 2)]  # it heard of the loan, and gave it back
+        assert not link._unheard and link._ask_due() is None  # and asks nothing more
         link._giving.cancel()
 
     asyncio.run(scenario())
+
+
+def test_a_refused_request_lent_nothing_and_the_child_does_not_ask_again_for_it():
+    from durability._wire import ProtocolError
+    from durability.semaphore.holder_tree import _may_have_lent
+    from durability.testing import JsException
+
+    overloaded = JsException("Durable Object is overloaded.")
+    overloaded.overloaded = True
+    assert not _may_have_lent(ProtocolError("unsupported", "an older parent"))
+    assert not _may_have_lent(overloaded)  # never ran
+    assert _may_have_lent(ProtocolError("malformed_reply", "a reply it could not read"))
+    assert _may_have_lent(JsException("Network connection lost.")) and _may_have_lent(TimeoutError())
+
+
+async def _until(condition, most_s=10.0):
+    """Wait (on the real clock) until ``condition()``; fail after ``most_s``."""
+    for _ in range(int(most_s / 0.01)):
+        if condition():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("the condition never held")
 
 
 def test_demand_that_comes_while_a_refresh_is_put_off_is_asked_for_within_a_period():

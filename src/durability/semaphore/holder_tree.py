@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from .._clock import now_ms, sleep_until
+from .._wire import ProtocolError
 from .client import SemaphoreClient
 from .messages import Demand, Reply, Request, Sync
 from .store import HolderStore
@@ -98,10 +99,10 @@ class ParentLink:
         self._gave_back = 0  #: how many times the child gave permits back (see ``_rides_with_ask``)
         self._asked_after = 0  #: ``_gave_back`` when the last request was made
         self._failures = 0
-        #: ask the parent, even with nothing to ask for, and hear every loan it
-        #: lists: it woke the child, or a request failed whose reply might have
-        #: lent permits the child never heard of (see ``_exchange``)
-        self._must_ask = False
+        self._woken = False  #: the parent woke the child: ask it, even with nothing to ask for
+        #: a request failed whose lost reply may have lent permits: ask until a
+        #: request gets through, even with nothing to ask for (see ``keep_alarm``)
+        self._unheard = False
         self.scheduler = scheduler  #: the object's: see ``keep_alarm``
         scheduler.register(GIVER, self.on_timer, durable=False)
 
@@ -179,7 +180,7 @@ class ParentLink:
         lost, so the child asks, and reads the listing of what it holds."""
         if unmet is not None:
             self.unmet, self._unmet_at = unmet, now_ms()
-        self._must_ask = self._must_ask or synced_by == self.parent_key
+        self._woken = self._woken or synced_by == self.parent_key
         self._give_back_idle()
         self.ensure_exchanges()
 
@@ -234,31 +235,32 @@ class ParentLink:
     def _ask_due(self) -> float | None:
         """When the next request to the parent should leave, or None: at
         once (a period after the last) for demand, for a first listing, or
-        while a listing is owed (``_must_ask``); else, holding permits with
+        when woken or ``_unheard``; else, holding permits with
         nothing to ask for, now and then, which keeps the child from going
         stale (a row-free exchange; one per half ``fresh_for_ms`` per such
         child)."""
-        if self.unmet or not self.borrowed.heard or self._must_ask:
+        if self.unmet or not self.borrowed.heard or self._woken or self._unheard:
             return self._next_at(self._last_ask_at)
         if self.borrowed.total() > 0 and self._heard_at is not None:
             return max(self._heard_at + self.fresh_for_ms / 2, self._next_at(self._last_ask_at))
         return None
 
     def keep_alarm(self) -> None:
-        """While a give-back is unconfirmed, or a listing is owed
-        (``_must_ask``), a timer ``MAX_BACKOFF_MS`` away: the exchanges are
-        tasks in memory, and an evicted child whose clients are quiet would
-        never send its give-back again, nor hear of a loan whose reply was
-        lost (the parent's waker would call it, but not while the runtime has
-        given up on the parent's alarm). The timer is the scheduler's, in
-        memory: a new instance derives it again from the loans' rows, and
-        asks for a first listing whatever started it, so the object's alarm
-        brings the child back. It is set only where none is, so the alarm
-        moves at most once per ``MAX_BACKOFF_MS`` while give-backs flow,
-        requests fail or a wake is unanswered (a row, and a request when it
+        """While a give-back is unconfirmed, or a request failed and none
+        has got through since (``_unheard``), a timer ``MAX_BACKOFF_MS``
+        away: the exchanges are tasks in memory, and an evicted child whose
+        clients are quiet would never send its give-back again, nor hear of
+        a loan whose reply was lost (the parent's waker would call it, but
+        not while the runtime has given up on the parent's alarm). The timer
+        is the scheduler's, in memory: a new instance derives it again from
+        the loans' rows, and asks for a first listing whatever started it,
+        so the object's alarm brings the child back. It is set only where
+        none is, so the alarm moves at most once per ``MAX_BACKOFF_MS``
+        while give-backs flow or requests fail (a row, and a request when it
         fires), not once per give-back; a child whose exchanges succeed and
-        are confirmed sets none."""
-        if not (self.borrowed.unconfirmed() or self._must_ask):
+        are confirmed sets none. (A woken child keeps none: its parent wakes
+        it again.)"""
+        if not (self.borrowed.unconfirmed() or self._unheard):
             self.scheduler.cancel(GIVER, GIVE)
         elif self.scheduler.timer(GIVER, GIVE) is None:
             self.scheduler.schedule(GIVER, GIVE, now_ms() + MAX_BACKOFF_MS)
@@ -267,7 +269,7 @@ class ParentLink:
     async def on_timer(self, timer: Any) -> None:
         # The timer that fired is still there while this runs (and is then
         # forgotten): cancelled, so that keep_alarm sets it again while a
-        # give-back is still unconfirmed, as a new one the scheduler keeps.
+        # give-back is unconfirmed or a request unheard, as a new one the scheduler keeps.
         self.scheduler.cancel(GIVER, GIVE)
         self.ensure_exchanges()
 
@@ -349,13 +351,14 @@ class ParentLink:
             self._failures += 1
             # A request's reply may be lost after the parent lent in it: only
             # a listing says, so the child asks until one comes, demand or not.
-            self._must_ask = self._must_ask or kind == "grants"
+            self._unheard = self._unheard or (kind == "grants" and _may_have_lent(error))
             log.warning("budget tree: %s could not reach its parent %s: %r", self.child_id, self.parent_key, error)
             return
         self._failures = 0
         # The reply says what held at the parent some time after it was sent.
         self._heard_at = max(self._heard_at or sent_at, sent_at)
-        self._must_ask = self._must_ask and kind != "grants"
+        if kind == "grants":  # its reply listed every loan the child holds
+            self._woken = self._unheard = False
         self.contended = reply.contended
         self.over_limit, self.closed = reply.over_limit, set(reply.closed_groups)
         if self.over_limit:
@@ -366,6 +369,17 @@ class ParentLink:
         if self.borrowed.take(reply.grants, reply.reports) > 0:
             self.on_lent()
         self._give_back_idle()
+
+
+def _may_have_lent(error: BaseException) -> bool:
+    """Whether a request that failed with ``error`` may have run at the
+    parent, and lent in a reply the child never read: anything but the
+    parent's refusal (a reply, and nothing changed: see ``ProtocolError``)
+    or an overloaded object's answer (the call never ran). A refusal that
+    stays (an older parent, say) so costs no request every backoff."""
+    if isinstance(error, ProtocolError):
+        return error.code == "malformed_reply"
+    return not any(getattr(source, "overloaded", False) for source in (error, getattr(error, "js_error", None)))
 
 
 class Waker:
