@@ -38,7 +38,7 @@ EXCHANGE_TIMEOUT_MS = 30_000
 #: how long after a beat a child's request leaves: its round, due on the beat, has run by then
 AFTER_BEAT_MS = 1
 WAKER, WAKE = "durability.semaphore-tree", "wake"  #: the waker's timer, in the scheduler (kept in memory)
-#: a child's timer while a give-back is unconfirmed or a listing owed (``ParentLink.keep_alarm``)
+#: a child's timer while a give-back is unconfirmed or a request unheard (``ParentLink.keep_alarm``)
 GIVER, GIVE = "durability.semaphore-tree-child", "give-back"
 
 
