@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import hashlib
 import logging
 import random
 from collections.abc import Iterator
@@ -46,6 +47,8 @@ class Outcome:
     violations: Violations = field(default_factory=Violations)
     #: what the spec allows, counted
     excused: collections.Counter = field(default_factory=collections.Counter)
+    #: a fingerprint of the run's trace: equal for two runs that went the same way
+    digest: str = ""
 
     @property
     def failed(self) -> bool:
@@ -64,6 +67,12 @@ def run(scenario: Scenario) -> Outcome:
 def _faults(scenario: Scenario, **extra) -> Faults:
     outages = tuple(Outage(o.target, o.at_ms, o.ms, o.alarms, o.calls) for o in scenario.outages)
     return Faults(**dict(scenario.faults), latency_ms=(0.0, scenario.latency_ms), outages=outages, **extra)
+
+
+def trace_digest(trace: list[tuple[float, str, str, str]]) -> str:
+    """A fingerprint of every call, fault and event of a run, each with its
+    virtual time: two runs of one seed must give the same one, in any process."""
+    return hashlib.sha256(repr(trace).encode()).hexdigest()[:16]
 
 
 def lease_options(scenario: Scenario, on: bool = True) -> dict | None:
@@ -115,7 +124,7 @@ def _run_budget(scenario: Scenario) -> Outcome:
     finally:
         runtime.close()
     return Outcome(scenario.mode, scenario.seed, truth.steps, runtime.now_ms() - start, truth.violations,
-                   truth.excused)
+                   truth.excused, trace_digest(runtime.trace))
 
 
 class _BudgetDriver:
@@ -402,7 +411,8 @@ def _run_locks(scenario: Scenario) -> Outcome:
     for k, usage in enumerate(left):
         if (usage["held"], usage["waiting"]) != (0, 0):
             violations.add("leak", f"key{k} still holds {usage['held']} and has {usage['waiting']} waiting")
-    return Outcome(scenario.mode, scenario.seed, len(holds) + len(results), runtime.now_ms() - start, violations)
+    return Outcome(scenario.mode, scenario.seed, len(holds) + len(results), runtime.now_ms() - start, violations,
+                   digest=trace_digest(runtime.trace))
 
 
 async def _later(ms: float, fn) -> None:

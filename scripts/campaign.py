@@ -4,6 +4,7 @@
     uv run scripts/campaign.py --seeds 50 --mode strict --json
     uv run scripts/campaign.py --replay 123 --mode over --shrink
     uv run scripts/campaign.py --seeds 20 --mode grants --plant over_grant --shrink
+    uv run scripts/campaign.py --seeds 200 --replay-check   # each seed in two processes, traces compared
 
 Each run draws a scenario from its seed and mode (``campaign.scenario``),
 runs it on the embedded runtime in virtual time (``campaign.run``) and
@@ -13,8 +14,12 @@ runs, steps checked, violations by invariant and virtual hours simulated;
 ``--json`` prints them as a JSON list instead. A failing seed replays
 exactly with ``--replay``; ``--shrink`` reduces the first failure to a
 minimal scenario, printed as a ready-to-paste pytest case. ``--plant``
-plants a defect on purpose, to show the checks catch it. The exit code is
-1 when any run fails.
+plants a defect on purpose, to show the checks catch it. ``--replay-check``
+runs the seeds twice, in two processes with different ``PYTHONHASHSEED``,
+and compares each run's trace (every call, fault and event, with its
+virtual time): a run that follows hash order or object addresses shows as
+a seed whose traces differ. The exit code is 1 when any run fails, or
+when any seed's traces differ.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ import collections
 import json
 import multiprocessing
 import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -46,7 +52,7 @@ def one(task: tuple[str, int, str | None]) -> dict:
                 "violations": {"crash": 1}, "first": {"crash": repr(error)[:300]}, "excused": {}}
     return {"mode": mode, "seed": seed, "steps": outcome.steps, "virtual_ms": outcome.virtual_ms,
             "violations": dict(outcome.violations.counts), "first": outcome.violations.first,
-            "excused": dict(outcome.excused)}
+            "excused": dict(outcome.excused), "digest": outcome.digest}
 
 
 def summarize(results: list[dict], modes: list[str]) -> list[dict]:
@@ -92,6 +98,40 @@ def shrink_and_print(mode: str, seed: int, plant: str | None) -> None:
     print(as_pytest_case(smallest, invariants))
 
 
+#: the two hash seeds of --replay-check: 0 turns hash randomization off, the other is any other
+HASH_SEEDS = ("0", "1729")
+
+
+def replay_check(args: argparse.Namespace, modes: list[str]) -> int:
+    """Every seed run in two processes whose strings hash differently; their traces compared."""
+    command = [sys.executable, __file__, "--seeds", str(args.seeds), "--start", str(args.start), "--digests",
+               "--jobs", str(max(1, args.jobs // 2)), *(f"--mode={mode}" for mode in modes)]
+    started = time.time()
+    processes = [subprocess.Popen(command, stdout=subprocess.PIPE, text=True,
+                                  env={**os.environ, "PYTHONHASHSEED": hash_seed}) for hash_seed in HASH_SEEDS]
+    first, second = ({(r["mode"], r["seed"]): r["digest"] for r in json.loads(p.communicate()[0])}
+                     for p in processes)
+    if first.keys() != second.keys() or not first:
+        print("replay check: the two processes did not run the same seeds", file=sys.stderr)
+        return 1
+    rows = []
+    for mode in modes:
+        seeds = sorted(seed for (m, seed) in first if m == mode)
+        differing = [seed for seed in seeds if first[mode, seed] != second[mode, seed]]
+        rows.append({"mode": mode, "runs": len(seeds), "identical": len(seeds) - len(differing),
+                     "differing_seeds": differing})
+    if args.json:
+        print(json.dumps(rows))
+    else:
+        print(f"{'mode':<8} {'seeds':>6} {'identical traces':>17}  "
+              f"(PYTHONHASHSEED {' against '.join(HASH_SEEDS)})")
+        for row in rows:
+            print(f"{row['mode']:<8} {row['runs']:>6} {row['identical']:>17}  "
+                  + (f"differing seeds: {row['differing_seeds'][:20]}" if row["differing_seeds"] else ""))
+        print(f"{2 * len(first)} runs in {time.time() - started:.0f} s")
+    return 1 if any(row["differing_seeds"] for row in rows) else 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seeds", type=int, default=50, help="runs per mode (seeds start..start+N-1)")
@@ -103,11 +143,16 @@ def main() -> int:
     parser.add_argument("--replay", type=int, metavar="SEED", help="run one seed of one --mode and print it")
     parser.add_argument("--shrink", action="store_true", help="shrink the first failure to a pytest case")
     parser.add_argument("--plant", choices=PLANTS, help="plant a defect on purpose (budget modes)")
+    parser.add_argument("--replay-check", action="store_true",
+                        help="run every seed in two processes with different PYTHONHASHSEED; compare traces")
+    parser.add_argument("--digests", action="store_true", help=argparse.SUPPRESS)  # --replay-check's half
     args = parser.parse_args()
     modes = list(MODES) if not args.mode or "all" in args.mode else list(dict.fromkeys(args.mode))
     if args.plant and "locks" in modes:
         modes.remove("locks")  # the planted defects are in the budget's holder and queue
 
+    if args.replay_check:
+        return replay_check(args, modes)
     if args.replay is not None:
         if len(modes) != 1:
             parser.error("--replay needs exactly one --mode")
@@ -132,7 +177,9 @@ def main() -> int:
             bar.show(len(results), f"{len(results)}/{len(tasks)} runs, {failed} failed, {rate:.1f} runs/s")
     bar.end()
     summary = summarize(results, modes)
-    if args.json:
+    if args.digests:
+        print(json.dumps([{"mode": r["mode"], "seed": r["seed"], "digest": r["digest"]} for r in results]))
+    elif args.json:
         print(json.dumps([{k: row[k] for k in ("mode", "runs", "steps_checked", "violations", "virtual_hours")}
                           for row in summary]))
     else:

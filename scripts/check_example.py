@@ -3,7 +3,8 @@
 
     python3 scripts/check_example.py [--example DIR] [--workdir DIR]
 
-1. Builds the wheel (`uv build --wheel`) into WORKDIR/dist.
+1. Builds the sdist, then the wheel from it, as the docs' `uv build` does,
+   into WORKDIR/dist.
 2. Copies the example to WORKDIR/examples/NAME, so that its
    `[tool.uv.sources]` path, ../../dist/, names that wheel and the checkout
    is left as it is.
@@ -40,7 +41,9 @@ def _uv_env() -> dict[str, str]:
 
 
 def build_wheel(dist: Path) -> Path:
-    run(uv_command() + ["build", "--wheel", "--out-dir", str(dist), "--quiet"], env=_uv_env())
+    # Plain `uv build`, as the docs give it: the wheel is made from the sdist,
+    # so a file the sdist leaves out fails here, not at a user's.
+    run(uv_command() + ["build", "--out-dir", str(dist), "--quiet"], env=_uv_env())
     wheels = sorted(dist.glob("durability_workers-*.whl"))
     if len(wheels) != 1:
         fail(f"expected one durability_workers wheel in {dist}, found {[w.name for w in wheels]}")

@@ -186,3 +186,34 @@ def test_a_cron_expression_it_cannot_read_is_refused(cron):
 
     with pytest.raises(ValueError, match="cron"):
         CronSchedule.parse(cron)
+
+
+def test_an_alarm_run_past_fifteen_minutes_is_cut_off_with_its_instance_and_retried(probe):
+    stub = probe.env.PROBE.getByName("a")
+
+    async def scenario():
+        await stub.set_alarm_in(1_000, 0, 20 * 60)  # each run of the handler sleeps 20 minutes
+        await stub.record("in memory")
+        await asyncio.sleep(15 * 60 + 30)  # past the first run's limit and into the second run
+        return alarm_entries(await stub.entries()), await stub.remembered()
+
+    fired, remembered = probe.run(scenario())
+    assert [fields(e)["retry"] for e in fired] == ["0", "1"]  # no "alarm-done": the run was cut off
+    first, second = (int(fields(e)["at"]) for e in fired)
+    assert 15 * 60_000 + 2_000 <= second - first <= 15 * 60_000 + 2_500 + 1  # retried after the first backoff
+    assert remembered == []  # the instance went with the run
+    events = [(e, d) for _, name, e, d in probe.trace if name == "Probe:a" and e in ("alarm failed", "evicted")]
+    assert events[0] == ("evicted", "Durable Object alarm exceeded its 15-minute wall-time limit and was reset.")
+    assert events[1][0] == "alarm failed" and "15-minute" in events[1][1]
+
+
+def test_an_alarm_handler_within_fifteen_minutes_ends_normally(probe):
+    stub = probe.env.PROBE.getByName("a")
+
+    async def scenario():
+        await stub.set_alarm_in(1_000, 0, 14 * 60)
+        await asyncio.sleep(15 * 60)
+        return await stub.entries()
+
+    entries = probe.run(scenario())
+    assert [e.split()[0] for e in alarm_entries(entries)] == ["alarm", "alarm-done"]

@@ -9,6 +9,7 @@ against the ground truth of what each key holds.
 from __future__ import annotations
 
 import random
+import re
 
 import pytest
 from hypothesis import given, settings, strategies as st
@@ -94,6 +95,17 @@ def test_equal_weights_split_the_room_so_holdings_even_out():
 def test_a_malformed_share_is_refused_with_a_clear_error(weight, floor, priority):
     with pytest.raises(ValueError, match="fair share's"):
         checked_share(weight, floor, priority)
+
+
+@pytest.mark.parametrize("weight, floor, priority, said", [
+    (1e300, 0, 0, "weight must be a number above 0 and at most 2**53"),
+    (1, 2**60, 0, "floor must be an int from 0 to 2**53"),
+    (1, 0, 2**60, "priority must be an int from -2**53 to 2**53"),
+    (1, 0, -2**60, "priority must be an int from -2**53 to 2**53")])
+def test_a_share_past_two_to_the_53_is_refused_with_its_real_bound(weight, floor, priority, said):
+    with pytest.raises(ValueError, match=re.escape(said) + r".*what a JS number holds exactly"):
+        checked_share(weight, floor, priority)
+    assert checked_share(2**53, 2**53, -(2**53)) == Share(float(2**53), 2**53, -(2**53))  # the bound itself is in
 
 
 @pytest.mark.parametrize("options", [

@@ -21,7 +21,7 @@ PURE = [
 ]
 #: the standard library a pure module may use: nothing that waits, reads a clock, or touches the outside
 PURE_STDLIB = {"__future__", "bisect", "collections", "collections.abc", "dataclasses", "enum", "functools",
-               "hashlib", "heapq", "itertools", "math", "operator", "typing"}
+               "hashlib", "heapq", "itertools", "json", "math", "operator", "typing"}
 #: modules that keep rows: they must not know the protocol or its decisions
 STORAGE = ["durability.semaphore.queue_store", "durability.semaphore.grant_book", "durability.semaphore.lease_book"]
 PROTOCOL = {"durability.semaphore.messages", "durability.semaphore.queue_core",

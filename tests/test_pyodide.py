@@ -15,7 +15,7 @@ from webhook_receiver import Receiver
 from durability.testing import Runtime
 from fidelity.embedded import EmbeddedDriver
 from fidelity.pyodide_host import ROOT, PyodideHostError, run_host
-from fidelity.scenarios import account_jobs, http_bodies, resume, uploads, webhooks
+from fidelity.scenarios import account_jobs, deep_input, http_bodies, resume, uploads, webhooks
 
 pytestmark = [pytest.mark.pyodide]
 
@@ -133,6 +133,23 @@ def test_http_bodies_that_are_not_json_objects_are_400s_in_pyodide_too():
             assert outcomes[f"{path} {name}"] == [400, "the body must be a JSON object"]
     assert outcomes["wrong token"] == [401, None]
     assert outcomes["a good body"] == [200, {"count": 2}]
+    assert in_pyodide["background_errors"] == []
+
+
+def test_deep_values_get_one_clear_error_at_every_depth_in_pyodide_as_on_cpython():
+    vars = {"API_TOKEN": deep_input.TOKEN}
+    in_pyodide = run_host({"kind": "scenario", "module": "scenarios.deep_input", "function": "run"}, vars=vars)
+    with Runtime.from_wrangler(ROOT / "wrangler.toml", vars=vars) as runtime:
+        embedded = runtime.run(deep_input.run(EmbeddedDriver(runtime)))
+    outcomes = in_pyodide["result"]
+    assert outcomes == embedded  # the interpreter did not crash, and said the same
+    for depth in deep_input.DEPTHS:
+        for kind in ("list", "dict"):
+            assert outcomes[f"{depth} {kind} queue body"] == (
+                "ValueError: items[0].body must nest at most 64 lists or dicts deep")
+            assert outcomes[f"{depth} {kind} job payload"] == (
+                "ValueError: job payload must nest at most 64 lists or dicts deep")
+        assert outcomes[f"{depth} POST /jobs"][0] == 400
     assert in_pyodide["background_errors"] == []
 
 

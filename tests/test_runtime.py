@@ -4,8 +4,9 @@ import asyncio
 
 import pytest
 
-from durability.testing import JsDict, JsException
-from support import probe_runtime
+from durability.testing import JsDict, JsException, Runtime
+from durability.testing._values import MAX_RPC_NESTING
+from support import PROBE, probe_runtime
 
 
 def run(runtime, scenario):
@@ -335,3 +336,54 @@ def test_each_object_is_charged_the_cpu_its_code_ran_for():
         assert busy_stats.cpu_s >= 0.040
         assert idle_stats.cpu_s < busy_stats.cpu_s / 4
         assert busy_stats.cpu_ms_per_request >= 40
+
+
+def test_an_object_whose_code_runs_past_its_cpu_limit_is_reset():
+    with probe_runtime(cpu_limit_ms=60) as runtime:
+        stub = runtime.env.PROBE.getByName("busy")
+
+        async def scenario():
+            await stub.record("kept in storage")
+            within = [await stub.spin(40), await stub.spin(40)]  # each request tops the CPU time up
+            try:
+                await stub.spin(200)
+                past = None
+            except JsException as error:
+                past = error
+            fresh = runtime.env.PROBE.getByName("busy")
+            return within, past, await fresh.remembered(), await fresh.entries()
+
+        within, past, remembered, entries = runtime.run(scenario())
+        assert within == ["spun", "spun"]
+        assert past is not None and "exceeded its CPU time limit" in str(past)
+        assert getattr(past, "durableObjectReset", False)
+        assert remembered == [] and entries == ["kept in storage"]  # the instance went, storage stayed
+        assert [e for _, name, e, _ in runtime.trace if name == "Probe:busy"].count("cpu limit") == 1
+
+
+def test_the_cpu_limit_is_production_s_default_and_can_be_lifted_or_read_from_wrangler(tmp_path):
+    with probe_runtime() as runtime:
+        assert runtime.cpu_limit_ms == 30_000
+    with probe_runtime(cpu_limit_ms=None) as runtime:
+        assert runtime.run(runtime.env.PROBE.getByName("busy").spin(100)) == "spun"
+    (tmp_path / "wrangler.toml").write_text(
+        f'main = "{PROBE}"\n[limits]\ncpu_ms = 50\n'
+        '[[durable_objects.bindings]]\nname = "PROBE"\nclass_name = "Probe"\n')
+    with Runtime.from_wrangler(tmp_path / "wrangler.toml") as runtime:
+        assert runtime.cpu_limit_ms == 50
+        with pytest.raises(JsException, match="CPU time limit"):
+            runtime.run(runtime.env.PROBE.getByName("busy").spin(200))
+
+
+@pytest.mark.parametrize("depth", [100, 1_000, 100_000])
+def test_a_value_nested_past_the_rpc_depth_is_refused_at_the_call(probe, depth):
+    value = 0
+    for _ in range(depth):
+        value = [value]
+    stub = probe.env.PROBE.getByName("a")
+    if depth <= MAX_RPC_NESTING:
+        assert probe.run(stub.kinds(value)) == "list"
+    else:
+        with pytest.raises(ValueError, match=f"must nest at most {MAX_RPC_NESTING} lists, dicts or sets deep"):
+            stub.kinds(value)  # refused at the call: nothing travels
+        assert [e for _, name, e, _ in probe.trace if name == "Probe:a"] == []

@@ -240,26 +240,53 @@ def test_admit_runs_only_once_the_admission_and_its_draw_are_durable(runtime):
     assert len(seen) >= 2 and not any(seen)
 
 
+#: A queue as version 1 left it: its two tables as version 1 made them, and
+#: rows as it wrote them (no done_at, no draw; a grant row per grant).
+VERSION_1 = [
+    "CREATE TABLE durability_schema (component TEXT PRIMARY KEY, version INTEGER NOT NULL) WITHOUT ROWID",
+    "INSERT INTO durability_schema VALUES ('semaphore-queue', 1)",
+    "CREATE TABLE durability_queue_items (id TEXT PRIMARY KEY, key TEXT NOT NULL, grp TEXT NOT NULL, "
+    "body TEXT NOT NULL, seq INTEGER NOT NULL, enqueued_at REAL NOT NULL, state TEXT NOT NULL, grant_id TEXT, "
+    "via TEXT, admitted_at REAL) WITHOUT ROWID",
+    "CREATE TABLE durability_queue_grants (grant_id TEXT PRIMARY KEY, key TEXT NOT NULL, grp TEXT NOT NULL, "
+    "permits INTEGER NOT NULL, claimed INTEGER NOT NULL, confirmed INTEGER NOT NULL, released INTEGER NOT NULL, "
+    "claim_deadline REAL NOT NULL) WITHOUT ROWID",
+    "INSERT INTO durability_queue_items VALUES ('a0', 'holder', 'g', '{\"ms\":1000}', 1, 0, 'queued', NULL, "
+    "NULL, NULL)",
+    "INSERT INTO durability_queue_items VALUES ('a1', 'holder', 'g', '{\"ms\":1000}', 2, 0, 'queued', NULL, "
+    "NULL, NULL)",
+    "INSERT INTO durability_queue_items VALUES ('d0', 'holder', 'g', '{\"ms\":1000}', 3, 0, 'released', 'g-old', "
+    "'grant', 5)",
+    "INSERT INTO durability_queue_items VALUES ('c0', 'holder', 'g', '{\"ms\":1000}', 4, 0, 'cancelled', NULL, "
+    "NULL, NULL)",
+    "INSERT INTO durability_queue_grants VALUES ('g-old', 'holder', 'g', 1, 1, 1, 1, 0)",
+]
+
+
 def test_a_version_1_queue_migrates_in_place_and_keeps_its_items(runtime):
+    db = runtime.host_of(shard(runtime)).db  # no instance has run yet: these rows are all it holds
+    for statement in VERSION_1:
+        db.exec(statement, ())
+    db.commit_batch()
+
     async def scenario():
-        await shard(runtime).submit(jobs("a", 2, ms=600_000))
-        await asyncio.sleep(3)
-        sql = runtime.host_of(shard(runtime)).instance.ctx.storage.sql
-        sql.exec("DROP TABLE durability_queue_leases")
-        sql.exec("ALTER TABLE durability_queue_items DROP COLUMN done_at")
-        sql.exec("ALTER TABLE durability_queue_items DROP COLUMN draw")
-        sql.exec("UPDATE durability_schema SET version = 1 WHERE component = 'semaphore-queue'")
-        runtime.evict(shard(runtime))
-        await shard(runtime).submit(jobs("b", 1, ms=1_000))
-        await asyncio.sleep(3)
+        before = await shard(runtime).states()  # the first instance migrates
+        await asyncio.sleep(10)
         host = runtime.host_of(shard(runtime))
         version = host.db.inspect("SELECT version FROM durability_schema WHERE component = 'semaphore-queue'")
-        return version[0]["version"], await shard(runtime).states()
+        columns = {r["name"] for r in host.db.inspect("PRAGMA table_info(durability_queue_items)")}
+        spoken = host.db.inspect("SELECT since FROM durability_queue_spoken_as_given")
+        statuses = {item: (await shard(runtime).status(item))["state"] for item in ("d0", "c0")}
+        return before, version[0]["version"], columns, spoken, statuses, await shard(runtime).states()
 
-    version, states = runtime.run(scenario())
+    before, version, columns, spoken, statuses, after = runtime.run(scenario())
+    assert before == {"a0": "queued", "a1": "queued", "d0": "released", "c0": "cancelled"}
     # The lease table (2), the pacing table (3), the items' done_at (4), draw (5), how it speaks (6).
-    assert version == 6
-    assert states["a0"] == states["a1"] == "admitted" and states["b0"] in ("admitted", "released")
+    assert version == 6 and {"done_at", "draw"} <= columns
+    assert spoken == [{"since": 1}]  # it held items at the upgrade: it speaks as the id it was given
+    assert statuses == {"d0": "released", "c0": "cancelled"}
+    assert after["a0"] == after["a1"] == "released"  # the queued items ran under the holder, then were released
+    assert runtime.module.WORLD["started"].keys() >= {"a0", "a1"} and "d0" not in runtime.module.WORLD["started"]
 
 
 def test_reports_an_older_version_left_in_the_outbox_are_still_sent(runtime):

@@ -21,10 +21,20 @@ Why these rules:
 
 from __future__ import annotations
 
+import json
 import math
 from typing import Any, TypeGuard
 
 MAX_SAFE_INTEGER = 2**53  #: beyond this a JS number no longer holds every integer
+
+#: How deep lists and dicts may nest in a value the library stores or sends
+#: (a queue item's body, a job's payload and result, an outbox message).
+#: Deeper values fail at either end in ways no caller can read: CPython's
+#: ``json`` raises ``RecursionError`` near 1,000 levels, Pyodide's SDK near
+#: 1,000 when it converts an RPC argument, and Pyodide's ``json.dumps`` of
+#: 100,000 levels ends the whole interpreter with a fatal error (measured
+#: in Pyodide 0.28.2).
+MAX_NESTING = 64
 
 
 def is_int(value: Any) -> TypeGuard[int]:
@@ -58,3 +68,28 @@ def storable_text(value: Any, max_length: int) -> TypeGuard[str]:
     except UnicodeEncodeError:
         return False
     return True
+
+
+def nests_within(value: Any, max_depth: int) -> bool:
+    """Whether lists, tuples and dicts nest at most ``max_depth`` deep in
+    ``value``. Walked with a list, not recursion, so that any depth (and a
+    value that holds itself) is measured without exhausting a stack."""
+    pending = [(value, 1)]
+    while pending:
+        value, depth = pending.pop()
+        if isinstance(value, (list, tuple, dict)):
+            if depth > max_depth:
+                return False
+            pending.extend((entry, depth + 1) for entry in (value.values() if isinstance(value, dict) else value))
+    return True
+
+
+def compact_json(value: Any, what: str) -> str:
+    """``value`` as compact JSON text, or ``ValueError`` saying why ``what`` is not JSON;
+    the nesting is measured first, so no depth reaches the encoder."""
+    if not nests_within(value, MAX_NESTING):
+        raise ValueError(f"{what} must nest at most {MAX_NESTING} lists or dicts deep")
+    try:
+        return json.dumps(value, separators=(",", ":"), allow_nan=False)
+    except (TypeError, ValueError) as error:
+        raise ValueError(f"{what} must be JSON: {error}") from None

@@ -67,6 +67,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
+from ._checks import compact_json
 from ._clock import now_ms
 from ._job_purge import JobPurge, Keep
 from ._listeners import notify
@@ -196,10 +197,6 @@ def _error_text(error: BaseException) -> str:
     return text if len(text) <= MAX_ERROR_LENGTH else text[: MAX_ERROR_LENGTH - 1] + "…"
 
 
-def _json(value: Any) -> str:
-    return json.dumps(value, separators=(",", ":"), allow_nan=False)
-
-
 class RunCall:
     """``jobs.run``: call it to start a job; ``get_result(id)`` reads one."""
 
@@ -219,10 +216,7 @@ class RunCall:
         if not isinstance(id, str) or not id or len(id) > MAX_ID_LENGTH:
             raise ValueError(f"a job id must be a string of 1 to {MAX_ID_LENGTH} characters, not {id!r}")
         name = d._handler_name(handler)
-        try:
-            text = _json(payload)
-        except (TypeError, ValueError) as error:
-            raise ValueError(f"job payload must be JSON: {error}") from None
+        text = compact_json(payload, "job payload")
 
         def record() -> dict[str, Any] | None:
             existing = d._row(id)
@@ -393,8 +387,8 @@ class DurabilityJobs:
         finally:
             _current_job.reset(token)
         try:
-            return result, _json(result)
-        except (TypeError, ValueError) as error:
+            return result, compact_json(result, "its result")
+        except ValueError as error:
             raise TypeError(f"job handler {name!r} returned a result that is not JSON: {error}") from None
 
     def _complete(self, job_id: str, attempt: int, text: str, result: Any) -> list[JobEvent]:

@@ -21,6 +21,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+from ._checks import compact_json
 from ._clock import now_ms
 from ._schema import migrate, public_migrate
 from ._sql import GrowingCounter, Sql
@@ -80,10 +81,7 @@ class OutboxChannel:
         (it keeps its place in line): for cumulative reports, the newest
         says everything the older one said. Returns the message id.
         """
-        try:
-            text = json.dumps(body, separators=(",", ":"), allow_nan=False)
-        except (TypeError, ValueError) as error:
-            raise ValueError(f"outbox message must be JSON: {error}") from None
+        text = compact_json(body, "outbox message")
         if key is not None and (not isinstance(key, str) or not key or key.startswith("#")):
             raise ValueError(f"outbox key must be a non-empty string not starting with '#', not {key!r}")
         outbox = self.outbox

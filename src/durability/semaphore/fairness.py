@@ -65,12 +65,18 @@ class FairPolicy:
 
 def checked_share(weight: Any, floor: Any, priority: Any) -> Share:
     """A share from what the user's callbacks returned, or ``ValueError`` saying what is wrong."""
+    # The bound is 2**53: a share crosses the wire in usage() replies as a JS
+    # number, which holds every integer only up to there, and a weight past
+    # it would make every other key's share round to nothing.
     if not number_in(weight, 0, MAX_SAFE_INTEGER) or weight == 0:
-        raise ValueError(f"a fair share's weight must be a positive number, not {weight!r}")
+        raise ValueError(f"a fair share's weight must be a number above 0 and at most 2**53 "
+                         f"(what a JS number holds exactly), not {weight!r}")
     if not int_in(floor, 0, MAX_SAFE_INTEGER):
-        raise ValueError(f"a fair share's floor must be a non-negative int, not {floor!r}")
+        raise ValueError(f"a fair share's floor must be an int from 0 to 2**53 "
+                         f"(what a JS number holds exactly), not {floor!r}")
     if not int_in(priority, -MAX_SAFE_INTEGER, MAX_SAFE_INTEGER):
-        raise ValueError(f"a fair share's priority must be an int, not {priority!r}")
+        raise ValueError(f"a fair share's priority must be an int from -2**53 to 2**53 "
+                         f"(what a JS number holds exactly), not {priority!r}")
     return Share(float(weight), floor, priority)
 
 

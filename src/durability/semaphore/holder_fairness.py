@@ -61,8 +61,9 @@ class UserFairShare:
 
     def policy(self, groups: Iterable[str]) -> FairPolicy:
         """The callbacks read once for ``groups``: raises what they raise, or ``ValueError``."""
-        key_of = {group: self.key_of(group) for group in set(groups)}
-        return FairPolicy(key_of, {key: self.share(key) for key in set(key_of.values())})
+        # Sorted, so that the callbacks are called in an order no hash seed changes.
+        key_of = {group: self.key_of(group) for group in sorted(set(groups))}
+        return FairPolicy(key_of, {key: self.share(key) for key in sorted(set(key_of.values()))})
 
     def for_round(self, groups: Iterable[str]) -> FairPolicy | None:
         """The policy for a round over ``groups`` (those in demand and those

@@ -453,7 +453,7 @@ class Waker:
     def wake_quiet(self, holding: Iterable[str]) -> None:
         """Wake each child of ``holding`` (those the books charge) not heard from for a while."""
         now = now_ms()
-        for child in set(holding):
+        for child in sorted(set(holding)):  # sorted: the wakes' order must not follow hash order
             if parent_of(child) == self.own_key and self._last_heard(child) <= now - self.after_ms:
                 self.heard[child] = now
                 asyncio.ensure_future(self._wake(child))

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from .._checks import storable_text
+from .._checks import MAX_NESTING, nests_within, storable_text
 from .messages import MAX_ID_LENGTH
 
 
@@ -22,7 +22,15 @@ def identifier(value: Any, what: str) -> str:
 
 
 def check_body(value: Any, where: str = "body") -> None:
-    """A body must survive JSON and RPC unchanged: plain values, lists and string-keyed dicts."""
+    """A body must survive JSON and RPC unchanged: plain values, lists and
+    string-keyed dicts, at most ``MAX_NESTING`` deep (measured first, so the
+    walk below recurses that deep at most)."""
+    if not nests_within(value, MAX_NESTING):
+        raise ValueError(f"{where} must nest at most {MAX_NESTING} lists or dicts deep")
+    _check_values(value, where)
+
+
+def _check_values(value: Any, where: str) -> None:
     if value is None or isinstance(value, (bool, int, str)):
         return
     if isinstance(value, float):
@@ -31,13 +39,13 @@ def check_body(value: Any, where: str = "body") -> None:
         return
     if isinstance(value, list):
         for i, entry in enumerate(value):
-            check_body(entry, f"{where}[{i}]")
+            _check_values(entry, f"{where}[{i}]")
         return
     if isinstance(value, dict):
         for k, entry in value.items():
             if not isinstance(k, str):
                 raise ValueError(f"{where} has a key that is not a string: {k!r}")
-            check_body(entry, f"{where}.{k}")
+            _check_values(entry, f"{where}.{k}")
         return
     raise ValueError(f"{where} holds a {type(value).__name__}, which JSON and RPC do not carry unchanged")
 

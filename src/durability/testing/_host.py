@@ -38,6 +38,18 @@ ALARM_JITTER = 0.25
 # What a caller sees when the object it called was reset under it.
 RESET_MESSAGE = "Network connection lost."
 
+# An alarm's run ends after 15 minutes of wall time, as production ends it;
+# the run counts as failed and is retried. Production aborts the object's
+# context, and so the instance, with it (inferred from workerd's source).
+ALARM_WALL_LIMIT_MS = 15 * 60_000
+ALARM_TIME_LIMIT_MESSAGE = "Durable Object alarm exceeded its 15-minute wall-time limit and was reset."
+
+# Production's CPU limit: every request (an RPC call or an alarm) tops the
+# object's CPU time up to the limit, and an object whose code runs past it
+# is reset (Cloudflare's Durable Objects limits page; `[limits] cpu_ms`).
+DEFAULT_CPU_LIMIT_MS = 30_000
+CPU_LIMIT_MESSAGE = "Durable Object exceeded its CPU time limit and was reset."
+
 # What a caller sees when the object it called takes no more requests for now.
 OVERLOADED_MESSAGE = "Durable Object is overloaded. Too many requests queued."
 # The soft limit on one object's requests (RPC calls and alarms), per second.
@@ -121,6 +133,8 @@ class HostServices:
     faults: ObjectFaultPolicy
     #: the rate past which calls are refused as overloaded (None: never)
     max_requests_per_s: float | None
+    #: the CPU an object may run for after each request before it is reset (None: no limit)
+    cpu_limit_ms: float | None
     spawn_system: Callable[[Awaitable[Any]], asyncio.Task[Any]]  #: work outside any instance
     log_event: Callable[[ObjectHost, str, str], None]
     report_background_error: Callable[[ObjectHost, BaseException], None]
@@ -157,6 +171,7 @@ class ObjectHost:
         self._alarm_retry = 0
         self._alarm_running = False
         self._recent: collections.deque[float] = collections.deque()  # loop times of the last second's requests
+        self._cpu_left_s = 0.0  # CPU the instance may still run for, topped up by each request
 
     @property
     def name(self) -> str:
@@ -409,7 +424,7 @@ class ObjectHost:
                 raise JsException("the alarm's run failed before its handler ran (an outage)")
             info = JsDict(retryCount=retry, isRetry=retry > 0, scheduledTime=scheduled)
             mark = self.batch_mark()
-            await self.run_event(self._alarm_event(info))
+            await self._run_alarm_within_limit(info)
             await self.flushed(since=mark)
             succeeded = not self._services.faults.alarm_fails(self.class_name)
         except (Exception, DurableObjectAbort) as error:  # the handler threw, or the instance was reset
@@ -428,6 +443,20 @@ class ObjectHost:
         elif not duplicate:
             self._services.log_event(self, "alarm abandoned", f"after {retry} retries")
         self._arm_alarm_timer()
+
+    async def _run_alarm_within_limit(self, info: JsDict) -> None:
+        """The alarm's handler, cut off with its instance past the wall-time limit."""
+        generation = self.generation
+        limit = asyncio.timeout(ALARM_WALL_LIMIT_MS / 1000)
+        try:
+            async with limit:
+                await self.run_event(self._alarm_event(info))
+        except TimeoutError:
+            if not limit.expired():
+                raise  # the handler's own timeout, not the limit's
+            if generation == self.generation:
+                self.evict(ALARM_TIME_LIMIT_MESSAGE)
+            raise reset_error(ALARM_TIME_LIMIT_MESSAGE) from None
 
     async def _alarm_event(self, info: JsDict) -> None:
         instance = await self.admit_event()
@@ -484,6 +513,8 @@ class ObjectHost:
         """An RPC call or an alarm taken: billed, and counted against the rate
         (an alarm is never refused, but it takes the object's time)."""
         self.stats.requests += 1
+        if self._services.cpu_limit_ms is not None:
+            self._cpu_left_s = self._services.cpu_limit_ms / 1000
         recent = self._window()
         recent.append(self.loop.time())
         self.stats.peak_requests_per_s = max(self.stats.peak_requests_per_s, len(recent))
@@ -491,7 +522,14 @@ class ObjectHost:
         self.stats.requests_by_second[second] = self.stats.requests_by_second.get(second, 0) + 1
 
     def charge_cpu(self, seconds: float) -> None:
+        """A step of the object's code ran for ``seconds``: past the CPU left
+        since its last request, the instance is reset (at the step's end:
+        production stops the code mid-step)."""
         self.stats.cpu_s += seconds
+        self._cpu_left_s -= seconds
+        if self._cpu_left_s < 0 and self._services.cpu_limit_ms is not None and self.instance is not None:
+            self._services.log_event(self, "cpu limit", f"{self._services.cpu_limit_ms:g} ms")
+            self.evict(CPU_LIMIT_MESSAGE)
 
     async def admit_event(self) -> Any:
         """Wait for the input gate, then hand the event the live instance.

@@ -28,6 +28,7 @@ from ._clock import DEFAULT_EPOCH_MS, RealClockLoop, RuntimeLoop, VirtualClockLo
 from ._cron import CronSchedule
 from ._faults import FaultPlanner, Faults
 from ._host import (
+    DEFAULT_CPU_LIMIT_MS,
     DEFAULT_MAX_REQUESTS_PER_S,
     RESET_MESSAGE,
     HostServices,
@@ -135,6 +136,11 @@ class Runtime:
     is overloaded", ``overloaded`` set, not ``retryable``) and is neither
     run nor billed. ``None`` lifts the limit. Each object's stats count its
     requests per second and the CPU its code ran for (``ObjectStats``).
+
+    Each request tops an object's CPU time up to ``cpu_limit_ms`` (30 s, as
+    production's default; ``[limits] cpu_ms`` of the file sets it, ``None``
+    lifts it); an object whose code runs past it is reset. An alarm's run
+    ends, with its instance, after 15 minutes, and counts as failed.
     """
 
     def __init__(self, module: ModuleType, durable_objects: dict[str, str], *,
@@ -142,11 +148,13 @@ class Runtime:
                  faults: Faults | None = None, epoch_ms: int = DEFAULT_EPOCH_MS,
                  entrypoint: str = "Default", clock: Literal["virtual", "real"] = "virtual",
                  crons: Sequence[str] = (),
-                 max_requests_per_s: float | None = DEFAULT_MAX_REQUESTS_PER_S) -> None:
+                 max_requests_per_s: float | None = DEFAULT_MAX_REQUESTS_PER_S,
+                 cpu_limit_ms: float | None = DEFAULT_CPU_LIMIT_MS) -> None:
         if clock not in ("virtual", "real"):
             raise ValueError(f"clock must be 'virtual' or 'real', not {clock!r}")
         self.module = module
         self.seed = seed
+        self.cpu_limit_ms = cpu_limit_ms
         self.rng = random.Random(seed)
         random.seed(seed)  # user code that draws from `random` replays too
         self.loop: RuntimeLoop = VirtualClockLoop(epoch_ms) if clock == "virtual" else RealClockLoop()
@@ -173,7 +181,8 @@ class Runtime:
         self.env = Env(bindings)
         self._host_services = HostServices(
             loop=self.loop, rng=self.rng, env=self.env, faults=self.faults,
-            max_requests_per_s=max_requests_per_s, spawn_system=self.spawn_system, log_event=self.log_event,
+            max_requests_per_s=max_requests_per_s, cpu_limit_ms=cpu_limit_ms,
+            spawn_system=self.spawn_system, log_event=self.log_event,
             report_background_error=self.report_background_error,
         )
 
@@ -194,6 +203,8 @@ class Runtime:
         merged = dict(settings.get("vars", {}))
         merged.update(vars or {})
         options.setdefault("crons", settings.get("triggers", {}).get("crons", ()))
+        if "cpu_ms" in settings.get("limits", {}):
+            options.setdefault("cpu_limit_ms", settings["limits"]["cpu_ms"])
         return cls(module, objects, vars=merged, **options)
 
     # -- driving the runtime ---------------------------------------------

@@ -66,13 +66,24 @@ def _refuse(value: object) -> TypeError:
     return TypeError(f"{type(value)} cannot be sent over RPC.")
 
 
-def rpc_copy(value: object) -> object:
+#: How deep lists, dicts and sets may nest in a value sent over RPC here. The
+#: SDK converts a value with Python recursion, which in Pyodide fails with
+#: ``RecursionError`` between about 700 and 1,000 levels (its limit is 1,000
+#: frames, the caller's own among them); past this depth the copy is refused
+#: with a ``ValueError`` at the call instead, well before production fails.
+MAX_RPC_NESTING = 256
+
+
+def rpc_copy(value: object, depth: int = 0) -> object:
     """The value a receiver sees when ``value`` is sent over RPC.
 
     Raises ``TypeError`` for what the SDK refuses (tuples, bytearrays,
-    awaitables) and a ``DataCloneError`` for instances of other classes,
-    which have no structured-clone form.
+    awaitables), a ``DataCloneError`` for instances of other classes,
+    which have no structured-clone form, and ``ValueError`` for a value
+    nested deeper than ``MAX_RPC_NESTING``.
     """
+    if isinstance(value, (dict, list, set, frozenset)) and depth >= MAX_RPC_NESTING:
+        raise ValueError(f"a value sent over RPC must nest at most {MAX_RPC_NESTING} lists, dicts or sets deep")
     if value is None or isinstance(value, bool):
         return value
     if isinstance(value, str):
@@ -89,11 +100,11 @@ def rpc_copy(value: object) -> object:
     if isinstance(value, (bytes, memoryview)):
         return memoryview(bytes(value))  # a Uint8Array arrives as a memoryview
     if isinstance(value, dict):
-        return JsDict((_rpc_key(k), rpc_copy(v)) for k, v in value.items())
+        return JsDict((_rpc_key(k), rpc_copy(v, depth + 1)) for k, v in value.items())
     if isinstance(value, list):
-        return [rpc_copy(v) for v in value]
+        return [rpc_copy(v, depth + 1) for v in value]
     if isinstance(value, (set, frozenset)):
-        return {rpc_copy(v) for v in value}
+        return {rpc_copy(v, depth + 1) for v in value}
     if isinstance(value, datetime.datetime):
         return _utc_naive(value)
     if isinstance(value, BaseException):
