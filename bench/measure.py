@@ -10,9 +10,16 @@ dollars per million jobs. Must not know: which system ran the jobs.
 from __future__ import annotations
 
 import bisect
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from durability.testing import current_object
+
+#: Durable Objects' prices per million rows and requests
 PRICE_PER_MILLION = {"rows_written": 1.00, "rows_read": 0.001, "requests": 0.15}
+#: and per million GB-s awake, at 128 MB an object: $1.60 per million object-seconds
+PRICE_PER_MILLION_GB_S = 12.50
+OBJECT_GB = 0.128
 
 
 @dataclass
@@ -25,6 +32,7 @@ class Ledger:
     started_at: dict[str, float] = field(default_factory=dict)
     ended_at: dict[str, float] = field(default_factory=dict)
     overlaps: int = 0  #: a job started while a run of it was still going
+    ran_in: dict[str, str] = field(default_factory=dict)  #: job -> the object that ran it ("Class:name")
     running: dict[str, set[str]] = field(default_factory=dict)
     max_running: dict[str, int] = field(default_factory=dict)
 
@@ -32,7 +40,9 @@ class Ledger:
         self.account[job_id], self.work_ms[job_id] = account, work_ms
         self.submitted_at.setdefault(job_id, at)
 
-    def started(self, job_id: str, at: float) -> None:
+    def started(self, job_id: str, at: float, where: str | None = None) -> None:
+        if where is not None:
+            self.ran_in[job_id] = where
         account = self.account[job_id]
         running = self.running.setdefault(account, set())
         if job_id in running:
@@ -124,6 +134,56 @@ def makespan(ledger: Ledger, limits: dict[str, int]) -> tuple[float, float]:
     return span, bound
 
 
-def dollars_per_million(totals: dict[str, int], jobs: int) -> float:
-    """What Cloudflare bills per million admitted jobs at these totals."""
+def dollars_per_million(totals: dict[str, float], jobs: int) -> float:
+    """What Cloudflare bills for rows and requests per million admitted jobs at these totals."""
     return sum(totals[name] * price for name, price in PRICE_PER_MILLION.items()) / max(jobs, 1)
+
+
+def awake_dollars_per_million(object_seconds: float, jobs: int) -> float:
+    """What Cloudflare bills for ``object_seconds`` awake, per million admitted jobs."""
+    return object_seconds * OBJECT_GB * PRICE_PER_MILLION_GB_S / max(jobs, 1)
+
+
+def running_object() -> str | None:
+    """The object whose code runs now, as the trace names it ("Class:name"): where a job ran."""
+    host = current_object()
+    return f"{host.class_name}:{host.name}" if host is not None else None
+
+
+def awake_split(awake: dict[str, list[tuple[float, float]]], ledger: Ledger,
+                to_s: Callable[[float], float]) -> tuple[float, float]:
+    """Seconds awake, all objects together, split in two: while the object ran
+    admitted work (the jobs' own run, from ``ledger.ran_in``) and the rest (the
+    seconds spent coordinating). ``awake`` maps each object to its awake
+    periods in seconds; ``to_s`` turns the ledger's milliseconds into those."""
+    work: dict[str, list[tuple[float, float]]] = {}
+    for job_id, where in ledger.ran_in.items():
+        if job_id in ledger.started_at:
+            end = ledger.ended_at.get(job_id, float("inf"))
+            work.setdefault(where, []).append((to_s(ledger.started_at[job_id]), to_s(end)))
+    total = sum(end - start for periods in awake.values() for start, end in periods)
+    inside = sum(_overlap(periods, _merged(work.get(name, []))) for name, periods in awake.items())
+    return inside, total - inside
+
+
+def _merged(periods: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    merged: list[tuple[float, float]] = []
+    for start, end in sorted(periods):
+        if merged and start <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], end))
+        else:
+            merged.append((start, end))
+    return merged
+
+
+def _overlap(a: list[tuple[float, float]], b: list[tuple[float, float]]) -> float:
+    """The length of the intersection of two sorted lists of disjoint periods."""
+    i = j = 0
+    found = 0.0
+    while i < len(a) and j < len(b):
+        found += max(0.0, min(a[i][1], b[j][1]) - max(a[i][0], b[j][0]))
+        if a[i][1] < b[j][1]:
+            i += 1
+        else:
+            j += 1
+    return found

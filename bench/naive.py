@@ -22,6 +22,8 @@ import time
 
 from workers import DurableObject
 
+from bench.measure import running_object
+
 LEDGER = None
 LOSE_RELEASES = 0.0
 RNG = None
@@ -110,7 +112,7 @@ class NaiveShard(DurableObject):
                 continue
             start = now_ms()
             sql.exec("UPDATE jobs SET ends_at = ? WHERE id = ?", start + job["work_ms"], job["id"])
-            LEDGER.started(job["id"], start)
+            LEDGER.started(job["id"], start, where=running_object())
         ends = sql.exec("SELECT min(ends_at) AS at FROM jobs").one()["at"]
         waiting = sql.exec("SELECT count(*) AS n FROM jobs WHERE ends_at IS NULL").one()["n"]
         due = [at for at in (ends, now_ms() + POLL_MS if waiting else None) if at is not None]

@@ -11,7 +11,11 @@ letting work reach limit + half of it, against which its busy share and
 safety are measured), and the naive Worker of ``bench/naive.py`` polling every 5 s and
 every 1 s. Prints, per system, rows written, rows read and requests per
 admitted job, dollars per million jobs (rows written $1, rows read $0.001,
-requests $0.15, per million), the share of the limit kept busy while jobs
+requests $0.15, per million), every object's seconds awake per job (billed
+at 128 MB, $12.50 per million GB-s) split into those inside the jobs' own
+run and those spent coordinating (with, below the table, the same per
+object class), the coordination bill (rows, requests and that time) and
+the bill all in, the share of the limit kept busy while jobs
 wait, the share of admissions made out of oldest-first order, p50 and p99
 wait, and the makespan against its lower bound; all from ground truth
 measured outside the objects. ``--faults`` adds the demo's faults (2% of
@@ -78,7 +82,7 @@ def example_runtime(system: str, args, limits: dict, ledger: measure.Ledger) -> 
     real_run_job = module.run_job
 
     async def run_job(env, job):
-        ledger.started(job["id"], runtime.now_ms())
+        ledger.started(job["id"], runtime.now_ms(), where=measure.running_object())
         try:
             return await real_run_job(env, job)
         finally:
@@ -164,7 +168,12 @@ def run_system(system: str, args, work, limits: dict) -> dict:
     with runtime, WriteBreakdown() as writes, lost, recording(args.record, system):
         runtime.run(drive(runtime, system, args, work, ledger))
         totals = runtime.totals()
+        awake = {f"{host.class_name}:{host.name}": host.awake_periods() for host in runtime.hosts()}
+        in_jobs_s, coordinating_s = measure.awake_split(awake, ledger, runtime.loop.loop_time_for)
+        by_class = awake_by_class(awake, ledger, runtime.loop.loop_time_for)
     jobs = len(ledger.started_at)
+    rows_and_requests = measure.dollars_per_million(totals, jobs)
+    coordinating = rows_and_requests + measure.awake_dollars_per_million(coordinating_s, jobs)
     alarms = sum(host.stats.alarm_writes for host in runtime.hosts())
     ceilings = ceilings_of(system, limits)  # busy share and safety are against what work may reach
     busy, busy_per_account = measure.busy_share(ledger, ceilings)
@@ -175,7 +184,15 @@ def run_system(system: str, args, work, limits: dict) -> dict:
         "rows_written_per_job": round(totals["rows_written"] / max(jobs, 1), 2),
         "rows_read_per_job": round(totals["rows_read"] / max(jobs, 1), 1),
         "requests_per_job": round(totals["requests"] / max(jobs, 1), 2),
-        "dollars_per_million_jobs": round(measure.dollars_per_million(totals, jobs), 2),
+        "dollars_per_million_jobs": round(rows_and_requests, 2),
+        "awake_coordinating_s_per_job": round(coordinating_s / max(jobs, 1), 3),
+        "awake_in_jobs_s_per_job": round(in_jobs_s / max(jobs, 1), 3),
+        #: per object class, object-seconds awake per job: [coordinating, in the jobs' own run]
+        "awake_by_class_s_per_job": {name: [round(s / max(jobs, 1), 3) for s in split]
+                                     for name, split in by_class.items()},
+        "coordination_dollars_per_million_jobs": round(coordinating, 2),
+        "all_in_dollars_per_million_jobs": round(
+            coordinating + measure.awake_dollars_per_million(in_jobs_s, jobs), 2),
         "busy_while_waiting": round(busy, 4), "busy_per_account": {a: round(b, 4) for a, b in busy_per_account.items()},
         "out_of_order": round(measure.out_of_order_share(ledger), 4),
         "p50_wait_s": round(measure.percentile(waits, 0.5), 1), "p99_wait_s": round(measure.percentile(waits, 0.99), 1),
@@ -186,6 +203,23 @@ def run_system(system: str, args, work, limits: dict) -> dict:
                                  + [["setAlarm", "", round(alarms / max(jobs, 1), 2)]],
         "_timeline": timeline(ledger, ceilings),
     }
+
+
+def awake_by_class(awake: dict[str, list[tuple[float, float]]], ledger: measure.Ledger,
+                   to_s) -> dict[str, tuple[float, float]]:
+    """Per object class: (seconds coordinating, seconds in the jobs' own run), all its objects together."""
+    found = {}
+    for name in sorted({where.partition(":")[0] for where in awake}):
+        mine = {where: periods for where, periods in awake.items() if where.partition(":")[0] == name}
+        inside, coordinating = measure.awake_split(mine, ledger, to_s)
+        found[name] = (coordinating, inside)
+    return found
+
+
+def class_table(rows: list[dict]) -> str:
+    columns = ("system", "object class", "awake coordinating (object-s / job)", "awake in the jobs' run")
+    return tables.markdown(columns, ((r["system"], name, split[0], split[1])
+                                     for r in rows for name, split in r["awake_by_class_s_per_job"].items()))
 
 
 def timeline(ledger: measure.Ledger, limits: dict) -> dict[str, list[tuple[float, float]]]:
@@ -206,11 +240,15 @@ def timeline(ledger: measure.Ledger, limits: dict) -> dict[str, list[tuple[float
 
 
 def table(rows: list[dict]) -> str:
-    columns = ("system", "rows written / job", "rows read / job", "requests / job", "$ per million jobs",
+    columns = ("system", "rows written / job", "rows read / job", "requests / job", "rows + requests $/M",
+               "awake coordinating (object-s / job)", "coordination $/M (rows, requests, that time)",
+               "awake in the jobs' run (object-s / job)", "all in $/M",
                "busy while jobs wait", "out of oldest-first order", "p50 / p99 wait (s)", "makespan / bound (s)")
     return tables.markdown(columns, ((
         r["system"], r["rows_written_per_job"], r["rows_read_per_job"], r["requests_per_job"],
-        r["dollars_per_million_jobs"], f"{r['busy_while_waiting']:.1%}", f"{r['out_of_order']:.0%}",
+        r["dollars_per_million_jobs"], r["awake_coordinating_s_per_job"], r["coordination_dollars_per_million_jobs"],
+        r["awake_in_jobs_s_per_job"], r["all_in_dollars_per_million_jobs"],
+        f"{r['busy_while_waiting']:.1%}", f"{r['out_of_order']:.0%}",
         f"{r['p50_wait_s']} / {r['p99_wait_s']}", f"{r['makespan_s']} / {r['makespan_bound_s']}") for r in rows))
 
 
@@ -266,7 +304,7 @@ def main() -> int:
     if args.plot:
         plot(rows, args.plot, title)
     public = [{k: v for k, v in r.items() if not k.startswith("_")} for r in rows]
-    print(json.dumps(public, indent=2) if args.json else f"{title}\n\n{table(rows)}")
+    print(json.dumps(public, indent=2) if args.json else f"{title}\n\n{table(rows)}\n\n{class_table(rows)}")
     if args.breakdown and not args.json:
         for row in rows:
             print(f"\n{row['system']}: rows written per job, by table")

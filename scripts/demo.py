@@ -104,7 +104,7 @@ class Ledger:
                 self.overlaps += 1
             self.running[account].add(job_id)
             self.max_running[account] = max(self.max_running[account], len(self.running[account]))
-            self.truth.started(job_id, runtime.now_ms())
+            self.truth.started(job_id, runtime.now_ms(), where=measure.running_object())
             try:
                 result = await real_run_job(env, job)
             finally:
@@ -225,6 +225,8 @@ def main() -> int:
         usages = runtime.run(workload(runtime, args, ledger, accounts))
         totals = runtime.totals()
         vias = admitted_via(ledger)
+        awake = {f"{host.class_name}:{host.name}": host.awake_periods() for host in runtime.hosts()}
+        in_jobs_s, coordinating_s = measure.awake_split(awake, ledger.truth, runtime.loop.loop_time_for)
     ceilings = {a: ceiling(limits[a], args.leases) for a in accounts}
     waits = [(ledger.first_start[j] - ledger.submitted_at[j]) / 1000 for j in ledger.first_start]
     admitted = len(ledger.first_start)
@@ -256,6 +258,13 @@ def main() -> int:
         "rows_written_per_admission": round(totals["rows_written"] / max(admitted, 1), 2),
         "rows_read_per_admission": round(totals["rows_read"] / max(admitted, 1), 2),
         "rpc_per_admission": round(totals["requests"] / max(admitted, 1), 2),
+        # Every object's seconds awake (duration is billed), outside and inside the jobs' own run.
+        "awake_coordinating_s_per_admission": round(coordinating_s / max(admitted, 1), 3),
+        "awake_in_jobs_s_per_admission": round(in_jobs_s / max(admitted, 1), 3),
+        "rows_and_requests_dollars_per_million": round(measure.dollars_per_million(totals, admitted), 2),
+        "all_in_dollars_per_million": round(measure.dollars_per_million(totals, admitted)
+                                            + measure.awake_dollars_per_million(in_jobs_s + coordinating_s,
+                                                                                admitted), 2),
         "leaked_permits": sum(u["outstanding"] for u in usages.values())
         - sum(len(r) for r in ledger.running.values()),
         "evictions": totals["evictions"],
@@ -300,6 +309,10 @@ def human(s: dict) -> str:
                  f"limit busy while jobs wait: {s['busy_while_waiting']:.1%}")
     lines.append(f"per admission: {s['rows_written_per_admission']} rows written, "
                  f"{s['rows_read_per_admission']} rows read, {s['rpc_per_admission']} requests")
+    lines.append(f"awake, every object together, per admission: {s['awake_coordinating_s_per_admission']} "
+                 f"object-s coordinating, {s['awake_in_jobs_s_per_admission']} in the jobs' own run; "
+                 f"$ per million admissions: {s['rows_and_requests_dollars_per_million']} rows and requests, "
+                 f"{s['all_in_dollars_per_million']} all in (duration at 128 MB, $12.50 per million GB-s)")
     lines.append("  (rows as Durable Object SQLite bills them: every row a query scans is read, so the "
                  "queue's scans of its items read many; a million reads cost what a thousand writes do)")
     lines.append(f"jobs run twice at once: {s['jobs_run_twice_at_once']}; work repeated after a crash lost "

@@ -7,7 +7,15 @@ import sys
 import pytest
 from hypothesis import given, strategies as st
 
-from bench.measure import Ledger, busy_share, dollars_per_million, makespan, out_of_order_share
+from bench.measure import (
+    Ledger,
+    awake_dollars_per_million,
+    awake_split,
+    busy_share,
+    dollars_per_million,
+    makespan,
+    out_of_order_share,
+)
 from bench.workload import arrivals
 from support import ROOT
 
@@ -66,6 +74,20 @@ def test_dollars_per_million_jobs():
         10 * 1.0 + 1_000 * 0.001 + 20 * 0.15)
 
 
+def test_awake_time_splits_into_the_jobs_own_run_and_coordination():
+    book = Ledger()
+    for job_id, start, end in (("a", 10_000, 20_000), ("b", 15_000, 30_000), ("c", 40_000, 45_000)):
+        book.submitted(job_id, "acct", end - start, 0)
+        book.started(job_id, start, where="Shard:s1" if job_id != "c" else "Shard:s2")
+        book.ended(job_id, end)
+    awake = {"Shard:s1": [(5.0, 35.0)], "Shard:s2": [(40.0, 41.0), (44.0, 50.0)], "Holder:h": [(0.0, 60.0)]}
+    inside, coordinating = awake_split(awake, book, lambda ms: ms / 1000)
+    # s1 ran work 10..30 within its 30 s awake; s2 ran 40..45, awake for 2 s of it; the holder ran none.
+    assert inside == pytest.approx(20 + 2)
+    assert coordinating == pytest.approx((30 - 20) + (7 - 2) + 60)
+    assert awake_dollars_per_million(1_000_000 / 0.128, 1_000_000) == pytest.approx(12.50)  # a GB-s a job
+
+
 def test_the_same_seed_gives_the_same_arrivals():
     assert arrivals(3, 50, ["a", "b"]) == arrivals(3, 50, ["a", "b"]) != arrivals(4, 50, ["a", "b"])
     assert all(100 <= a.job["work_ms"] <= 2_000 for a in arrivals(3, 50, ["a"], short=True))
@@ -84,6 +106,15 @@ def test_the_benchmark_runs_every_system_on_one_workload_within_the_limits(tmp_p
         assert row["admitted"] == 40 and row["run_twice_at_once"] == 0 and not any(row["over_limit"].values())
         assert 0 < row["busy_while_waiting"] <= 1 and row["rows_written_per_job"] > 0
         assert row["makespan_s"] >= row["makespan_bound_s"]
+        assert row["all_in_dollars_per_million_jobs"] >= row["coordination_dollars_per_million_jobs"] >= (
+            row["dollars_per_million_jobs"])
+    for row in rows[:4]:  # the example's shards are awake while their jobs run, and while they wait
+        assert row["awake_in_jobs_s_per_job"] > 0 and row["awake_coordinating_s_per_job"] > 0
+        assert row["all_in_dollars_per_million_jobs"] > row["coordination_dollars_per_million_jobs"] > (
+            row["dollars_per_million_jobs"])
+    # The naive Worker answers at once and runs its jobs on nothing (an alarm at each job's end): in
+    # virtual time no object of it is ever awake.
+    assert rows[4]["awake_coordinating_s_per_job"] == rows[4]["awake_in_jobs_s_per_job"] == 0
     # Polling more often costs more requests: the baseline behaves as described.
     assert rows[5]["requests_per_job"] > rows[4]["requests_per_job"]
     assert plot.stat().st_size > 10_000

@@ -146,6 +146,15 @@ class Probe(DurableObject):
         self.ctx.waitUntil(later())
         return "replied"
 
+    async def set_timer(self, seconds):
+        """A bare timer of the instance's: nothing awaits it."""
+        self.timer = asyncio.get_running_loop().call_later(seconds, self._log, "timer fired")
+        return "set"
+
+    async def cancel_timer(self):
+        self.timer.cancel()
+        return "cancelled"
+
     async def spin(self, cpu_ms):
         """Burn ``cpu_ms`` of CPU, half before an await and half after it."""
         for _ in range(2):

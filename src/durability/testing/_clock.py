@@ -33,7 +33,7 @@ import selectors
 import time
 from collections.abc import Callable, Iterator, Mapping
 from contextvars import Context
-from typing import TYPE_CHECKING, Any, TypeVarTuple, Unpack
+from typing import TYPE_CHECKING, Any, Protocol, TypeVarTuple, Unpack
 
 if TYPE_CHECKING:
     from _typeshed import FileDescriptorLike
@@ -43,6 +43,14 @@ _Ts = TypeVarTuple("_Ts")  # a callback's arguments, as asyncio's call_at types 
 # 2026-01-01T00:00:00Z: a fixed epoch so that every run sees the same dates.
 DEFAULT_EPOCH_MS = 1_767_225_600_000
 PYODIDE_IMMEDIATE_S = 0.002
+
+
+class TimerOwner(Protocol):
+    """Who is told of the timers code sets (an object: a pending timer keeps it awake)."""
+
+    def timer_set(self, handle: asyncio.TimerHandle) -> None: ...
+
+    def timer_done(self, handle: asyncio.TimerHandle) -> None: ...
 
 
 class Deadlock(RuntimeError):
@@ -110,6 +118,16 @@ class RuntimeLoop(asyncio.SelectorEventLoop):
     #: what to add its CPU seconds to (None: nothing). Every step of a task
     #: is such a callback, in the task's own context.
     meter_for: Callable[[Context], Callable[[float], None] | None] | None = None
+    #: Set by whoever runs the loop: who owns a timer that code sets in
+    #: ``context`` (None: the current one), told when it is set and when it
+    #: fires or is cancelled (``TimerOwner``); None: nobody.
+    timer_owner: Callable[[Context | None], TimerOwner | None] | None = None
+
+    def __init__(self, selector: selectors.BaseSelector | None = None) -> None:
+        super().__init__(selector=selector)
+        #: code's timers whose owner is told, by id until each fires or is
+        #: cancelled (handles compare by their contents, not as themselves)
+        self._owned_timers: dict[int, TimerOwner] = {}
 
     def call_soon(
         self, callback: Callable[[Unpack[_Ts]], object], *args: Unpack[_Ts], context: Context | None = None,
@@ -129,7 +147,29 @@ class RuntimeLoop(asyncio.SelectorEventLoop):
         # (call_later goes through here; so do asyncio.timeout and wait_for.)
         if when - self.time() <= PYODIDE_IMMEDIATE_S:
             return self.call_soon(callback, *args, context=context)
-        return super().call_at(when, callback, *args, context=context)
+        owner = self.timer_owner(context) if self.timer_owner is not None else None
+        if owner is None:
+            return super().call_at(when, callback, *args, context=context)
+        cell: list[asyncio.TimerHandle] = []  # the handle, for the callback to name itself
+        handle = super().call_at(when, self._fire_owned, cell, callback, args, context=context)
+        cell.append(handle)
+        self._owned_timers[id(handle)] = owner
+        owner.timer_set(handle)
+        return handle
+
+    def _fire_owned(self, cell: list[asyncio.TimerHandle], callback: Callable[..., object],
+                    args: tuple[Any, ...]) -> None:
+        self._release_owned(cell[0])
+        callback(*args)
+
+    def _release_owned(self, handle: asyncio.TimerHandle) -> None:
+        owner = self._owned_timers.pop(id(handle), None)
+        if owner is not None:
+            owner.timer_done(handle)
+
+    def _timer_handle_cancelled(self, handle: asyncio.TimerHandle) -> None:
+        super()._timer_handle_cancelled(handle)  # type: ignore[misc]  # asyncio's own hook, untyped
+        self._release_owned(handle)
 
     # The runtime's own timers (an alarm's delivery, a call's time on the
     # network, an eviction) are workerd's, not Pyodide's: they fire at their time.

@@ -48,6 +48,9 @@ ALARM_TIME_LIMIT_MESSAGE = "Durable Object alarm exceeded its 15-minute wall-tim
 # object's CPU time up to the limit, and an object whose code runs past it
 # is reset (Cloudflare's Durable Objects limits page; `[limits] cpu_ms`).
 DEFAULT_CPU_LIMIT_MS = 30_000
+
+# Duration is billed per GB-s at 128 MB an object, whatever it uses.
+OBJECT_GB = 0.128
 CPU_LIMIT_MESSAGE = "Durable Object exceeded its CPU time limit and was reset."
 
 # What a caller sees when the object it called takes no more requests for now.
@@ -66,6 +69,12 @@ current_generation: contextvars.ContextVar[int] = contextvars.ContextVar(
 )
 
 _UNSET = object()
+
+
+def current_object() -> ObjectHost | None:
+    """The object whose code is running now (None outside every object): for
+    tests and benchmarks that attribute what happens to the object it happens in."""
+    return current_host.get()
 
 
 def reset_error(reason: str = RESET_MESSAGE) -> JsException:
@@ -103,6 +112,13 @@ class ObjectStats:
     #: requests taken per second of the runtime's clock (second since it started -> count)
     requests_by_second: dict[int, int] = field(default_factory=dict)
     cpu_s: float = 0.0  #: CPU seconds the object's code ran for (every step of its tasks)
+    #: seconds of the clock the object was awake, as duration is billed: while
+    #: an event runs, a task of its instance is pending (awaiting a call, a
+    #: fetch, a sleep) or a timer its code set is pending; periods still open
+    #: are added by ``ObjectHost.awake_s()``
+    awake_s: float = 0.0
+    #: those periods, as (start, end) in seconds of the loop's clock
+    awake_periods: list[tuple[float, float]] = field(default_factory=list)
 
     @property
     def cpu_ms_per_request(self) -> float:
@@ -172,6 +188,9 @@ class ObjectHost:
         self._alarm_running = False
         self._recent: collections.deque[float] = collections.deque()  # loop times of the last second's requests
         self._cpu_left_s = 0.0  # CPU the instance may still run for, topped up by each request
+        # Pending timers the instance's code set, by id (handles compare by contents).
+        self._timers: dict[int, asyncio.TimerHandle] = {}
+        self._awake_since: float | None = None  # loop time the current awake period began
 
     @property
     def name(self) -> str:
@@ -199,6 +218,7 @@ class ObjectHost:
         coroutine = awaitable if inspect.iscoroutine(awaitable) else _as_coroutine(awaitable)
         task = self.loop.create_task(coroutine, context=context)
         self._tasks[task] = None
+        self._note_awake()
         task.add_done_callback(self._forget)
         task.add_done_callback(self._report if background else _silence)
         return task
@@ -207,10 +227,50 @@ class ObjectHost:
         """A task the instance's own code created: it dies with the instance."""
         if generation == self.generation:
             self._tasks[task] = None
+            self._note_awake()
             task.add_done_callback(self._forget)
 
     def _forget(self, task: asyncio.Task[Any]) -> None:
         self._tasks.pop(task, None)
+        self._note_awake()
+
+    # -- awake time, as duration is billed -------------------------------
+    def timer_set(self, handle: asyncio.TimerHandle) -> None:
+        self._timers[id(handle)] = handle
+        self._note_awake()
+
+    def timer_done(self, handle: asyncio.TimerHandle) -> None:
+        self._timers.pop(id(handle), None)
+        self._note_awake()
+
+    def _note_awake(self) -> None:
+        """Open or close an awake period as the instance gains its first, or loses
+        its last, pending task or timer (an object with nothing pending but its
+        alarm may hibernate, and bills nothing)."""
+        awake = bool(self._tasks or self._timers)
+        now = self.loop.time()
+        if awake and self._awake_since is None:
+            self._awake_since = now
+        elif not awake and self._awake_since is not None:
+            start, self._awake_since = self._awake_since, None
+            self.stats.awake_s += now - start
+            periods = self.stats.awake_periods
+            if periods and periods[-1][1] >= start:
+                periods[-1] = (periods[-1][0], now)
+            else:
+                periods.append((start, now))
+
+    def awake_s(self) -> float:
+        """Seconds awake so far, the period still open included."""
+        open_s = self.loop.time() - self._awake_since if self._awake_since is not None else 0.0
+        return self.stats.awake_s + open_s
+
+    def awake_periods(self) -> list[tuple[float, float]]:
+        """The periods awake so far, (start, end) in loop seconds, the one still open included."""
+        periods = list(self.stats.awake_periods)
+        if self._awake_since is not None:
+            periods.append((self._awake_since, self.loop.time()))
+        return periods
 
     def _report(self, task: asyncio.Task[Any]) -> None:
         if not task.cancelled():
@@ -273,6 +333,10 @@ class ObjectHost:
         for task in list(self._tasks):
             task.cancel()
         self._tasks.clear()
+        for handle in list(self._timers.values()):  # nothing of the instance outlives it
+            handle.cancel()
+        self._timers.clear()
+        self._note_awake()
         self._gate_depth = 0
         self._wake_gate_waiters()
 

@@ -30,6 +30,7 @@ from ._faults import FaultPlanner, Faults
 from ._host import (
     DEFAULT_CPU_LIMIT_MS,
     DEFAULT_MAX_REQUESTS_PER_S,
+    OBJECT_GB,
     RESET_MESSAGE,
     HostServices,
     ObjectHost,
@@ -160,6 +161,7 @@ class Runtime:
         self.loop: RuntimeLoop = VirtualClockLoop(epoch_ms) if clock == "virtual" else RealClockLoop()
         self.loop.set_task_factory(_task_factory)
         self.loop.meter_for = _cpu_meter
+        self.loop.timer_owner = _timer_owner
         started = self.loop.now_ms()
         self.faults = FaultPlanner(faults, self.rng, lambda: self.loop.now_ms() - started)
         self.errors: list[tuple[str, BaseException]] = []
@@ -275,12 +277,14 @@ class Runtime:
         """Drop the object's live instance now, whatever it is doing; keep its storage."""
         self.host_of(stub).evict()
 
-    def totals(self) -> dict[str, int]:
+    def totals(self) -> dict[str, float]:
         """Billing figures summed over every object (rows read and written,
-        requests, calls refused as overloaded), and the highest requests per
-        second any one object took."""
-        totals = {"rows_read": 0, "rows_written": 0, "requests": 0,
-                  "alarm_invocations": 0, "evictions": 0, "overloaded": 0, "peak_requests_per_s": 0}
+        requests, calls refused as overloaded, seconds awake and the GB-s
+        they bill at 128 MB an object), and the highest requests per second
+        any one object took."""
+        totals: dict[str, float] = {
+            "rows_read": 0, "rows_written": 0, "requests": 0, "alarm_invocations": 0, "evictions": 0,
+            "overloaded": 0, "peak_requests_per_s": 0, "awake_s": 0.0, "gb_s": 0.0}
         for host in self._hosts.values():
             totals["rows_read"] += host.db.rows_read
             totals["rows_written"] += host.db.rows_written + host.stats.alarm_writes
@@ -289,6 +293,8 @@ class Runtime:
             totals["evictions"] += host.stats.evictions
             totals["overloaded"] += host.stats.overloaded
             totals["peak_requests_per_s"] = max(totals["peak_requests_per_s"], host.stats.peak_requests_per_s)
+            totals["awake_s"] += host.awake_s()
+        totals["gb_s"] = totals["awake_s"] * OBJECT_GB
         return totals
 
     def spawn_system(self, coroutine: Awaitable[Any]) -> asyncio.Task[Any]:
@@ -409,6 +415,13 @@ def _cpu_meter(context: contextvars.Context) -> Callable[[float], None] | None:
     """Each step run in an object's context is charged to that object."""
     host = context.get(current_host)
     return host.charge_cpu if host is not None else None
+
+
+def _timer_owner(context: contextvars.Context | None) -> ObjectHost | None:
+    """A timer set by an object's live instance keeps that object awake."""
+    host = current_host.get() if context is None else context.get(current_host)
+    generation = current_generation.get() if context is None else context.get(current_generation, -1)
+    return host if host is not None and generation == host.generation else None
 
 
 def _task_factory(loop: asyncio.AbstractEventLoop, coroutine: Any,
