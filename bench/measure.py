@@ -162,7 +162,7 @@ def awake_split(awake: dict[str, list[tuple[float, float]]], ledger: Ledger,
             end = ledger.ended_at.get(job_id, float("inf"))
             work.setdefault(where, []).append((to_s(ledger.started_at[job_id]), to_s(end)))
     total = sum(end - start for periods in awake.values() for start, end in periods)
-    inside = sum(_overlap(periods, _merged(work.get(name, []))) for name, periods in awake.items())
+    inside = sum(overlap(periods, _merged(work.get(name, []))) for name, periods in awake.items())
     return inside, total - inside
 
 
@@ -176,7 +176,7 @@ def _merged(periods: list[tuple[float, float]]) -> list[tuple[float, float]]:
     return merged
 
 
-def _overlap(a: list[tuple[float, float]], b: list[tuple[float, float]]) -> float:
+def overlap(a: list[tuple[float, float]], b: list[tuple[float, float]]) -> float:
     """The length of the intersection of two sorted lists of disjoint periods."""
     i = j = 0
     found = 0.0

@@ -92,7 +92,10 @@ def run(system: str, args, work: list[Arrival], outage: tuple[float, float] | No
              "max_running": ledger.max_running.get(ACCOUNT, 0), "ceiling": ceiling,
              "requests_per_job": totals["requests"] / max(jobs, 1),
              "rows_written_per_job": totals["rows_written"] / max(jobs, 1),
-             "dollars_per_million_jobs": measure.dollars_per_million(totals, jobs)}
+             "dollars_per_million_jobs": measure.dollars_per_million(totals, jobs),
+             "awake_s_per_job": totals["awake_s"] / max(jobs, 1),
+             "all_in_dollars_per_million_jobs": measure.dollars_per_million(totals, jobs)
+             + measure.awake_dollars_per_million(totals["awake_s"], jobs)}
     if outage is not None:
         start = min(ledger.submitted_at.values())
         down = (start + outage[0], start + outage[0] + outage[1])
@@ -115,6 +118,8 @@ def row_of(system: str, args, work: list[Arrival]) -> dict:
         "requests_per_job": round(quiet["requests_per_job"], 2),
         "rows_written_per_job": round(quiet["rows_written_per_job"], 2),
         "dollars_per_million_jobs": round(quiet["dollars_per_million_jobs"], 2),
+        "awake_s_per_job": round(quiet["awake_s_per_job"], 2),
+        "all_in_dollars_per_million_jobs": round(quiet["all_in_dollars_per_million_jobs"], 2),
         "outage_s": args.outage_s, "submitted_while_down": down["submitted_while_down"],
         "admitted_while_down": down["admitted_while_down"],
         "max_running": max(quiet["max_running"], down["max_running"]), "ceiling": quiet["ceiling"],
@@ -125,10 +130,12 @@ def row_of(system: str, args, work: list[Arrival]) -> dict:
 
 def table(rows: list[dict]) -> str:
     columns = ("system", "admission p50 / p99 (ms)", "admitted without a round", "requests / job",
-               "$ per million jobs", "admitted while the holder is down", "most running / ceiling")
+               "rows + requests $/M", "awake (object-s / job)", "all in $/M",
+               "admitted while the holder is down", "most running / ceiling")
     return tables.markdown(columns, ((
         r["system"], f"{r['admission_p50_ms']} / {r['admission_p99_ms']}", f"{r['admitted_without_a_round']:.0%}",
-        r["requests_per_job"], r["dollars_per_million_jobs"],
+        r["requests_per_job"], r["dollars_per_million_jobs"], r["awake_s_per_job"],
+        r["all_in_dollars_per_million_jobs"],
         f"{r['admitted_while_down']} of {r['submitted_while_down']}", f"{r['max_running']} / {r['ceiling']}",
     ) for r in rows))
 

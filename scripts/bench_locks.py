@@ -88,9 +88,27 @@ def measure(latency_ms: float, ttl_s: float) -> dict:
             figures["minute"] = {"renewals": names.count("semaphore_renew"), "calls": len(names),
                                  "rows_written": after["rows_written"] - before["rows_written"]}
 
+        def holders_awake_s() -> float:
+            return sum(h.awake_s() for h in runtime.hosts() if h.class_name == "UploadSlots")
+
+        async def a_wait() -> None:
+            # A place held for a minute, once alone and once with a waiter in line for all of it:
+            # what the waiter's wait adds to the holder object's awake time (duration is billed).
+            for key, waiters in (("quiet", 0), ("queued", 1)):
+                await warm_up(key)
+                first = uploads.hold(key)
+                await first.__aenter__()
+                before = holders_awake_s()
+                waiting = [asyncio.ensure_future(uploads.run(key, asyncio.sleep, 0)) for _ in range(waiters)]
+                await asyncio.sleep(60)
+                await first.__aexit__(None, None, None)
+                await asyncio.gather(*waiting)
+                figures[f"minute_{key}"] = {"holder_awake_s": holders_awake_s() - before}
+
         runtime.run(uncontended())
         runtime.run(hand_over())
         runtime.run(a_minute())
+        runtime.run(a_wait())
         return figures
 
 
@@ -110,6 +128,10 @@ def main() -> None:
           f"and {h['ms']:g} ms from the start of the release to the waiter holding")
     print(f"held for a minute: {m['renewals']} renewals ({m['calls']} calls in all), "
           f"{m['rows_written']} rows written")
+    quiet, queued = f["minute_quiet"]["holder_awake_s"], f["minute_queued"]["holder_awake_s"]
+    print(f"the holder object awake while a place is held for a minute: {quiet:.1f} s alone, {queued:.1f} s "
+          f"with a waiter in line all along (its wait costs the holder {queued - quiet:.1f} object-s, "
+          f"${(queued - quiet) * 0.128 * 12.5:.2f} per million such waits, at $12.50 per million GB-s)")
 
 
 if __name__ == "__main__":

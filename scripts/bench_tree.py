@@ -265,6 +265,10 @@ def run(clients: int, limit: int, tree: bool, seed: int, fan_out: int | None = N
                                                               together_ms=TOGETHER_MS),
         "rows_written_per_admission": totals["rows_written"] / admitted,
         "requests_per_admission": totals["requests"] / admitted,
+        # Duration: every holder's seconds awake per admission, and the most any one holder was
+        # awake, as a share of the time items waited (from the first arrival to the last start).
+        "awake_s_per_admission": totals["awake_s"] / admitted,
+        "max_awake_share": max_awake_share(holders, ledger, runtime.loop.loop_time_for),
         "max_running": ledger.max_running.get(KEY, 0),
         "cpu_ms_per_request": max(h.stats.cpu_ms_per_request for h in holders),
         "rates": {h.name: dict(h.stats.requests_by_second) for h in holders},
@@ -277,17 +281,28 @@ def run(clients: int, limit: int, tree: bool, seed: int, fan_out: int | None = N
     return result
 
 
+def max_awake_share(holders: list, ledger: measure.Ledger, to_s) -> float:
+    """The most any one holder was awake, as a share of the time items waited (from the
+    first item's arrival to the last one's start)."""
+    if not ledger.started_at:
+        return 0.0
+    window = [(to_s(min(ledger.submitted_at.values())), to_s(max(ledger.started_at.values())))]
+    span = max(1e-9, window[0][1] - window[0][0])
+    return max(measure.overlap(h.awake_periods(), window) for h in holders) / span
+
+
 def table(rows: list[dict]) -> str:
     lines = [f"{'holder':>8} {'clients':>8} {'objects':>7} | {'peak/s':>6} {'refused':>7} | {'busy':>6} "
-             f"{'order':>6} {'by 2 s':>6} | {'wrote/a':>7} {'req/a':>6} | {'done':>7} {'max run':>7} "
-             f"{'cpu/req':>7} {'wall':>6}"]
+             f"{'order':>6} {'by 2 s':>6} | {'wrote/a':>7} {'req/a':>6} {'awake/a':>7} {'awake':>6} | "
+             f"{'done':>7} {'max run':>7} {'cpu/req':>7} {'wall':>6}"]
     for r in rows:
         lines.append(
             f"{'tree' if r['tree'] else 'single':>8} {r['clients']:>8,} {r['objects']:>7} | "
             f"{r['peak_requests_per_s_per_object']:>6} {r['overloaded']:>7,} | {r['busy_while_waiting']:>6.1%} "
             f"{r['out_of_order_share']:>6.1%} {r['out_of_order_by_a_round']:>6.1%} | "
             f"{r['rows_written_per_admission']:>7.3f} "
-            f"{r['requests_per_admission']:>6.3f} | {r['done']:>7,} {r['max_running']:>7,} "
+            f"{r['requests_per_admission']:>6.3f} {r['awake_s_per_admission']:>6.3f}s {r['max_awake_share']:>6.1%} | "
+            f"{r['done']:>7,} {r['max_running']:>7,} "
             f"{r['cpu_ms_per_request']:>5.2f}ms {r['wall_s']:>5.0f}s")
     return "\n".join(lines)
 
@@ -299,8 +314,10 @@ busy:   running items over the limit while any item waited; order: admissions ma
         an older item waited (anywhere under the key); by 2 s: while an item waited that had
         arrived more than a round period (2 s) earlier and started over 100 ms later
 wrote/a, req/a: rows written and requests (RPC calls and alarms) of every holder object,
-        per admitted item; done: items run to the end; max run: the most running at once
-        (ground truth; never above the limit); cpu/req: the busiest object's CPU per request"""
+        per admitted item; awake/a: every holder object's seconds awake (duration is billed)
+        per admitted item; awake: the most awake holder's seconds awake over the time items
+        waited; done: items run to the end; max run: the most running at once (ground truth;
+        never above the limit); cpu/req: the busiest object's CPU per request"""
 
 
 def plot(rows: list[dict], path: Path) -> None:
@@ -356,7 +373,7 @@ def main() -> None:
     if args.json:
         keys = ["clients", "objects", "fan_out", "depth", "peak_requests_per_s_per_object", "busy_while_waiting",
                 "out_of_order_share", "out_of_order_by_a_round", "rows_written_per_admission",
-                "requests_per_admission"]
+                "requests_per_admission", "awake_s_per_admission", "max_awake_share"]
         single = {r["clients"]: {k: r[k] for k in keys} for r in rows if not r["tree"]}
         print(json.dumps([{**{k: r[k] for k in keys}, "single": single.get(r["clients"])}
                           for r in rows if r["tree"]], indent=1))

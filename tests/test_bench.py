@@ -128,11 +128,12 @@ def test_the_tree_benchmark_prints_one_object_per_tree_scale_and_a_plot(tmp_path
     assert done.returncode == 0, done.stderr[-2_000:]  # the script fails itself if work ran above the limit
     rows = json.loads(done.stdout)
     keys = {"clients", "objects", "peak_requests_per_s_per_object", "busy_while_waiting", "out_of_order_share",
-            "rows_written_per_admission", "requests_per_admission"}
+            "rows_written_per_admission", "requests_per_admission", "awake_s_per_admission", "max_awake_share"}
     assert len(rows) == 1 and keys <= set(rows[0]) and keys <= set(rows[0]["single"])
     tree, single = rows[0], rows[0]["single"]
     assert (tree["clients"], tree["objects"], single["objects"]) == (400, 3, 1)
     assert 0.5 < tree["busy_while_waiting"] <= 1 and tree["rows_written_per_admission"] > 0
+    assert 0 < tree["max_awake_share"] <= 1 and tree["awake_s_per_admission"] > 0
     assert plot.stat().st_size > 10_000
 
 

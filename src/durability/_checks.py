@@ -33,8 +33,10 @@ MAX_SAFE_INTEGER = 2**53  #: beyond this a JS number no longer holds every integ
 #: ``json`` raises ``RecursionError`` near 1,000 levels, Pyodide's SDK near
 #: 1,000 when it converts an RPC argument, and Pyodide's ``json.dumps`` of
 #: 100,000 levels ends the whole interpreter with a fatal error (measured
-#: in Pyodide 0.28.2).
-MAX_NESTING = 64
+#: in Pyodide 0.28.2). 128 leaves room for a caller's own wrapping around
+#: a value it limits more tightly (the example Worker's webhook payload,
+#: 64, inside its job inside a queue item's body).
+MAX_NESTING = 128
 
 
 def is_int(value: Any) -> TypeGuard[int]:

@@ -14,7 +14,6 @@ runtime asks the host to act.
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
 import contextvars
 import inspect
@@ -25,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from ._clock import RuntimeLoop
+from ._meters import AwakeMeter, LoadMeter
 from ._sql import SqlDatabase
 from ._storage import DurableObjectAbort, DurableObjectId, DurableObjectState
 from ._values import JsDict, JsException, rpc_copy
@@ -186,11 +186,10 @@ class ObjectHost:
         self._alarm_timer: asyncio.TimerHandle | None = None
         self._alarm_retry = 0
         self._alarm_running = False
-        self._recent: collections.deque[float] = collections.deque()  # loop times of the last second's requests
-        self._cpu_left_s = 0.0  # CPU the instance may still run for, topped up by each request
+        self._load = LoadMeter(self.stats, services.loop.time, services.max_requests_per_s, services.cpu_limit_ms)
         # Pending timers the instance's code set, by id (handles compare by contents).
         self._timers: dict[int, asyncio.TimerHandle] = {}
-        self._awake_since: float | None = None  # loop time the current awake period began
+        self._awake = AwakeMeter(self.stats, services.loop.time)
 
     @property
     def name(self) -> str:
@@ -244,33 +243,15 @@ class ObjectHost:
         self._note_awake()
 
     def _note_awake(self) -> None:
-        """Open or close an awake period as the instance gains its first, or loses
-        its last, pending task or timer (an object with nothing pending but its
-        alarm may hibernate, and bills nothing)."""
-        awake = bool(self._tasks or self._timers)
-        now = self.loop.time()
-        if awake and self._awake_since is None:
-            self._awake_since = now
-        elif not awake and self._awake_since is not None:
-            start, self._awake_since = self._awake_since, None
-            self.stats.awake_s += now - start
-            periods = self.stats.awake_periods
-            if periods and periods[-1][1] >= start:
-                periods[-1] = (periods[-1][0], now)
-            else:
-                periods.append((start, now))
+        self._awake.note(bool(self._tasks or self._timers))
 
     def awake_s(self) -> float:
         """Seconds awake so far, the period still open included."""
-        open_s = self.loop.time() - self._awake_since if self._awake_since is not None else 0.0
-        return self.stats.awake_s + open_s
+        return self._awake.seconds()
 
     def awake_periods(self) -> list[tuple[float, float]]:
         """The periods awake so far, (start, end) in loop seconds, the one still open included."""
-        periods = list(self.stats.awake_periods)
-        if self._awake_since is not None:
-            periods.append((self._awake_since, self.loop.time()))
-        return periods
+        return self._awake.periods()
 
     def _report(self, task: asyncio.Task[Any]) -> None:
         if not task.cancelled():
@@ -477,7 +458,7 @@ class ObjectHost:
             self.alarm_at = None  # getAlarm() is None while the handler runs
         self._alarm_running = True
         self.stats.alarm_invocations += 1
-        self._count_request()
+        self._load.count_request()
         self._services.log_event(self, "alarm", f"retry {retry}" if retry else "")
         succeeded = False
         evict_after = self._services.faults.alarm_eviction(self.class_name)
@@ -488,7 +469,7 @@ class ObjectHost:
                 raise JsException("the alarm's run failed before its handler ran (an outage)")
             info = JsDict(retryCount=retry, isRetry=retry > 0, scheduledTime=scheduled)
             mark = self.batch_mark()
-            await self._run_alarm_within_limit(info)
+            await _alarm_within_limit(self, info)
             await self.flushed(since=mark)
             succeeded = not self._services.faults.alarm_fails(self.class_name)
         except (Exception, DurableObjectAbort) as error:  # the handler threw, or the instance was reset
@@ -508,20 +489,6 @@ class ObjectHost:
             self._services.log_event(self, "alarm abandoned", f"after {retry} retries")
         self._arm_alarm_timer()
 
-    async def _run_alarm_within_limit(self, info: JsDict) -> None:
-        """The alarm's handler, cut off with its instance past the wall-time limit."""
-        generation = self.generation
-        limit = asyncio.timeout(ALARM_WALL_LIMIT_MS / 1000)
-        try:
-            async with limit:
-                await self.run_event(self._alarm_event(info))
-        except TimeoutError:
-            if not limit.expired():
-                raise  # the handler's own timeout, not the limit's
-            if generation == self.generation:
-                self.evict(ALARM_TIME_LIMIT_MESSAGE)
-            raise reset_error(ALARM_TIME_LIMIT_MESSAGE) from None
-
     async def _alarm_event(self, info: JsDict) -> None:
         instance = await self.admit_event()
         handler = getattr(instance, "alarm", None)
@@ -533,11 +500,11 @@ class ObjectHost:
     async def call(self, method: str, args: list[Any]) -> Any:
         """Deliver one RPC call and return the reply as the caller receives it,
         or refuse it as overloaded past the requests per second it may take."""
-        if self._over_rate():
+        if self._load.over_rate():
             self.stats.overloaded += 1
             self._services.log_event(self, "overloaded", method)
             raise overloaded_error()
-        self._count_request()
+        self._load.count_request()
 
         async def event() -> Any:
             instance = await self.admit_event()
@@ -561,37 +528,11 @@ class ObjectHost:
         await self.flushed(since=mark)
         return reply
 
-    # -- load ---------------------------------------------------------------
-    def _window(self) -> collections.deque[float]:
-        """The loop times of the requests taken within the last second."""
-        now, recent = self.loop.time(), self._recent
-        while recent and recent[0] <= now - 1.0:
-            recent.popleft()
-        return recent
-
-    def _over_rate(self) -> bool:
-        limit = self._services.max_requests_per_s
-        return limit is not None and len(self._window()) >= limit
-
-    def _count_request(self) -> None:
-        """An RPC call or an alarm taken: billed, and counted against the rate
-        (an alarm is never refused, but it takes the object's time)."""
-        self.stats.requests += 1
-        if self._services.cpu_limit_ms is not None:
-            self._cpu_left_s = self._services.cpu_limit_ms / 1000
-        recent = self._window()
-        recent.append(self.loop.time())
-        self.stats.peak_requests_per_s = max(self.stats.peak_requests_per_s, len(recent))
-        second = int(self.loop.time())
-        self.stats.requests_by_second[second] = self.stats.requests_by_second.get(second, 0) + 1
-
     def charge_cpu(self, seconds: float) -> None:
         """A step of the object's code ran for ``seconds``: past the CPU left
         since its last request, the instance is reset (at the step's end:
         production stops the code mid-step)."""
-        self.stats.cpu_s += seconds
-        self._cpu_left_s -= seconds
-        if self._cpu_left_s < 0 and self._services.cpu_limit_ms is not None and self.instance is not None:
+        if self._load.charge_cpu(seconds) and self.instance is not None:
             self._services.log_event(self, "cpu limit", f"{self._services.cpu_limit_ms:g} ms")
             self.evict(CPU_LIMIT_MESSAGE)
 
@@ -605,6 +546,21 @@ class ObjectHost:
         instance = self.ensure_instance()
         await self.wait_gate_open()  # the constructor may have closed it
         return instance
+
+
+async def _alarm_within_limit(host: ObjectHost, info: JsDict) -> None:
+    """The alarm's handler, cut off with its instance past the wall-time limit."""
+    generation = host.generation
+    limit = asyncio.timeout(ALARM_WALL_LIMIT_MS / 1000)
+    try:
+        async with limit:
+            await host.run_event(host._alarm_event(info))
+    except TimeoutError:
+        if not limit.expired():
+            raise  # the handler's own timeout, not the limit's
+        if generation == host.generation:
+            host.evict(ALARM_TIME_LIMIT_MESSAGE)
+        raise reset_error(ALARM_TIME_LIMIT_MESSAGE) from None
 
 
 async def _as_coroutine(awaitable: Awaitable[Any]) -> Any:
