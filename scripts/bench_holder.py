@@ -376,6 +376,7 @@ def bench_leases(mode: str, clients: int, limit: int, minutes: float, seed: int,
         "mode": mode, "items": len(plan), "admitted": admitted,
         "rpc": GROUND.holder_calls / admitted,
         "written": totals["rows_written"] / admitted, "read": totals["rows_read"] / admitted,
+        "awake": totals["awake_s"] / admitted,  # every object's seconds awake (duration is billed)
         "p50": waits[len(waits) // 2], "p99": waits[min(len(waits) - 1, int(0.99 * len(waits)))],
         "drawn": len(drawn) / admitted,
         # Within a millisecond: the admission's own alarm turn, no call to the holder.
@@ -389,12 +390,13 @@ def lease_table(title: str, clients: int, limit: int, minutes: float, per_lease:
     print(f"\n{title}: {clients} clients, limit {limit}, {minutes} virtual minutes, {per_lease} permits per lease; "
           f"{capped_share:.0%} of bursts in a group with its own limit (grants only); "
           f"under keeps limit/4, over adds {LEASE_MODES['over']['extra']['ratio']:.0%}")
-    print(f"{'mode':>12} {'items':>6} | {'rpc/item':>8} {'wrote/item':>10} {'read/item':>9} | {'p50 ms':>7} "
-          f"{'p99 ms':>7} | {'drawn':>6} {'at once':>7} | {'busy':>5}")
+    print(f"{'mode':>12} {'items':>6} | {'rpc/item':>8} {'wrote/item':>10} {'read/item':>9} {'awake/item':>10} | "
+          f"{'p50 ms':>7} {'p99 ms':>7} | {'drawn':>6} {'at once':>7} | {'busy':>5}")
     LEASE_MODES["under"] = {"mode": "under", "reserve": limit // 4}
     results = [bench_leases(mode, clients, limit, minutes, seed, per_lease, capped_share) for mode in LEASE_MODES]
     for r in results:
-        print(f"{r['mode']:>12} {r['admitted']:>6} | {r['rpc']:>8.3f} {r['written']:>10.2f} {r['read']:>9.1f} | "
+        print(f"{r['mode']:>12} {r['admitted']:>6} | {r['rpc']:>8.3f} {r['written']:>10.2f} {r['read']:>9.1f} "
+              f"{r['awake']:>9.2f}s | "
               f"{r['p50']:>7.0f} {r['p99']:>7.0f} | {r['drawn']:>6.0%} {r['drawn_at_once']:>7.0%} | {r['busy']:>5.0%}")
     base = results[0]
     print("RPC calls per admitted item, grants only / leases: " + ", ".join(
