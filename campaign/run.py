@@ -22,7 +22,7 @@ from pathlib import Path
 from durability.semaphore import allocation
 from durability.semaphore.queue_identity import client_label, wire_identity
 from durability.semaphore.tree import holder_for
-from durability.testing import Faults, Outage, Runtime, load_worker_module
+from durability.testing import HIBERNATE_AFTER_MS, Faults, Outage, Runtime, load_worker_module
 
 from .checks import SWEEP_CRON, Truth, Violations, liveness_bound_ms, overlaps_beyond_limits
 from .scenario import FAULTS_END_MS, GRANTS_ONLY, LEASE_TTL_MS, Scenario
@@ -69,6 +69,10 @@ def _faults(scenario: Scenario, **extra) -> Faults:
     return Faults(**dict(scenario.faults), latency_ms=(0.0, scenario.latency_ms), outages=outages, **extra)
 
 
+def _hibernation(scenario: Scenario) -> float | None:
+    return HIBERNATE_AFTER_MS if scenario.hibernate else None
+
+
 def trace_digest(trace: list[tuple[float, str, str, str]]) -> str:
     """A fingerprint of every call, fault and event of a run, each with its
     virtual time: two runs of one seed must give the same one, in any process."""
@@ -109,7 +113,8 @@ def planted(plant: str | None) -> Iterator[None]:
 
 def _run_budget(scenario: Scenario) -> Outcome:
     runtime = Runtime(load_worker_module(BUDGET_WORKER), {"HOLDER": "Holder", "SHARD": "Shard"},
-                      seed=scenario.seed, faults=_faults(scenario), crons=[SWEEP_CRON])
+                      seed=scenario.seed, faults=_faults(scenario), crons=[SWEEP_CRON],
+                      hibernate_after_ms=_hibernation(scenario))
     truth = Truth(scenario, runtime.now_ms)
     module = runtime.module
     module.TRUTH = truth
@@ -352,7 +357,8 @@ class _BudgetDriver:
 
 def _run_locks(scenario: Scenario) -> Outcome:
     runtime = Runtime(load_worker_module(LOCKS_WORKER), {"SLOTS": "Slots", "UPLOADER": "Uploader"},
-                      seed=scenario.seed, faults=_faults(scenario, targets=frozenset({"Slots"})))
+                      seed=scenario.seed, faults=_faults(scenario, targets=frozenset({"Slots"})),
+                      hibernate_after_ms=_hibernation(scenario))
     world = runtime.module.WORLD
     violations = Violations()
     start = runtime.now_ms()

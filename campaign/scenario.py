@@ -132,6 +132,9 @@ class Scenario:
     outages: tuple[Outage, ...] = ()
     restarts: tuple[Restart, ...] = ()
     fan_out: int = 0  #: mode "tree": children per root (shards reach them by a hash of their name)
+    #: objects with nothing pending but their alarm lose their instance after
+    #: 10 s, as production hibernates them (their memory goes, storage stays)
+    hibernate: bool = False
 
     @property
     def faults_end_ms(self) -> float:
@@ -146,7 +149,7 @@ class Scenario:
         """What the shrinker makes smaller."""
         return (len(self.jobs) + len(self.holds) + len(self.changes) + len(self.faults) + len(self.partitions)
                 + len(self.outages) + len(self.restarts)
-                + self.keys + self.shards + (self.latency_ms > 0) + (self.lose_releases > 0))
+                + self.keys + self.shards + (self.latency_ms > 0) + (self.lose_releases > 0) + self.hibernate)
 
     def to_literal(self) -> str:
         """The scenario as Python source, for a pytest case."""
@@ -177,7 +180,7 @@ def generate(seed: int, mode: str) -> Scenario:
     if mode == "locks":
         keys = rng.randint(1, 3)
         return Scenario(seed, mode, limits=(1,) * keys, shards=rng.randint(2, 5), holds=_holds(rng, keys),
-                        faults=faults, latency_ms=latency)
+                        faults=faults, latency_ms=latency, hibernate=_hibernates(f"{mode}:{seed}"))
     keys = rng.choice([1, 1, 2])
     limits = tuple(rng.randint(1, 6) for _ in range(keys))
     shards = rng.randint(2, 5)
@@ -190,8 +193,14 @@ def generate(seed: int, mode: str) -> Scenario:
         partitions=_partitions(rng, shards), lose_releases=rng.choice([0.0, 0.05, 0.2]),
         permits_per_lease=rng.randint(1, 4), keep_done=rng.random() < 0.5,
         outages=_outages(rng, keys, shards) + _child_outages(f"{mode}:{seed}", keys, fan_out),
-        restarts=_restarts(rng, keys, jobs, fan_out), fan_out=fan_out,
+        restarts=_restarts(rng, keys, jobs, fan_out), fan_out=fan_out, hibernate=_hibernates(f"{mode}:{seed}"),
     )
+
+
+def _hibernates(name: str) -> bool:
+    """Half the runs: idle objects hibernate as in production. Drawn from a source
+    of its own, so that every other draw of a seed stays what it was."""
+    return random.Random(f"{name}:hibernate").random() < 0.5
 
 
 def _swarm(rng: random.Random) -> tuple[tuple[tuple[str, float], ...], float]:
@@ -315,6 +324,8 @@ def smaller(scenario: Scenario) -> Iterator[Scenario]:
         yield replace(scenario, latency_ms=0.0)
     if scenario.lose_releases:
         yield replace(scenario, lose_releases=0.0)
+    if scenario.hibernate:
+        yield replace(scenario, hibernate=False)
     if scenario.keys > 1:
         yield _without_key(scenario, scenario.keys - 1)
     if scenario.shards > 1:

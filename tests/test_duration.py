@@ -80,3 +80,38 @@ def test_the_totals_sum_every_object_s_awake_seconds_and_their_gb_seconds(runtim
     totals = runtime.totals()
     assert totals["awake_s"] == pytest.approx(2.0, abs=0.02)
     assert totals["gb_s"] == pytest.approx(totals["awake_s"] * 0.128)
+
+
+def test_an_object_with_nothing_pending_for_ten_seconds_hibernates_and_loses_only_its_memory():
+    with probe_runtime(hibernate_after_ms=10_000) as runtime:
+        idle, timed = runtime.env.PROBE.getByName("idle"), runtime.env.PROBE.getByName("timed")
+
+        async def scenario():
+            await idle.record("kept")
+            await timed.record("kept")
+            await timed.set_timer(30)  # a pending timer keeps it awake, and in memory
+            await asyncio.sleep(9)
+            before = runtime.host_of(idle).instance is not None  # looked at without a call
+            await asyncio.sleep(2)  # idle for 10 s now
+            return before, await idle.remembered(), await idle.entries(), await timed.remembered()
+
+        before, after, entries, timed_memory = runtime.run(scenario())
+        assert before and after == [] and entries == ["kept"]
+        assert timed_memory == ["kept"]
+        host = runtime.host_of(idle)
+        assert host.stats.hibernations == 1 and host.stats.evictions == 0
+        assert ("hibernated", "Probe:idle") in [(e, name) for _, name, e, _ in runtime.trace]
+
+
+def test_a_hibernated_object_s_alarm_starts_a_new_instance():
+    with probe_runtime(hibernate_after_ms=10_000) as runtime:
+        stub = runtime.env.PROBE.getByName("a")
+
+        async def scenario():
+            await stub.set_alarm_in(60_000)
+            await asyncio.sleep(61)
+            return [e for e in await stub.entries() if e.startswith("alarm")]
+
+        assert len(runtime.run(scenario())) == 1
+        assert runtime.host_of(stub).stats.hibernations >= 1
+        assert runtime.host_of(stub).stats.instances_created == 2  # the call's, then the alarm's

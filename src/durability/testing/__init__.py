@@ -22,7 +22,7 @@ Must not be imported by a deployed Worker: production is Cloudflare's runtime.
 from ._clock import DEFAULT_EPOCH_MS, Deadlock, RealClockLoop, VirtualClockLoop
 from ._dev_vars import parse_dev_vars
 from ._faults import Faults, Outage
-from ._host import ALARM_MAX_RETRIES, ObjectHost, ObjectStats, current_object
+from ._host import ALARM_MAX_RETRIES, HIBERNATE_AFTER_MS, ObjectHost, ObjectStats, current_object
 from ._runtime import DurableObjectNamespace, DurableObjectStub, Runtime, load_worker_module
 from ._serve import LocalServer, local_runtime, serve
 from ._storage import DurableObjectId
@@ -35,6 +35,7 @@ __all__ = [
     "ALARM_MAX_RETRIES",
     "current_object",
     "DEFAULT_EPOCH_MS",
+    "HIBERNATE_AFTER_MS",
     "Deadlock",
     "DurableObjectId",
     "DurableObjectNamespace",

@@ -53,6 +53,11 @@ DEFAULT_CPU_LIMIT_MS = 30_000
 OBJECT_GB = 0.128
 CPU_LIMIT_MESSAGE = "Durable Object exceeded its CPU time limit and was reset."
 
+# Production removes an object from memory after 10 s with nothing pending but
+# its alarm (Cloudflare's Durable Object lifecycle page: "hibernateable").
+HIBERNATE_AFTER_MS = 10_000
+HIBERNATED_MESSAGE = "Durable Object hibernated: nothing was pending for 10 s."
+
 # What a caller sees when the object it called takes no more requests for now.
 OVERLOADED_MESSAGE = "Durable Object is overloaded. Too many requests queued."
 # The soft limit on one object's requests (RPC calls and alarms), per second.
@@ -106,6 +111,7 @@ class ObjectStats:
     alarm_invocations: int = 0
     alarm_writes: int = 0
     evictions: int = 0
+    hibernations: int = 0  #: instances dropped for having nothing pending (``hibernate_after_ms``)
     instances_created: int = 0
     overloaded: int = 0  #: calls refused as overloaded (not billed, never run)
     peak_requests_per_s: int = 0  #: the most requests taken within any one second
@@ -151,6 +157,8 @@ class HostServices:
     max_requests_per_s: float | None
     #: the CPU an object may run for after each request before it is reset (None: no limit)
     cpu_limit_ms: float | None
+    #: how long an object with nothing pending keeps its instance (None: for good)
+    hibernate_after_ms: float | None
     spawn_system: Callable[[Awaitable[Any]], asyncio.Task[Any]]  #: work outside any instance
     log_event: Callable[[ObjectHost, str, str], None]
     report_background_error: Callable[[ObjectHost, BaseException], None]
@@ -243,7 +251,17 @@ class ObjectHost:
         self._note_awake()
 
     def _note_awake(self) -> None:
-        self._awake.note(bool(self._tasks or self._timers))
+        limit = self._services.hibernate_after_ms
+        if self._awake.note(bool(self._tasks or self._timers)) and limit is not None and self.instance is not None:
+            self.loop.call_later_exact(limit / 1000, self._hibernate_if_asleep, self.generation,
+                                       self._awake.asleep_since)
+
+    def _hibernate_if_asleep(self, generation: int, since: float | None) -> None:
+        """Production hibernates an object that had nothing pending but its alarm
+        for 10 s: its instance goes, its memory with it, and its storage stays."""
+        if generation == self.generation and self.instance is not None and self._awake.asleep_since == since:
+            self.stats.hibernations += 1
+            self.evict(HIBERNATED_MESSAGE, counted=False)
 
     def awake_s(self) -> float:
         """Seconds awake so far, the period still open included."""
@@ -289,14 +307,16 @@ class ObjectHost:
         if generation == self.generation:
             self.evict()
 
-    def evict(self, reason: str = RESET_MESSAGE) -> None:
+    def evict(self, reason: str = RESET_MESSAGE, counted: bool = True) -> None:
         """Drop the live instance at whatever await it is in; keep storage.
 
         Writes not yet committed are lost with it, as in a crash; the calls
-        it was serving fail with a reset error.
+        it was serving fail with a reset error. ``counted=False``: a
+        hibernation, not an eviction (it has nothing in progress to lose).
         """
-        self.stats.evictions += 1
-        self._services.log_event(self, "evicted", reason)
+        if counted:
+            self.stats.evictions += 1
+        self._services.log_event(self, "evicted" if counted else "hibernated", reason)
         self.reset_reason = reason
         self.generation += 1
         self.instance = None

@@ -67,19 +67,23 @@ class AwakeMeter:
         self.stats = stats
         self.clock = clock
         self._since: float | None = None  # loop time the current awake period began
+        self.asleep_since: float | None = None  #: loop time the object last fell asleep (None: awake)
 
-    def note(self, awake: bool) -> None:
+    def note(self, awake: bool) -> bool:
+        """Whether the object falls asleep now (it was awake and has nothing pending any more)."""
         now = self.clock()
         if awake and self._since is None:
-            self._since = now
+            self._since, self.asleep_since = now, None
         elif not awake and self._since is not None:
-            start, self._since = self._since, None
+            start, self._since, self.asleep_since = self._since, None, now
             self.stats.awake_s += now - start
             periods = self.stats.awake_periods
             if periods and periods[-1][1] >= start:
                 periods[-1] = (periods[-1][0], now)
             else:
                 periods.append((start, now))
+            return True
+        return False
 
     def seconds(self) -> float:
         """Seconds awake so far, the period still open included."""

@@ -142,6 +142,14 @@ class Runtime:
     production's default; ``[limits] cpu_ms`` of the file sets it, ``None``
     lifts it); an object whose code runs past it is reset. An alarm's run
     ends, with its instance, after 15 minutes, and counts as failed.
+
+    ``hibernate_after_ms`` drops an object's instance once it has had
+    nothing pending (no event, task or timer of its code; its alarm aside)
+    for that long, as production hibernates one after 10 s
+    (``HIBERNATE_AFTER_MS``): memory goes, storage stays. None (the
+    default) keeps idle instances; the environment variable
+    ``DURABILITY_HIBERNATE_AFTER_MS`` sets it for every runtime that is not
+    given one.
     """
 
     def __init__(self, module: ModuleType, durable_objects: dict[str, str], *,
@@ -150,7 +158,8 @@ class Runtime:
                  entrypoint: str = "Default", clock: Literal["virtual", "real"] = "virtual",
                  crons: Sequence[str] = (),
                  max_requests_per_s: float | None = DEFAULT_MAX_REQUESTS_PER_S,
-                 cpu_limit_ms: float | None = DEFAULT_CPU_LIMIT_MS) -> None:
+                 cpu_limit_ms: float | None = DEFAULT_CPU_LIMIT_MS,
+                 hibernate_after_ms: float | None = None) -> None:
         if clock not in ("virtual", "real"):
             raise ValueError(f"clock must be 'virtual' or 'real', not {clock!r}")
         self.module = module
@@ -184,6 +193,7 @@ class Runtime:
         self._host_services = HostServices(
             loop=self.loop, rng=self.rng, env=self.env, faults=self.faults,
             max_requests_per_s=max_requests_per_s, cpu_limit_ms=cpu_limit_ms,
+            hibernate_after_ms=_hibernation(hibernate_after_ms),
             spawn_system=self.spawn_system, log_event=self.log_event,
             report_background_error=self.report_background_error,
         )
@@ -415,6 +425,13 @@ def _cpu_meter(context: contextvars.Context) -> Callable[[float], None] | None:
     """Each step run in an object's context is charged to that object."""
     host = context.get(current_host)
     return host.charge_cpu if host is not None else None
+
+
+def _hibernation(given: float | None) -> float | None:
+    if given is not None:
+        return given
+    from_env = os.environ.get("DURABILITY_HIBERNATE_AFTER_MS")
+    return float(from_env) if from_env else None
 
 
 def _timer_owner(context: contextvars.Context | None) -> ObjectHost | None:
