@@ -4,7 +4,7 @@ import asyncio
 
 import pytest
 
-from durability.testing import JsDict, JsException, Runtime
+from durability.testing import Faults, JsDict, JsException, Runtime
 from durability.testing._values import MAX_RPC_NESTING
 from support import PROBE, probe_runtime
 
@@ -387,3 +387,31 @@ def test_a_value_nested_past_the_rpc_depth_is_refused_at_the_call(probe, depth):
         with pytest.raises(ValueError, match=f"must nest at most {MAX_RPC_NESTING} lists, dicts or sets deep"):
             stub.kinds(value)  # refused at the call: nothing travels
         assert [e for _, name, e, _ in probe.trace if name == "Probe:a"] == []
+
+
+def test_a_call_leaves_an_object_only_once_the_writes_before_it_are_durable():
+    # The output gate holds outgoing calls as it holds replies: a crash that
+    # loses the caller's write loses the call with it.
+    with probe_runtime(faults=Faults(crash_before_commit=1.0)) as runtime:
+        async def scenario():
+            try:
+                await runtime.env.PROBE.getByName("caller").write_then_call("callee", "x")
+            except JsException as error:
+                return str(error)
+
+        assert "crashed before its writes committed" in runtime.run(scenario())
+        assert [name for _, name, event, _ in runtime.trace if event == "call"] == ["Probe:caller"]
+
+
+def test_code_of_an_instance_that_is_gone_reaches_no_other_object(probe):
+    stub = probe.env.PROBE.getByName("a")
+
+    async def scenario():
+        await stub.call_when_resolved("b")
+        gate = probe.host_of(stub).instance.gate
+        probe.evict(stub)
+        gate.set_result(None)  # its callback runs in the old instance's context
+        await asyncio.sleep(1)
+
+    probe.run(scenario())
+    assert [name for _, name, event, _ in probe.trace if event == "call"] == ["Probe:a"]  # "b" never called

@@ -74,6 +74,18 @@ class Probe(DurableObject):
         self._log(f"called {what}")
         return result
 
+    async def write_then_call(self, name, what):
+        """A write, then a call in the same turn: the call waits for the write to be durable."""
+        self._log(what)
+        return await self.env.PROBE.getByName(name).record(what)
+
+    async def call_when_resolved(self, name):
+        """A call made later, from a callback of a future this instance keeps."""
+        self.gate = asyncio.get_running_loop().create_future()
+        other = self.env.PROBE.getByName(name)
+        self.gate.add_done_callback(lambda _: asyncio.ensure_future(other.record("late")))
+        return "armed"
+
     async def write_then_fail(self, what):
         def change():
             self._log(what)

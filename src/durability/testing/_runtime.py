@@ -328,6 +328,12 @@ class Runtime:
         if stub._broken is not None:
             raise stub._broken
         caller = current_host.get()
+        if caller is not None and current_generation.get() != caller.generation:
+            raise reset_error(caller.reset_reason)  # code of an instance that is gone reaches nobody
+        if caller is not None and caller.db.in_batch:
+            # The output gate holds outgoing calls too: nothing leaves an
+            # object before the writes made ahead of it are durable.
+            await caller.flushed()
         host = self._host(stub._namespace, stub.id)
         plan = self.faults.plan_call(host.class_name, caller is not None)
         self.log_event(host, "call", method)
