@@ -126,10 +126,13 @@ def _run_budget(scenario: Scenario) -> Outcome:
     try:
         with planted(scenario.plant):
             runtime.run(_BudgetDriver(runtime, scenario, truth).drive())
+        # The trace as the run ended: what closing the runtime cancels, in
+        # whatever order, is no part of the run.
+        digest = trace_digest(runtime.trace)
     finally:
         runtime.close()
     return Outcome(scenario.mode, scenario.seed, truth.steps, runtime.now_ms() - start, truth.violations,
-                   truth.excused, trace_digest(runtime.trace))
+                   truth.excused, digest)
 
 
 class _BudgetDriver:
@@ -396,6 +399,7 @@ def _run_locks(scenario: Scenario) -> Outcome:
 
     try:
         results, left = runtime.run(drive())
+        digest = trace_digest(runtime.trace)  # as the run ended (see _run_budget)
     finally:
         runtime.close()
     holds = [dict(h, admitted=world["admitted_at"][h["token"]], seq=world["admission_seq"][h["token"]])
@@ -418,7 +422,7 @@ def _run_locks(scenario: Scenario) -> Outcome:
         if (usage["held"], usage["waiting"]) != (0, 0):
             violations.add("leak", f"key{k} still holds {usage['held']} and has {usage['waiting']} waiting")
     return Outcome(scenario.mode, scenario.seed, len(holds) + len(results), runtime.now_ms() - start, violations,
-                   digest=trace_digest(runtime.trace))
+                   digest=digest)
 
 
 async def _later(ms: float, fn) -> None:
