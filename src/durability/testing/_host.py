@@ -253,15 +253,8 @@ class ObjectHost:
     def _note_awake(self) -> None:
         limit = self._services.hibernate_after_ms
         if self._awake.note(bool(self._tasks or self._timers)) and limit is not None and self.instance is not None:
-            self.loop.call_later_exact(limit / 1000, self._hibernate_if_asleep, self.generation,
+            self.loop.call_later_exact(limit / 1000, _hibernate_if_asleep, self, self.generation,
                                        self._awake.asleep_since)
-
-    def _hibernate_if_asleep(self, generation: int, since: float | None) -> None:
-        """Production hibernates an object that had nothing pending but its alarm
-        for 10 s: its instance goes, its memory with it, and its storage stays."""
-        if generation == self.generation and self.instance is not None and self._awake.asleep_since == since:
-            self.stats.hibernations += 1
-            self.evict(HIBERNATED_MESSAGE, counted=False)
 
     def awake_s(self) -> float:
         """Seconds awake so far, the period still open included."""
@@ -566,6 +559,14 @@ class ObjectHost:
         instance = self.ensure_instance()
         await self.wait_gate_open()  # the constructor may have closed it
         return instance
+
+
+def _hibernate_if_asleep(host: ObjectHost, generation: int, since: float | None) -> None:
+    """Production hibernates an object that had nothing pending but its alarm
+    for 10 s: its instance goes, its memory with it, and its storage stays."""
+    if generation == host.generation and host.instance is not None and host._awake.asleep_since == since:
+        host.stats.hibernations += 1
+        host.evict(HIBERNATED_MESSAGE, counted=False)
 
 
 async def _alarm_within_limit(host: ObjectHost, info: JsDict) -> None:
