@@ -121,11 +121,16 @@ def test_a_reply_rpc_cannot_carry_fails_the_scenario(tmp_path):
         run_host({**SCENARIO, "args": {"jobs": 5}}, module_dir=variant, vars=VARS)
 
 
-def test_http_bodies_that_are_not_json_objects_are_400s_in_pyodide_too():
-    vars = {"API_TOKEN": http_bodies.TOKEN}
-    in_pyodide = run_host({"kind": "scenario", "module": "scenarios.http_bodies", "function": "run"}, vars=vars)
+def on_both_tiers(scenario, vars):
+    """A scenario module's ``run`` in Pyodide (the host's report) and on the embedded runtime (its result)."""
+    name = scenario.__name__.rpartition(".")[2]
+    in_pyodide = run_host({"kind": "scenario", "module": f"scenarios.{name}", "function": "run"}, vars=vars)
     with Runtime.from_wrangler(ROOT / "wrangler.toml", vars=vars) as runtime:
-        embedded = runtime.run(http_bodies.run(EmbeddedDriver(runtime)))
+        return in_pyodide, runtime.run(scenario.run(EmbeddedDriver(runtime)))
+
+
+def test_http_bodies_that_are_not_json_objects_are_400s_in_pyodide_too():
+    in_pyodide, embedded = on_both_tiers(http_bodies, {"API_TOKEN": http_bodies.TOKEN})
     outcomes = in_pyodide["result"]
     assert outcomes == embedded
     for path in http_bodies.ROUTES:
@@ -137,10 +142,7 @@ def test_http_bodies_that_are_not_json_objects_are_400s_in_pyodide_too():
 
 
 def test_deep_values_get_one_clear_error_at_every_depth_in_pyodide_as_on_cpython():
-    vars = {"API_TOKEN": deep_input.TOKEN}
-    in_pyodide = run_host({"kind": "scenario", "module": "scenarios.deep_input", "function": "run"}, vars=vars)
-    with Runtime.from_wrangler(ROOT / "wrangler.toml", vars=vars) as runtime:
-        embedded = runtime.run(deep_input.run(EmbeddedDriver(runtime)))
+    in_pyodide, embedded = on_both_tiers(deep_input, {"API_TOKEN": deep_input.TOKEN})
     outcomes = in_pyodide["result"]
     assert outcomes == embedded  # the interpreter did not crash, and said the same
     for depth in deep_input.DEPTHS:
