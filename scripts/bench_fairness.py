@@ -110,8 +110,9 @@ def policy_vars(name: str, limit: int) -> str:
 
 
 def run(policy: str, limit: int, small_until_s: float, seed: int, round_period_ms: float,
-        flood: bool = True) -> measure.Ledger:
-    """One run; the ledger of ground truth (each item's submission, start and end)."""
+        flood: bool = True) -> tuple[measure.Ledger, float]:
+    """One run; the ledger of ground truth (each item's submission, start and end), and the
+    holder's seconds awake (duration is billed)."""
     runtime = Runtime(load_worker_module(WORKER), {"HOLDER": "FairBenchHolder"},
                       vars={"LIMIT": limit, "POLICY": policy_vars(policy, limit),
                             "ROUND_PERIOD_MS": round_period_ms, "ROUND_WAIT_MS": min(1_000, round_period_ms / 2)},
@@ -122,11 +123,12 @@ def run(policy: str, limit: int, small_until_s: float, seed: int, round_period_m
 
     with runtime:
         runtime.run(play(driver, plan, GIVE_UP_S))
+        awake_s = runtime.totals()["awake_s"]
     if driver.errors or len(driver.ledger.ended_at) < len(plan):
         raise AssertionError(f"{policy}: {len(driver.ledger.ended_at)} of {len(plan)} done; {driver.errors[:2]}")
     if driver.ledger.max_running.get(KEY, 0) > limit:
         raise AssertionError(f"{policy}: {driver.ledger.max_running[KEY]} ran at once, over the limit {limit}")
-    return driver.ledger
+    return driver.ledger, awake_s
 
 
 class Timeline:
@@ -197,7 +199,8 @@ def floor_reached_within_s(ledger: measure.Ledger, limit: int, step_ms: float = 
     return longest
 
 
-def row_of(policy: str, ledger: measure.Ledger, alone_p99_s: float, limit: int) -> dict:
+def row_of(policy: str, run_of: tuple[measure.Ledger, float], alone_p99_s: float, limit: int) -> dict:
+    ledger, awake_s = run_of
     over_time = shares_over_time(ledger, limit)
     tenants = {}
     for tenant, samples in over_time.items():
@@ -214,18 +217,19 @@ def row_of(policy: str, ledger: measure.Ledger, alone_p99_s: float, limit: int) 
             "small_p99_over_alone": round(p99 / alone_p99_s, 2) if alone_p99_s else None,
             "busy_while_waiting": round(measure.busy_share(ledger, {KEY: limit})[0], 4),
             "floor_reached_within_s": round(floor_reached_within_s(ledger, limit), 1),
+            "awake_s_per_admission": round(awake_s / max(1, len(ledger.started_at)), 4),
             "tenants": tenants, "over_time": over_time}
 
 
 def table(rows: list[dict], alone_p99_s: float) -> str:
     columns = ("policy", "largest gap (points)", "flood share / target", "small shares / targets",
                "small p50 / p99 wait (s)", f"small p99 / alone ({alone_p99_s:.1f} s)", "busy while waiting",
-               "floor reached within (s)")
+               "floor reached within (s)", "holder awake (s / admission)")
     return tables.markdown(columns, ((
         r["policy"], r["share_error_points"], _share(r["tenants"][FLOOD]),
         ", ".join(_share(r["tenants"][t]) for t in SMALL if t in r["tenants"]),
         f"{r['small_p50_s']} / {r['small_p99_s']}", r["small_p99_over_alone"], f"{r['busy_while_waiting']:.1%}",
-        r["floor_reached_within_s"],
+        r["floor_reached_within_s"], r["awake_s_per_admission"],
     ) for r in rows))
 
 
@@ -268,7 +272,7 @@ def main() -> None:
     args = parser.parse_args()
     limit = 100 if args.quick else args.limit
     until = SMALL_FROM_S + (60 if args.quick else 180)
-    alone = run("oldest", limit, until, args.seed, args.round_period_ms, flood=False)
+    alone, _ = run("oldest", limit, until, args.seed, args.round_period_ms, flood=False)
     alone_p99_s = measure.percentile([(alone.started_at[j] - alone.submitted_at[j]) / 1000
                                       for j in alone.started_at], 0.99)
     rows = []
