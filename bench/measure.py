@@ -1,10 +1,12 @@
 """What a benchmark measures from ground truth: each job's submission, start and end, outside the objects.
 
 Lives here: ``Ledger`` (what every system under test reports: a job
-submitted, started, ended) and the figures every benchmark prints the same
-way (``docs/design.md``, cost model): the busy share while jobs wait, the
-out-of-order share, waits, the makespan against its lower bound and the
-dollars per million jobs. Must not know: which system ran the jobs.
+submitted, started, ended, and in which object it ran) and the figures every
+benchmark prints the same way (``docs/design.md``, cost model): the busy
+share while jobs wait, the out-of-order share, waits, the makespan against
+its lower bound, the dollars per million jobs, and the objects' awake time
+split into the jobs' own run and coordination. Must not know: which system
+ran the jobs.
 """
 
 from __future__ import annotations

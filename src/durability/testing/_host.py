@@ -1,9 +1,11 @@
 """One Durable Object in the embedded runtime: durable storage, live instance, events.
 
 Lives here: the object's life (instance created on the first event, dropped
-on eviction while its storage stays), the input gate, the implicit write
-batch and the output gate, the one alarm and its retries, and how an event
-(an RPC call, an alarm) runs against the live instance. ``HostServices``
+on eviction or hibernation while its storage stays), the input gate, the
+implicit write batch and the output gate, the one alarm and its retries, its
+limits (an alarm's 15 minutes, the CPU left since the last request), when
+it is awake (its tasks and its code's timers, counted by ``_meters``), and
+how an event (an RPC call, an alarm) runs against the live instance. ``HostServices``
 lists all a host needs from around it; ``ObjectFaultPolicy`` is the part of
 fault injection it asks about.
 Must not know: the runtime itself, how calls travel between objects or how
@@ -48,10 +50,10 @@ ALARM_TIME_LIMIT_MESSAGE = "Durable Object alarm exceeded its 15-minute wall-tim
 # object's CPU time up to the limit, and an object whose code runs past it
 # is reset (Cloudflare's Durable Objects limits page; `[limits] cpu_ms`).
 DEFAULT_CPU_LIMIT_MS = 30_000
+CPU_LIMIT_MESSAGE = "Durable Object exceeded its CPU time limit and was reset."
 
 # Duration is billed per GB-s at 128 MB an object, whatever it uses.
 OBJECT_GB = 0.128
-CPU_LIMIT_MESSAGE = "Durable Object exceeded its CPU time limit and was reset."
 
 # Production removes an object from memory after 10 s with nothing pending but
 # its alarm (Cloudflare's Durable Object lifecycle page: "hibernateable").
