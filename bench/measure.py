@@ -83,6 +83,28 @@ def busy_share(ledger: Ledger, limits: dict[str, int]) -> tuple[float, dict[str,
     return (total_busy / total_time if total_time else 1.0), per_account
 
 
+def refills_ms(ledger: Ledger) -> list[float]:
+    """For each job that ended while another job of its account waited to
+    start, how long until the account's next job started: how long a freed
+    permit idles while work waits (ground truth, each end counted once)."""
+    gaps = []
+    by_account: dict[str, list[str]] = {}
+    for job_id, account in ledger.account.items():
+        if job_id in ledger.started_at:
+            by_account.setdefault(account, []).append(job_id)
+    for jobs in by_account.values():
+        starts = sorted(ledger.started_at[j] for j in jobs)
+        for job_id in jobs:
+            end = ledger.ended_at.get(job_id)
+            if end is None:
+                continue
+            waiting = any(ledger.submitted_at[j] <= end < ledger.started_at[j] for j in jobs)
+            later = bisect.bisect_left(starts, end)
+            if waiting and later < len(starts):
+                gaps.append(starts[later] - end)
+    return gaps
+
+
 def out_of_order_share(ledger: Ledger, slack_ms: float = 0.0, together_ms: float = 0.0) -> float:
     """The share of starts made while an older job of the same account still
     waited (older by more than ``slack_ms``: 0 counts any). A job that

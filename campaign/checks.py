@@ -42,12 +42,16 @@ from .scenario import (
     GRANTS_ONLY,
     LEASE_TTL_MS,
     RETRY_MAX_MS,
+    WAKE_AFTER_MS,
     Scenario,
 )
 
 ROUND_MS = 3_000  #: round_wait_ms + round_period_ms of the campaign's holders
 SWEEP_CRON = "* * * * *"  #: the campaign Worker's sweep: every shard is called once a minute
 SWEEP_MS = 60_000
+#: a holder tries a failed call to a shard again within this (``holder_calls.RETRY_MAX_MS``); the
+#: shard asks again by itself within its request wait (the library's 50 s), whichever comes first
+CALL_RETRY_MS = 60_000
 OVER_EXTRA = 2  #: the extra of mode "over": leases get two permits above the limit
 
 
@@ -79,7 +83,7 @@ def liveness_bound_ms(scenario: Scenario, waiting_work_ms: float, limit: int, ca
     (or over its group's limit), after the longest job running ends.
     """
     recovery = (SWEEP_MS + 2 * RETRY_MAX_MS + 2 * FINISHED_CHECK_MS + LEASE_TTL_MS + GRANT_TIMEOUT_MS
-                + 4 * ROUND_MS)
+                + 4 * ROUND_MS + (CALL_RETRY_MS + 6 * WAKE_AFTER_MS if scenario.calls else 0))
     work = waiting_work_ms / max(limit, 1)
     if cap:
         work = max(work, capped_work_ms / cap)

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from durability.semaphore import allocation
 from durability.semaphore.queue_identity import client_label, wire_identity
+from durability.semaphore.store import GRANT_ROWS
 from durability.semaphore.tree import holder_for
 from durability.testing import HIBERNATE_AFTER_MS, Faults, Outage, Runtime, load_worker_module
 
@@ -121,7 +122,10 @@ def _run_budget(scenario: Scenario) -> Outcome:
     module.CONFIG.update(limits=list(scenario.limits),
                          group_limits=[dict(scenario.group_limits) for _ in scenario.limits],
                          leases=lease_options(scenario), lose_releases=scenario.lose_releases, plant=scenario.plant,
-                         keep_done=scenario.keep_done, shards=scenario.shards, fan_out=scenario.fan_out)
+                         keep_done=scenario.keep_done, shards=scenario.shards, fan_out=scenario.fan_out,
+                         calls=scenario.calls, call_faults=dict(scenario.call_faults),
+                         call_rng=random.Random(f"{scenario.mode}:{scenario.seed}:call faults"),
+                         evict=runtime.evict)
     start = runtime.now_ms()
     try:
         with planted(scenario.plant):
@@ -227,6 +231,7 @@ class _BudgetDriver:
 
     def restore(self) -> None:
         """Faults stop; limits, group limits and leases go back to where they started."""
+        self.config["call_faults"] = {}  # the holders' calls to shards too
         own = dict(self.scenario.group_limits)
         for key, limit in enumerate(self.scenario.limits):
             if self.config["limits"][key] != limit:
@@ -321,7 +326,7 @@ class _BudgetDriver:
             running = sum(len(items) for items in self.truth.running[key].values())
             db = self.runtime.host_of(self.runtime.env.HOLDER.getByName(f"k{key}")).db
             try:
-                grants = db.inspect("SELECT permits - released AS charged FROM durability_semaphore_grants")
+                grants = db.inspect(f"SELECT permits - released AS charged FROM ({GRANT_ROWS})")
                 leases = db.inspect(
                     "SELECT lease_id, client_id, permits, drawn, released FROM durability_semaphore_leases")
             except Exception:
@@ -344,7 +349,7 @@ class _BudgetDriver:
             db = self.runtime.host_of(self.runtime.env.HOLDER.getByName(f"k{key}~child-{child}")).db
             with contextlib.suppress(Exception):  # a child that never started has no table
                 total += sum(r["charged"] for r in db.inspect(
-                    "SELECT permits - released AS charged FROM durability_semaphore_grants"))
+                    f"SELECT permits - released AS charged FROM ({GRANT_ROWS})"))
         return total
 
     def leaks(self, books: dict[int, tuple[int, int, int]] | None = None, by_key: bool = False) -> list:

@@ -24,12 +24,17 @@ LEASE_TTL_MS = 20_000
 GRANT_TIMEOUT_MS = 5_000
 FINISHED_CHECK_MS = 10_000
 RETRY_MAX_MS = 10_000  #: the shards' backoff ceiling (see ``campaign.checks.liveness_bound_ms``)
+WAKE_AFTER_MS = 20_000  #: a holder calls a shard silent this long on a grant this old (``wake_after_ms``)
 KEEP_DONE_MS = 24 * 3_600_000  #: longer than any run: the end check reads every item back (the purge has its own tests)
 FAULTS_END_MS = 150_000  #: faults stop here (or when the last outage ends); every live change is undone then too
 JOB_MS = (200, 1_000, 3_000, 8_000, 20_000)
 GROUPS = ("wf0", "wf1", "capped")
 FAULT_KINDS = ("lost_request", "lost_reply", "duplicate", "evict", "crash_before_commit", "alarm_failure",
                "duplicate_alarm")
+#: what can befall a holder's call to a shard (``CONFIG["call_faults"]`` of the worker): lost on its
+#: way, its answer lost, delivered twice, late (1 to 20 s), delivered and then the shard evicted,
+#: and the holder evicted between its round and the call
+CALL_FAULT_KINDS = ("lost", "lost_reply", "duplicate", "late", "evict_client", "evict_holder")
 
 
 @dataclass(frozen=True)
@@ -135,6 +140,10 @@ class Scenario:
     #: objects with nothing pending but their alarm lose their instance after
     #: 10 s, as production hibernates them (their memory goes, storage stays)
     hibernate: bool = False
+    #: holders answer a shard's request at once and call the shard back with
+    #: what a round has for it; False: requests are held open (a long poll)
+    calls: bool = False
+    call_faults: tuple[tuple[str, float], ...] = ()  #: what befalls those calls: kind -> rate
 
     @property
     def faults_end_ms(self) -> float:
@@ -149,7 +158,8 @@ class Scenario:
         """What the shrinker makes smaller."""
         return (len(self.jobs) + len(self.holds) + len(self.changes) + len(self.faults) + len(self.partitions)
                 + len(self.outages) + len(self.restarts)
-                + self.keys + self.shards + (self.latency_ms > 0) + (self.lose_releases > 0) + self.hibernate)
+                + self.keys + self.shards + (self.latency_ms > 0) + (self.lose_releases > 0) + self.hibernate
+                + self.calls + len(self.call_faults))
 
     def to_literal(self) -> str:
         """The scenario as Python source, for a pytest case."""
@@ -187,6 +197,7 @@ def generate(seed: int, mode: str) -> Scenario:
     group_limits = (("capped", rng.randint(1, 2)),) if rng.random() < 0.6 else ()
     jobs = _jobs(rng, keys, shards)
     fan_out = rng.choice([2, 3]) if mode == "tree" else 0
+    calls, call_faults = _calls(f"{mode}:{seed}", mode)
     return Scenario(
         seed, mode, limits=limits, group_limits=group_limits, shards=shards,
         jobs=jobs, changes=_changes(rng, mode, keys), faults=faults, latency_ms=latency,
@@ -194,6 +205,7 @@ def generate(seed: int, mode: str) -> Scenario:
         permits_per_lease=rng.randint(1, 4), keep_done=rng.random() < 0.5,
         outages=_outages(rng, keys, shards) + _child_outages(f"{mode}:{seed}", keys, fan_out),
         restarts=_restarts(rng, keys, jobs, fan_out), fan_out=fan_out, hibernate=_hibernates(f"{mode}:{seed}"),
+        calls=calls, call_faults=call_faults,
     )
 
 
@@ -201,6 +213,17 @@ def _hibernates(name: str) -> bool:
     """Half the runs: idle objects hibernate as in production. Drawn from a source
     of its own, so that every other draw of a seed stays what it was."""
     return random.Random(f"{name}:hibernate").random() < 0.5
+
+
+def _calls(name: str, mode: str) -> tuple[bool, tuple[tuple[str, float], ...]]:
+    """Three runs in four: holders call their shards back (not in a tree,
+    whose holders hold requests), each kind of fault of those calls on or off
+    at a rate of its own. Drawn from a source of their own, so that every
+    other draw of a seed stays what it was."""
+    rng = random.Random(f"{name}:calls")
+    if mode == "tree" or rng.random() >= 0.75:
+        return False, ()
+    return True, tuple((kind, round(rng.uniform(0.01, 0.15), 3)) for kind in CALL_FAULT_KINDS if rng.random() < 0.5)
 
 
 def _swarm(rng: random.Random) -> tuple[tuple[tuple[str, float], ...], float]:
@@ -312,7 +335,7 @@ def _holds(rng: random.Random, keys: int) -> tuple[Hold, ...]:
 
 def smaller(scenario: Scenario) -> Iterator[Scenario]:
     """Candidates one step smaller, the biggest cuts first."""
-    for name in ("jobs", "holds", "changes", "partitions", "faults", "outages", "restarts"):
+    for name in ("jobs", "holds", "changes", "partitions", "faults", "outages", "restarts", "call_faults"):
         items = getattr(scenario, name)
         n = len(items)
         chunk = n  # all of them, then halves, down to one at a time
@@ -326,6 +349,8 @@ def smaller(scenario: Scenario) -> Iterator[Scenario]:
         yield replace(scenario, lose_releases=0.0)
     if scenario.hibernate:
         yield replace(scenario, hibernate=False)
+    if scenario.calls:
+        yield replace(scenario, calls=False, call_faults=())
     if scenario.keys > 1:
         yield _without_key(scenario, scenario.keys - 1)
     if scenario.shards > 1:

@@ -11,12 +11,13 @@ The runner loads this module afresh for every run (so ``CONFIG`` and
 ``TRUTH`` are the run's own) and sets them before any object starts.
 """
 
+import asyncio
 import random
 import time
 
 from workers import DurableObject, WorkerEntrypoint
 
-from campaign.scenario import FINISHED_CHECK_MS, GRANT_TIMEOUT_MS, KEEP_DONE_MS, RETRY_MAX_MS
+from campaign.scenario import FINISHED_CHECK_MS, GRANT_TIMEOUT_MS, KEEP_DONE_MS, RETRY_MAX_MS, WAKE_AFTER_MS
 from durability import Backoff, DurabilityScheduler
 from durability.semaphore import DurabilitySemaphore, DurabilitySemaphoreQueue
 from durability.semaphore.allocation import usage
@@ -33,6 +34,14 @@ CONFIG = {
     "keep_done": True,  # False: the shards keep no done item (keep_done_ms=0)
     "shards": 0,  # how many shards there are: the sweep calls every one
     "fan_out": 0,  # mode "tree": each key's root lends to this many children (0: one holder per key)
+    # True: holders answer a shard's request at once and call it back (semaphore_reply)
+    "calls": False,
+    # the faults of those calls alone: kind -> rate ("lost", "lost_reply", "duplicate",
+    # "late", "evict_client": delivered, then the shard evicted; "evict_holder": the
+    # holder evicted between its round and the call), drawn from "call_rng"
+    "call_faults": {},
+    "call_rng": None,
+    "evict": None,  # stub -> None: the runner's eviction of that stub's object
 }
 TRUTH = None
 
@@ -62,6 +71,8 @@ class Holder(DurableObject):
             self.scheduler, limit=self._limit, group_limit=self._group_limit,
             grant_timeout_ms=GRANT_TIMEOUT_MS, leases=CONFIG["leases"],
             parent=parent if CONFIG["fan_out"] else None,
+            clients=FaultyCalls(env.SHARD, lambda: env.HOLDER.getByName(self.name)) if CONFIG["calls"] else None,
+            wake_after_ms=WAKE_AFTER_MS,
         )
         self._semaphore_commit = self.semaphore._commit
         self.semaphore._commit = self._commit_and_report  # every commit is reported to TRUTH
@@ -83,7 +94,7 @@ class Holder(DurableObject):
         return value
 
     def _commit_and_report(self, changes):
-        grants, leases = self.semaphore._grants(), self.semaphore._leases()
+        grants, leases = self.semaphore.books.grants(), self.semaphore.books.leases()
         moved_back = _moved_back(grants, leases, changes)
         if "~child-" in self.name:
             self._semaphore_commit(changes)
@@ -92,8 +103,8 @@ class Holder(DurableObject):
         issued = {g.group for g in changes.written.values() if g.grant_id not in grants}
         issued |= {lease.group for lease in changes.leases_written.values() if lease.lease_id not in leases}
         self._semaphore_commit(changes)
-        total, groups = usage(self.semaphore._grants().values())
-        leased, leased_groups = lease_usage(self.semaphore._leases().values())
+        total, groups = usage(self.semaphore.books.grants().values())
+        leased, leased_groups = lease_usage(self.semaphore.books.leases().values())
         for group, n in leased_groups.items():
             groups[group] = groups.get(group, 0) + n
         TRUTH.holder_committed(self.key, (total + leased, groups), issued, moved_back)
@@ -106,6 +117,55 @@ class Holder(DurableObject):
 
     async def alarm(self, alarm_info=None):
         await self.scheduler.alarm(alarm_info)
+
+
+class FaultyCalls:
+    """The shards' namespace as a holder calls it, with the faults of ``CONFIG["call_faults"]``."""
+
+    def __init__(self, namespace, holder):
+        self.namespace, self.holder = namespace, holder
+
+    def idFromString(self, hex_id):
+        return self.namespace.idFromString(hex_id)
+
+    def get(self, object_id):
+        return _FaultyStub(self.namespace.get(object_id), self.holder)
+
+    def getByName(self, name):
+        return _FaultyStub(self.namespace.getByName(name), self.holder)
+
+
+class _FaultyStub:
+    def __init__(self, stub, holder):
+        self.stub, self.holder = stub, holder
+
+    async def semaphore_reply(self, key, reply):
+        fault = _call_fault()
+        if fault == "evict_holder":  # its round's rows are written; the call never leaves
+            CONFIG["evict"](self.holder())
+            raise lost_connection()
+        if fault == "lost":
+            raise lost_connection()
+        if fault == "late":
+            await asyncio.sleep(CONFIG["call_rng"].uniform(1, 20))
+        answer = await self.stub.semaphore_reply(key, reply)
+        if fault == "duplicate":
+            await self.stub.semaphore_reply(key, reply)
+        elif fault == "evict_client":
+            CONFIG["evict"](self.stub)
+        elif fault == "lost_reply":
+            raise lost_connection()
+        return answer
+
+
+def _call_fault():
+    """One call's fault, if any (at most one), from the run's own source of them."""
+    draw = CONFIG["call_rng"].random() if CONFIG["call_faults"] else 1.0
+    for kind, rate in sorted(CONFIG["call_faults"].items()):
+        if draw < rate:
+            return kind
+        draw -= rate
+    return None
 
 
 def _moved_back(grants, leases, changes):
@@ -160,7 +220,13 @@ class Shard(DurableObject):
             # check reads every accepted item's final state from the shards),
             # or not at all, as the example Worker does.
             keep_done_ms=KEEP_DONE_MS if CONFIG["keep_done"] else 0,
+            woken=CONFIG["calls"],
         )
+
+    async def semaphore_reply(self, key, reply):
+        if cut_off(self.name):
+            raise lost_connection()
+        return await self.queue.hear(key, reply)
 
     async def submit(self, items):
         return [item.id for item in await self.queue.enqueue(items)]

@@ -15,8 +15,10 @@ while little work runs (try ``--limit 8``). Two runs per system, on the
 same arrivals:
 
 - uncontended: the latency of admission, from the job's submission to the
-  queue's ``admit()`` call for it, p50 and p99 (a grant waits for a round,
-  ``round_wait_ms`` 20 ms in the example; a drawn lease permit needs none);
+  queue's ``admit()`` call for it, p50 and p99, and the share of jobs
+  admitted from a lease, with no call to the holder (a grant needs the
+  holder's answer, which comes at once when the key has room: its holder
+  runs the round as the request arrives);
 - holder down: the account's holder object refuses every call and runs no
   alarm for ``--outage-s`` seconds from a third of the way in; how many jobs
   were admitted while it was down, how many were submitted then, and the
@@ -67,7 +69,7 @@ def run(system: str, args, work: list[Arrival], outage: tuple[float, float] | No
     limits = {ACCOUNT: args.limit}
     # (bench_vs_naive.example_runtime reads args.faults)
     args.faults = False if outage is None else Faults(outages=(Outage(f"AccountLimit:{ACCOUNT}", *outage, calls=True),))
-    ledger, admitted_at = measure.Ledger(), {}
+    ledger, admitted_at, drawn = measure.Ledger(), {}, set()
     runtime = example_runtime(system, args, limits, ledger)
     shard_class = runtime.module.JobShard
     real_admit = shard_class._admit
@@ -75,6 +77,8 @@ def run(system: str, args, work: list[Arrival], outage: tuple[float, float] | No
     async def admit(shard, items):  # the moment the queue calls admit(), per item
         for item in items:
             admitted_at.setdefault(item.id, runtime.now_ms())
+            if item.via == "lease":
+                drawn.add(item.id)
         return await real_admit(shard, items)
 
     shard_class._admit = admit
@@ -87,7 +91,7 @@ def run(system: str, args, work: list[Arrival], outage: tuple[float, float] | No
     jobs = len(ledger.started_at)
     latencies = [admitted_at[j] - ledger.submitted_at[j] for j in admitted_at]
     ceiling = ceilings_of(system, limits)[ACCOUNT]
-    found = {"admitted": jobs, "latencies_ms": latencies,
+    found = {"admitted": jobs, "latencies_ms": latencies, "drawn": len(drawn & set(admitted_at)),
              "over_limit": ledger.max_running.get(ACCOUNT, 0) > ceiling, "run_twice_at_once": ledger.overlaps,
              "max_running": ledger.max_running.get(ACCOUNT, 0), "ceiling": ceiling,
              "requests_per_job": totals["requests"] / max(jobs, 1),
@@ -114,7 +118,7 @@ def row_of(system: str, args, work: list[Arrival]) -> dict:
         "system": system, "admitted": quiet["admitted"],
         "admission_p50_ms": round(measure.percentile(latencies, 0.5), 1),
         "admission_p99_ms": round(measure.percentile(latencies, 0.99), 1),
-        "admitted_without_a_round": round(sum(ms < 1 for ms in latencies) / max(len(latencies), 1), 4),
+        "admitted_from_a_lease": round(quiet["drawn"] / max(len(latencies), 1), 4),
         "requests_per_job": round(quiet["requests_per_job"], 2),
         "rows_written_per_job": round(quiet["rows_written_per_job"], 2),
         "dollars_per_million_jobs": round(quiet["dollars_per_million_jobs"], 2),
@@ -129,11 +133,11 @@ def row_of(system: str, args, work: list[Arrival]) -> dict:
 
 
 def table(rows: list[dict]) -> str:
-    columns = ("system", "admission p50 / p99 (ms)", "admitted without a round", "requests / job",
+    columns = ("system", "admission p50 / p99 (ms)", "admitted from a lease", "requests / job",
                "rows + requests $/M", "awake (object-s / job)", "all in $/M",
                "admitted while the holder is down", "most running / ceiling")
     return tables.markdown(columns, ((
-        r["system"], f"{r['admission_p50_ms']} / {r['admission_p99_ms']}", f"{r['admitted_without_a_round']:.0%}",
+        r["system"], f"{r['admission_p50_ms']} / {r['admission_p99_ms']}", f"{r['admitted_from_a_lease']:.0%}",
         r["requests_per_job"], r["dollars_per_million_jobs"], r["awake_s_per_job"],
         r["all_in_dollars_per_million_jobs"],
         f"{r['admitted_while_down']} of {r['submitted_while_down']}", f"{r['max_running']} / {r['ceiling']}",

@@ -45,13 +45,15 @@ sys.path[:0] = [str(ROOT / "src"), str(ROOT)]
 from bench import measure, tables  # noqa: E402
 from bench.breakdown import WriteBreakdown  # noqa: E402
 from bench.workload import LostReleases, arrivals, limits_of, shard_of  # noqa: E402
-from durability.testing import Faults, JsException, Runtime, load_worker_module  # noqa: E402
+from durability.testing import HIBERNATE_AFTER_MS, Faults, JsException, Runtime, load_worker_module  # noqa: E402
 
 NAIVE = ROOT / "bench" / "naive.py"
 SETTLE_MS = 4 * 3_600_000
 LEASE_MODES = {"strict leases": {"mode": "strict"}, "under leases": {"mode": "under", "reserve": 2},
                "over leases": {"mode": "over", "extra": {"ratio": 0.5}}}
-SYSTEMS = ["grants", *LEASE_MODES, "naive, polling every 5 s", "naive, polling every 1 s"]
+#: the example as it ran before its holders called shards back: each shard's request held open (a long poll)
+HELD = "grants, requests held"
+SYSTEMS = ["grants", *LEASE_MODES, HELD, "naive, polling every 5 s", "naive, polling every 1 s"]
 
 
 def leases_of(system: str, permits_per_lease: int = 2) -> dict | None:
@@ -75,9 +77,11 @@ def faults_of(on: bool | Faults) -> Faults | None:
 
 
 def example_runtime(system: str, args, limits: dict, ledger: measure.Ledger) -> Runtime:
-    runtime = Runtime.from_wrangler(ROOT / "wrangler.toml", seed=args.seed, faults=faults_of(args.faults), vars={
+    runtime = Runtime.from_wrangler(ROOT / "wrangler.toml", seed=args.seed, faults=faults_of(args.faults),
+                                    hibernate_after_ms=HIBERNATE_AFTER_MS, vars={
         "ACCOUNT_LIMITS": json.dumps(limits), "SHARDS": str(args.shards),
-        "ACCOUNT_LEASES": json.dumps(leases_of(system, getattr(args, "permits_per_lease", 2)))})
+        "ACCOUNT_LEASES": json.dumps(leases_of(system, getattr(args, "permits_per_lease", 2))),
+        "ACCOUNT_CALLS_SHARDS": "false" if system == HELD else "true"})
     module = runtime.module
     real_run_job = module.run_job
 
@@ -97,7 +101,8 @@ def naive_runtime(poll_ms: float, args, limits: dict, ledger: measure.Ledger, rn
     module.LEDGER, module.POLL_MS = ledger, poll_ms
     module.LOSE_RELEASES, module.RNG = (0.05 if args.faults else 0.0), rng
     return Runtime(module, {"NAIVE_LIMIT": "NaiveLimit", "NAIVE_SHARD": "NaiveShard"}, seed=args.seed,
-                   faults=faults_of(args.faults), vars={"ACCOUNT_LIMITS": json.dumps(limits)})
+                   faults=faults_of(args.faults), vars={"ACCOUNT_LIMITS": json.dumps(limits)},
+                   hibernate_after_ms=HIBERNATE_AFTER_MS)
 
 
 async def drive(runtime: Runtime, system: str, args, work, ledger: measure.Ledger) -> None:
@@ -171,7 +176,9 @@ def run_system(system: str, args, work, limits: dict) -> dict:
         awake = {f"{host.class_name}:{host.name}": host.awake_periods() for host in runtime.hosts()}
         in_jobs_s, coordinating_s = measure.awake_split(awake, ledger, runtime.loop.loop_time_for)
         by_class = awake_by_class(awake, ledger, runtime.loop.loop_time_for)
+        bills = bills_by_class(runtime.hosts(), len(ledger.started_at))
     jobs = len(ledger.started_at)
+    refills = measure.refills_ms(ledger)
     rows_and_requests = measure.dollars_per_million(totals, jobs)
     coordinating = rows_and_requests + measure.awake_dollars_per_million(coordinating_s, jobs)
     alarms = sum(host.stats.alarm_writes for host in runtime.hosts())
@@ -193,7 +200,9 @@ def run_system(system: str, args, work, limits: dict) -> dict:
         "coordination_dollars_per_million_jobs": round(coordinating, 2),
         "all_in_dollars_per_million_jobs": round(
             coordinating + measure.awake_dollars_per_million(in_jobs_s, jobs), 2),
+        "bills_by_class_per_job": bills,
         "busy_while_waiting": round(busy, 4), "busy_per_account": {a: round(b, 4) for a, b in busy_per_account.items()},
+        "refill_p50_ms": round(measure.percentile(refills, 0.5)), "refill_p99_ms": round(measure.percentile(refills, 0.99)),
         "out_of_order": round(measure.out_of_order_share(ledger), 4),
         "p50_wait_s": round(measure.percentile(waits, 0.5), 1), "p99_wait_s": round(measure.percentile(waits, 0.99), 1),
         "makespan_s": round(span / 1000, 1), "makespan_bound_s": round(bound / 1000, 1),
@@ -217,9 +226,28 @@ def awake_by_class(awake: dict[str, list[tuple[float, float]]], ledger: measure.
 
 
 def class_table(rows: list[dict]) -> str:
-    columns = ("system", "object class", "awake coordinating (object-s / job)", "awake in the jobs' run")
-    return tables.markdown(columns, ((r["system"], name, split[0], split[1])
-                                     for r in rows for name, split in r["awake_by_class_s_per_job"].items()))
+    columns = ("system", "object class", "awake coordinating (object-s / job)", "awake in the jobs' run",
+               "requests / job", "alarms run / job", "rows written / job (alarms set)", "hibernated / job")
+    return tables.markdown(columns, (
+        (r["system"], name, split[0], split[1], *r["bills_by_class_per_job"].get(name, ("",) * 4))
+        for r in rows for name, split in r["awake_by_class_s_per_job"].items()))
+
+
+def bills_by_class(hosts, jobs: int) -> dict[str, tuple]:
+    """Per object class, per job: requests, alarms run, rows written (the
+    alarms set among them) and instances hibernated."""
+    sums: dict[str, list[int]] = {}
+    for host in hosts:
+        s = sums.setdefault(host.class_name, [0, 0, 0, 0, 0])
+        stats = host.stats
+        s[0] += stats.requests
+        s[1] += stats.alarm_invocations
+        s[2] += host.db.rows_written + stats.alarm_writes
+        s[3] += stats.alarm_writes
+        s[4] += stats.hibernations
+    per = max(jobs, 1)
+    return {name: (round(s[0] / per, 2), round(s[1] / per, 2), f"{s[2] / per:.2f} ({s[3] / per:.2f})",
+                   round(s[4] / per, 2)) for name, s in sums.items()}
 
 
 def timeline(ledger: measure.Ledger, limits: dict) -> dict[str, list[tuple[float, float]]]:
@@ -243,12 +271,13 @@ def table(rows: list[dict]) -> str:
     columns = ("system", "rows written / job", "rows read / job", "requests / job", "rows + requests $/M",
                "awake coordinating (object-s / job)", "coordination $/M (rows, requests, that time)",
                "awake in the jobs' run (object-s / job)", "all in $/M",
-               "busy while jobs wait", "out of oldest-first order", "p50 / p99 wait (s)", "makespan / bound (s)")
+               "busy while jobs wait", "refill p50 / p99 (ms)", "out of oldest-first order", "p50 / p99 wait (s)",
+               "makespan / bound (s)")
     return tables.markdown(columns, ((
         r["system"], r["rows_written_per_job"], r["rows_read_per_job"], r["requests_per_job"],
         r["dollars_per_million_jobs"], r["awake_coordinating_s_per_job"], r["coordination_dollars_per_million_jobs"],
         r["awake_in_jobs_s_per_job"], r["all_in_dollars_per_million_jobs"],
-        f"{r['busy_while_waiting']:.1%}", f"{r['out_of_order']:.0%}",
+        f"{r['busy_while_waiting']:.1%}", f"{r['refill_p50_ms']} / {r['refill_p99_ms']}", f"{r['out_of_order']:.1%}",
         f"{r['p50_wait_s']} / {r['p99_wait_s']}", f"{r['makespan_s']} / {r['makespan_bound_s']}") for r in rows))
 
 

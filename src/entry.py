@@ -179,6 +179,11 @@ def _json_var(env, name):
     return json.loads(getattr(env, name, "") or "{}")
 
 
+def _calls_shards(env):
+    """ACCOUNT_CALLS_SHARDS: "false" keeps each shard's request held open at its holder."""
+    return str(getattr(env, "ACCOUNT_CALLS_SHARDS", "true")).lower() != "false"
+
+
 class AccountLimit(DurableObject):
     """One instance per account (the account id is its name): the account's
     concurrency budget, shared by every object that queues its work."""
@@ -207,6 +212,11 @@ class AccountLimit(DurableObject):
         self.semaphore = DurabilitySemaphore(
             self.scheduler, limit=self._account_limit, group_limit=self._workflow_limit, leases=leases,
             round_wait_ms=20, round_period_ms=100, fair_share=fair or None,
+            # A shard's request is answered at once and its demand kept in
+            # line; the round that has permits for it calls the shard
+            # (JobShard.semaphore_reply). Nothing is held open, so neither
+            # object is awake while jobs wait (docs/semaphore.md).
+            clients=env.JOB_SHARD if _calls_shards(env) else None,
         )
 
     def _account_limit(self):
@@ -445,7 +455,13 @@ class JobShard(DurableObject):
             # the figures do not move (uv run scripts/bench_vs_naive.py --short
             # --seed 3 --system "strict leases").
             lease_report_delay_ms=1_000,
+            # Its holder may answer at once and call back (semaphore_reply).
+            woken=_calls_shards(env),
         )
+
+    async def semaphore_reply(self, key, reply):
+        """The account holder's call, once a round has permits for this shard."""
+        return await self.permits.hear(key, reply)
 
     async def submit(self, job):
         job = _job(job)

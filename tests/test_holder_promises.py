@@ -12,6 +12,7 @@ import asyncio
 import pytest
 
 from durability.locks import semaphore
+from durability.semaphore.store import GRANT_ROWS
 from support import holders_runtime, locks_runtime
 
 TTL = 60_000
@@ -54,7 +55,7 @@ def sync(client, grants=(), lease_reports=()):
 def held_in_storage(runtime):
     db = runtime.host_of(holder(runtime)).db
     return {
-        "grants": db.inspect("SELECT * FROM durability_semaphore_grants ORDER BY grant_id"),
+        "grants": db.inspect(f"SELECT * FROM ({GRANT_ROWS}) ORDER BY grant_id"),
         "leases": db.inspect("SELECT * FROM durability_semaphore_leases ORDER BY lease_id"),
     }
 

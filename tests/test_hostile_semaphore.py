@@ -21,6 +21,7 @@ import os
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from durability.semaphore.messages import parse_reply
+from durability.semaphore.store import GRANT_ROWS
 from hostile import Tally, arbitrary, mutated
 from support import holders_runtime
 
@@ -96,7 +97,9 @@ def state(runtime):
     db = runtime.host_of(holder(runtime)).db
     tables = [row["name"] for row in db.inspect(
         "SELECT name FROM sqlite_master WHERE type = 'table' AND name LIKE 'durability%' ORDER BY name")]
-    return {table: db.inspect(f"SELECT * FROM {table} ORDER BY 1, 2") for table in tables}
+    state = {table: db.inspect(f"SELECT * FROM {table} ORDER BY 1, 2") for table in tables}
+    state["grants"] = db.inspect(f"SELECT * FROM ({GRANT_ROWS}) ORDER BY grant_id")
+    return state
 
 
 NOTHING = object()  #: x sends nothing (None is a message x may send)
@@ -160,14 +163,14 @@ def test_a_hostile_message_fails_only_its_sender(case, hostile_first):
     Tally.count("semaphore holder", "accepted")
     assert isinstance(hostile_reply, dict) and hostile_reply.get("type") in ("grants", "synced")
     # Counts only move forward, and h's grants and leases stay h's.
-    grants = {row["grant_id"]: row for row in after["durability_semaphore_grants"]}
+    grants = {row["grant_id"]: row for row in after["grants"]}
     for grant_id, claimed, _ in held["h"]["grants"]:
         row = grants.get(grant_id)
         assert row is not None and row["client_id"] == "h" and row["claimed"] >= claimed
     leases = {row["lease_id"]: row for row in after["durability_semaphore_leases"]}
     for lease_id, *_ in held["h"]["leases"]:
         assert leases[lease_id]["client_id"] == "h"
-    for row in after["durability_semaphore_grants"]:
+    for row in after["grants"]:
         assert 0 <= row["released"] <= row["claimed"] <= row["permits"]
     for row in after["durability_semaphore_leases"]:
         assert 0 <= row["released"] <= row["drawn"] <= row["permits"]

@@ -5,6 +5,7 @@ import asyncio
 import pytest
 
 from durability.semaphore.messages import MAX_WAIT_MS
+from durability.semaphore.store import GRANT_ROWS
 from durability.testing import Faults, JsException
 from support import holders_runtime
 
@@ -154,7 +155,7 @@ def test_eviction_mid_round_fails_the_waiting_calls_and_grants_nothing(runtime):
 
 def test_a_grant_is_written_at_its_first_claim_and_lost_unclaimed_with_the_instance(runtime):
     def grant_rows():
-        return runtime.host_of(holder(runtime)).db.inspect("SELECT grant_id, claimed FROM durability_semaphore_grants")
+        return runtime.host_of(holder(runtime)).db.inspect(f"SELECT grant_id, claimed FROM ({GRANT_ROWS})")
 
     async def scenario():
         unclaimed = (await holder(runtime).permits(request("a", [("g", 2, 0)])))["grants"][0]["grantId"]

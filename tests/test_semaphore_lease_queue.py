@@ -5,6 +5,7 @@ import json
 
 import pytest
 
+from durability.semaphore.store import GRANT_ROWS
 from durability.testing import Faults
 from support import (
     assert_back_in_line_with_the_release,
@@ -197,25 +198,30 @@ def test_a_version_1_holder_migrates_in_place_and_keeps_its_grants(runtime):
     runtime.module.CONFIG["leases"] = None
 
     async def scenario():
-        reply = await holder(runtime).permits({"type": "request", "v": 1, "clientId": "c",
-                                               "demand": [{"group": "g", "count": 2, "oldestAt": 0}]})
-        # Claimed, so that the grant has a row (an unclaimed one lives in memory only).
-        await holder(runtime).permits({"type": "sync", "v": 1, "clientId": "c", "grants": [
-            {"grantId": reply["grants"][0]["grantId"], "claimed": 2, "released": 0}]})
+        await holder(runtime).usage()  # the tables, as this version makes them
+        # Storage as version 1 left it: the grant table alone, one row per grant.
         sql = runtime.host_of(holder(runtime)).instance.ctx.storage.sql
-        sql.exec("DROP TABLE durability_semaphore_leases")
-        sql.exec("DROP TABLE durability_semaphore_lease_ids")
-        sql.exec("DROP TABLE durability_semaphore_loans")
+        for table in ("leases", "lease_ids", "loans", "clients"):
+            sql.exec(f"DROP TABLE durability_semaphore_{table}")
+        sql.exec("INSERT INTO durability_semaphore_grants (grant_id, client_id, grp, permits, claimed, released, "
+                 "claim_deadline, reclaimed) VALUES ('g1', 'c', 'g', 2, 2, 0, 1, 0), ('g2', 'c', 'g', 1, 1, 1, 1, 0), "
+                 "('g3', 'd', 'h', 3, 1, 0, 1, 1)")
         sql.exec("UPDATE durability_schema SET version = 1 WHERE component = 'semaphore'")
+        await runtime.host_of(holder(runtime)).instance.ctx.storage.sync()  # durable before the eviction
         runtime.evict(holder(runtime))
         usage = await holder(runtime).usage()
-        version = runtime.host_of(holder(runtime)).db.inspect(
-            "SELECT version FROM durability_schema WHERE component = 'semaphore'")[0]["version"]
-        return reply, usage, version
+        db = runtime.host_of(holder(runtime)).db
+        version = db.inspect("SELECT version FROM durability_schema WHERE component = 'semaphore'")[0]["version"]
+        rows = db.inspect(f"SELECT grant_id, client_id, grp, permits, claimed, released, reclaimed "
+                          f"FROM ({GRANT_ROWS}) ORDER BY grant_id")
+        old = db.inspect("SELECT count(*) AS n FROM durability_semaphore_grants")[0]["n"]
+        return usage, version, rows, old
 
-    reply, usage, version = runtime.run(scenario())
-    assert [g["permits"] for g in reply["grants"]] == [2]
-    assert version == 4 and usage["outstanding"] == 2 and usage["leases"] == 0
+    usage, version, rows, old = runtime.run(scenario())
+    assert version == 5 and old == 0
+    assert [tuple(row.values()) for row in rows] == [
+        ("g1", "c", "g", 2, 2, 0, 0), ("g2", "c", "g", 1, 1, 1, 0), ("g3", "d", "h", 3, 1, 0, 1)]
+    assert usage["outstanding"] == 2 + 0 + 3 and usage["leases"] == 0
 
 
 def test_admit_runs_only_once_the_admission_and_its_draw_are_durable(runtime):

@@ -31,6 +31,7 @@ from durability.semaphore.messages import (
     Request,
 )
 from durability.semaphore.queue_identity import wire_identity
+from durability.semaphore.store import GRANT_ROWS
 from durability.semaphore.tree import (
     Borrowed,
     beat_phase,
@@ -579,19 +580,16 @@ def test_a_child_evicted_keeps_its_budget_counted_and_its_clients_are_served_onc
 
 
 def test_a_parent_writes_no_row_for_a_partial_give_back_of_a_loan_and_one_for_anything_else():
-    from types import SimpleNamespace
-
     from durability.semaphore.allocation import Grant
-    from durability.semaphore.holder import _release_needs_row
+    from durability.semaphore.holder_books import release_needs_row
 
-    root = SimpleNamespace(own_key="acct")
     loan = Grant("x", "acct~child-1", "g", 4, 4, 1, 0.0)
-    assert not _release_needs_row(loan, loan._replace(released=3), root)  # the child reports it again
-    assert _release_needs_row(loan, loan._replace(released=3, client_id="shard-1"), root)  # a client may not
-    assert _release_needs_row(loan, loan._replace(released=3, client_id="other~child-1"), root)  # not its child
-    assert _release_needs_row(loan, loan._replace(released=3), None)  # a holder outside any tree
-    assert _release_needs_row(loan, loan._replace(released=3, permits=5), root)
-    assert _release_needs_row(loan._replace(claimed=2), loan._replace(released=3), root)
+    assert not release_needs_row(loan, loan._replace(released=3), "acct")  # the child reports it again
+    assert release_needs_row(loan, loan._replace(released=3, client_id="shard-1"), "acct")  # a client may not
+    assert release_needs_row(loan, loan._replace(released=3, client_id="other~child-1"), "acct")  # not its child
+    assert release_needs_row(loan, loan._replace(released=3), None)  # a holder outside any tree
+    assert release_needs_row(loan, loan._replace(released=3, permits=5), "acct")
+    assert release_needs_row(loan._replace(claimed=2), loan._replace(released=3), "acct")
 
 
 def test_a_new_instance_of_a_parent_wakes_at_once_the_quiet_children_that_hold_its_permits():
@@ -710,7 +708,7 @@ def test_a_parent_evicted_while_a_quiet_child_holds_its_permits_comes_back_on_it
         runtime.run(scenario())
         root = runtime.host_of(runtime.env.HOLDER.getByName("acct"))
         assert root.instance is not None  # its alarm started it again
-        rows = root.db.inspect("SELECT permits - released AS charged FROM durability_semaphore_grants")
+        rows = root.db.inspect(f"SELECT permits - released AS charged FROM ({GRANT_ROWS})")
         assert sum(row["charged"] for row in rows) == 0, rows  # the children were woken and gave all back
         assert len(module.WORLD["done"]) == 4 and not module.WORLD["violations"]
 

@@ -44,10 +44,15 @@ CONFIG = {
     "lose_replies": {},  # message type -> how many of the holder's next answers are lost on the way
     "two_phase": False,  # the shard's requests reach the holder as a version that grants unclaimed permits
     "client_id": None,  # the label every shard gives its queue; None: the shard's name
+    "calls": False,  # the holder answers at once and calls shards back (clients=, woken=True)
+    "wake_after_ms": 60_000,  # the holder's wake_after_ms (with calls)
+    "request_wait_ms": 50_000,  # the shards' request_wait_ms
+    "hold_calls": None,  # an asyncio.Event: the holder's calls to shards wait for it before they leave
+    "lose_calls": 0,  # how many of the holder's next calls to shards are lost on the way
 }
 WORLD = {"running": {}, "violations": [], "max_running": 0, "completed": set(), "admit_calls": 0,
          "started": {}, "starts": {}, "events": [], "requests": [], "syncs": [], "finished_asks": [], "messages": [],
-         "speakers": set()}
+         "speakers": set(), "calls": []}
 
 
 def _label(client_id):
@@ -84,6 +89,8 @@ class Holder(DurableObject):
             grant_timeout_ms=CONFIG["grant_timeout_ms"],
             leases=CONFIG["leases"],
             fair_share=CONFIG["fair_share"],
+            clients=_Calls(env.SHARD) if CONFIG["calls"] else None,
+            wake_after_ms=CONFIG["wake_after_ms"],
         )
 
     def _group_limit(self, group):
@@ -114,6 +121,37 @@ class Holder(DurableObject):
 
     async def alarm(self, alarm_info=None):
         await self.scheduler.alarm(alarm_info)
+
+
+class _Calls:
+    """The shards' namespace as the holder calls it: each call noted in
+    ``WORLD["calls"]``, held by ``CONFIG["hold_calls"]`` or lost (``lose_calls``)."""
+
+    def __init__(self, namespace):
+        self.namespace = namespace
+
+    def idFromString(self, hex_id):
+        return self.namespace.idFromString(hex_id)
+
+    def get(self, object_id):
+        return _CallStub(self.namespace.get(object_id))
+
+    def getByName(self, name):
+        return _CallStub(self.namespace.getByName(name))
+
+
+class _CallStub:
+    def __init__(self, stub):
+        self.stub = stub
+
+    async def semaphore_reply(self, key, reply):
+        WORLD["calls"].append((time.time() * 1000, self.stub.name, [g["grantId"] for g in reply["grants"]]))
+        if CONFIG["hold_calls"] is not None:
+            await CONFIG["hold_calls"].wait()
+        if CONFIG["lose_calls"] > 0:
+            CONFIG["lose_calls"] -= 1
+            raise ConnectionError("the holder's call was lost")
+        return await self.stub.semaphore_reply(key, reply)
 
 
 limits = DurabilitySemaphore.client(binding="HOLDER")
@@ -250,7 +288,12 @@ class Shard(DurableObject):
             lease_report_delay_ms=CONFIG["lease_report_delay_ms"],
             keep_done_ms=CONFIG["keep_done_ms"],
             on_lifecycle_event=lambda event: WORLD["events"].append((ctx.id.name, event)),
+            woken=CONFIG["calls"],
+            request_wait_ms=CONFIG["request_wait_ms"],
         )
+
+    async def semaphore_reply(self, key, reply):
+        return await self.queue.hear(key, reply)
 
     @staticmethod
     def _server(env):

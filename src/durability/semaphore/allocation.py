@@ -317,6 +317,9 @@ class ClientOutcome:
     #: reaches it with the next one, and a new instance hears of leases an
     #: older one drew from and kept no item of (it takes them as stopped)
     listed_leases: list[Lease] = field(default_factory=list)
+    #: the holder left some of the client's leases out of ``listed_leases``
+    #: (a call on its way lists them): the reply does not list them all
+    some_leases_unlisted: bool = False
 
 
 def held_of(grants: Iterable[Grant]) -> list[Grant]:
@@ -529,9 +532,11 @@ def retire(state: RoundState, terms: RoundTerms) -> None:
     state.leased, state.leased_groups = lease_usage(state.working.leases())
 
 
-def held_for_demand(state: RoundState) -> dict[tuple[str, str], int]:
+def held_for_demand(state: RoundState, now: float) -> dict[tuple[str, str], int]:
     """What each (client, group) holds that its demand already counts on:
-    permits unclaimed, and claims made for it that it has not heard of yet.
+    permits unclaimed, and claims made for it that it has not heard of yet
+    while it may still take them up (a claim it hears of past the grant's
+    claim deadline, it gives back: its demand waits for new permits).
     Keeps each client's held grants in ``state.held`` for its reply."""
     held: dict[tuple[str, str], int] = {}
     grants = list(state.working.grants())
@@ -541,7 +546,8 @@ def held_for_demand(state: RoundState) -> dict[tuple[str, str], int]:
     state.held = held_by_client(grants, state.outcomes)
     for client_id, request in state.latest.items():
         for grant in unheard_grants(request, state.held[client_id]):
-            _add(held, (client_id, grant.group), grant.claimed - grant.released)
+            if grant.claim_deadline >= now:
+                _add(held, (client_id, grant.group), grant.claimed - grant.released)
     return held
 
 
@@ -576,7 +582,7 @@ def serve_grants(state: RoundState, terms: RoundTerms) -> list[Wanted]:
     """Phase 3, grants: demand oldest first. Demand that can only take grants
     is granted now; demand that may lease is set aside, in order, as the
     lease candidates (unless it holds lease permits to draw there first)."""
-    held = held_for_demand(state)
+    held = held_for_demand(state, terms.now)
     drawable = {(lease.client_id, lease.group) for lease in state.working.leases() if lease.drawable > 0}
     candidates: list[Wanted] = []
     granting: list[tuple[Wanted, Demand]] = []

@@ -38,6 +38,17 @@ class SemaphoreClient:
         new instance); a later time the holder gave is kept."""
         self._next_request_at[key] = max(at_ms, self._next_request_at.get(key, at_ms))
 
+    def ask_now(self, key: str) -> None:
+        """The key asks at once, whatever pacing it had: a parked request's
+        pacing is only its fallback (see ``DurabilitySemaphoreQueue(woken=)``)."""
+        self._next_request_at.pop(key, None)
+
+    def heard(self, key: str, reply: Message) -> None:
+        """A reply that came by the holder's call: its pacing is the latest word."""
+        next_at = pacing_in(reply)
+        if next_at is not None:
+            self._next_request_at[key] = next_at
+
     async def request(self, key: str, message: Message) -> Message:
         reply = await self._send(key, message)
         next_at = pacing_in(reply)

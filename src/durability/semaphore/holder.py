@@ -37,8 +37,6 @@ from .allocation import (
     apply_all_reports,
     apply_reports,
     held_grants,
-    merged,
-    merged_leases,
     news_for,
     next_reclaim_at,
     reclaim,
@@ -46,29 +44,31 @@ from .allocation import (
     usage,
 )
 from .fairness import FairPolicy
+from .holder_books import HolderBooks
 from .holder_fairness import OLDEST_FIRST, UserFairShare, fair_share_of
 from .holder_limits import UserLimits
 from .holder_line import Line
+from .holder_parked import WAKE, Call, ParkedRequests
 from .holder_tree import ParentLink, Waker, child_link, object_name as _object_name
 from .leases import (
-    DEFAULT_TTL_MS,
     Lease,
-    LeaseIds,
     LeasePolicy,
     lease_usage,
-    needs_row,
     retire_expired,
     retire_ineligible,
 )
 from .messages import (
     MAX_REPORTS,
     Blocked,
+    BlockedReason,
     Demand,
     GrantEntry,
     GroupUsage,
     LeaseEntry,
+    LeaseOutcome,
     ProtocolError,
     Reply,
+    ReportOutcome,
     Request,
     Sync,
     Usage,
@@ -85,8 +85,8 @@ log = logging.getLogger("durability.semaphore")
 PARTICIPANT = "durability.semaphore"
 #: usage() reports a client's waiting demand for this long after the last round that heard it
 WAITING_HEARD_MS = 60_000
-RECLAIM = "reclaim"
-LEASE_ID_BLOCK = 64  #: lease ids reserved per write of the issued count
+ROUND = "round"  #: a round for parked requests, on the scheduler's alarm (see ``_news``)
+MEMORY_ROUND_MS = 1_000  #: a round for parked requests due this soon waits in memory (``_round_later``)
 
 
 def _positive_ms(value: Any, what: str) -> float:
@@ -156,6 +156,22 @@ class DurabilitySemaphore:
             "floor": key -> int, "priority": key -> int}``, each a constant
             or a callable read once per round (see ``fairness``). Grants
             only (no ``leases``); in a tree the root applies it.
+        clients: the Durable Object namespace of the objects whose queues
+            ask this holder (``env.JOB_SHARD``, say). A request from a
+            queue made with ``woken=True`` is then answered at once and
+            parked: its demand stays in line, and the round that has
+            permits for it calls the client's ``semaphore_reply(key,
+            reply)`` with them; no request is held open, and neither
+            object is awake while the client waits. Rounds for parked
+            requests run when something changes (a release, a reclaim, new
+            demand), at most one per ``round_period_ms``, on the
+            scheduler's alarm when not at once. Without it, or for a
+            client that cannot be called, requests are held as before.
+        wake_after_ms: with ``clients``, a client holding permits on a grant
+            this old that has not spoken for as long is called (and again
+            each time as long passes): an object whose alarm the runtime
+            gave up on, or that never heard of a grant whose call was lost,
+            runs again and reports. Work shorter than this costs no call.
     """
 
     def __init__(self, scheduler: DurabilityScheduler, *, limit: int | Callable[[], int],
@@ -164,7 +180,8 @@ class DurabilitySemaphore:
                  round_wait_ms: float = 1_000, round_period_ms: float = 2_000,
                  grant_timeout_ms: float = 10_000, leases: dict[str, Any] | None = None,
                  rejoin_wait_ms: float = 1_000, parent: SemaphoreClient | None = None,
-                 fair_share: dict[str, Any] | None = None) -> None:
+                 fair_share: dict[str, Any] | None = None, clients: Any = None,
+                 wake_after_ms: float = 60_000) -> None:
         self.limits = UserLimits(limit, group_limit, can_grant)
         self.fair_share: UserFairShare | None = fair_share_of(fair_share, leases)
         self.scheduler = scheduler
@@ -180,26 +197,32 @@ class DurabilitySemaphore:
         # The reclaim timer is due when the books say (next_reclaim_at): it
         # lives in memory, costs no row, and is derived again right here.
         scheduler.register(PARTICIPANT, self._on_timer, durable=False)
-        self._book: dict[str, Grant] | None = None
-        self._lease_book: dict[str, Lease] | None = None
-        self._ids: LeaseIds | None = None
+        self.books = HolderBooks(self.store, scheduler, PARTICIPANT, self.lease_policy)
         self._waiting: list[_Waiting] = []  #: requests waiting for a round
         self._round: asyncio.Task[None] | None = None
         self._round_due = 0.0  #: when the pending round (``_round``) runs
         self._last_round_at: float | None = None
         self._contended = False  #: the last round left demand waiting for capacity
+        #: the last round left demand waiting for the limit itself: nothing new
+        #: can be granted before permits come back (new demand needs no round)
+        self._full = False
         #: per client, its demand the latest round it was in left waiting: (round ms, group -> (reason, count))
         self._blocked: dict[str, tuple[float, dict[str, tuple[str, int]]]] = {}
-        # Grants in the books that have no row yet: nothing was claimed on
-        # them (see _commit).
-        self._unwritten: set[str] = set()
-        self._lease_rows: dict[str, Lease] = {}  #: each lease as its row holds it (see leases.needs_row)
-        self._ids_reserved = 0  #: lease ids reserved in the row (set when the ids are loaded)
-        self._schedule_reclaim(next_reclaim_at(self._grants().values(), self._leases().values(), self._ids))
+        self.books.schedule_reclaim(next_reclaim_at(self.books.grants().values(), self.books.leases().values(),
+                                                    self.books.known_ids()))
         #: a tree's holder runs its rounds on a beat (``tree.on_beat``); None outside a tree
         self._beat_phase_ms = None if parent is None else beat_phase(_object_name(scheduler.ctx),
                                                                      self.round_period_ms)
         self._link, self._waker = _tree_parts(self, parent, can_grant)
+        # A tree's holders keep their clients' requests held: their rounds
+        # tell the parent what waits, and must go on while it does.
+        self._parked = None if clients is None or parent is not None else ParkedRequests(
+            clients, _object_name(scheduler.ctx), scheduler, PARTICIPANT, news=self._line_changed,
+            wake_after_ms=_positive_ms(wake_after_ms, "wake_after_ms"),
+            listing=lambda client_id: _listing(self, client_id))
+        if self._parked is not None:  # a new instance's line, as its rows left it
+            self._parked.restore(self.books.rows.waiting(), self.books.rows.names())
+            self._parked.watch(self.books.grants().values())
 
     def _ensure_round_if_waiting(self) -> bool:
         """In a tree, permits released where requests wait: a round on the
@@ -234,110 +257,14 @@ class DurabilitySemaphore:
 
         return SemaphoreClientFactory(**options)
 
-    # -- the book of grants, in memory, loaded once per instance ---------------
-    def _grants(self) -> dict[str, Grant]:
-        if self._book is None:
-            self._book = self.store.load()
-        return self._book
-
-    def _leases(self) -> dict[str, Lease]:
-        if self._lease_book is None:
-            self._lease_book = self.store.load_leases()
-            self._lease_rows = dict(self._lease_book)
-        return self._lease_book
-
-    def _lease_ids(self) -> LeaseIds:
-        if self._ids is None:
-            # The row keeps how far ids are reserved (see _reserve_lease_ids):
-            # a new instance takes every id up to there as issued, and
-            # numbers its own after them.
-            self._ids = self.scheduler.transaction(lambda: self.store.lease_ids(now_ms(), _ttl_of(self.lease_policy)))
-            self._ids_reserved = self._ids.issued
-        return self._ids
-
     def _commit(self, changes: Changes) -> None:
-        """Persist changes and the reclaim timer together, then update memory."""
-        due = next_reclaim_at(merged(self._grants(), changes), merged_leases(self._leases(), changes), self._ids)
-        to_write, unwritten = self._rows_to_write(changes)
-        to_write.issued = self._reserve_lease_ids(changes.issued)
-
-        def write() -> None:
-            self.store.write(to_write)
-            self._schedule_reclaim(due)
-
-        if to_write:
-            self.scheduler.transaction(write)
-        else:  # a round that hands out nothing (a long poll held over) writes no row: no transaction
-            self._schedule_reclaim(due)  # a timer in memory
-        self._unwritten = unwritten
-        self._lease_rows.update(to_write.leases_written)
-        for lease_id in to_write.leases_deleted:
-            self._lease_rows.pop(lease_id, None)
-        if to_write.issued is not None:
-            self._ids_reserved = to_write.issued
-        changes.apply_to(self._grants(), self._leases())
-        if changes.issued is not None:
-            self._ids = replace(self._lease_ids(), issued=changes.issued)
-
-    def _rows_to_write(self, changes: Changes) -> tuple[Changes, set[str]]:
-        """The changes as rows: a grant is written at its first claim, not when
-        it is made.
-
-        A grant nothing was claimed on lives only in the books in memory.
-        Losing it with the instance is safe: its client admits nothing
-        before the holder confirms a claim, and a claim on a grant the
-        holder does not know is answered ``not_found``, so its items wait
-        for the next grant while its permits go back to the pool at once.
-        It saves a row per grant (the insert, then the update of the first
-        claim, become one write), and a grant reclaimed or settled with
-        nothing claimed is forgotten without a row at all. A lease's counts
-        and heartbeats are written only as ``leases.needs_row`` says, and a
-        child's partial give-back of a loan as ``_release_needs_row`` says.
-        """
-        unwritten = set(self._unwritten)
-        rows = replace(changes, written=dict(changes.written), deleted=dict(changes.deleted))
-        for grant_id, grant in changes.written.items():
-            new = grant_id not in self._grants() or grant_id in unwritten
-            if new and grant.claimed == 0:
-                unwritten.add(grant_id)
-                del rows.written[grant_id]
-            elif not new and not _release_needs_row(self._grants()[grant_id], grant, self._waker):
-                del rows.written[grant_id]
-            else:
-                unwritten.discard(grant_id)
-        for grant_id in changes.deleted:
-            if grant_id in unwritten:
-                unwritten.discard(grant_id)
-                del rows.deleted[grant_id]
-        rows.leases_written = {lease_id: lease for lease_id, lease in changes.leases_written.items()
-                               if needs_row(self._lease_rows_now().get(lease_id), lease, _ttl_of(self.lease_policy))}
-        return rows, unwritten
-
-    def _lease_rows_now(self) -> dict[str, Lease]:
-        self._leases()  # loads the rows with the book
-        return self._lease_rows
-
-    def _reserve_lease_ids(self, issued: int | None) -> int | None:
-        """The lease-id count to write for a round that issued up to ``issued``:
-        none while the ids stay within the block already reserved, else the
-        end of a new block of ``LEASE_ID_BLOCK``.
-
-        Reserving ids in blocks writes the row once per block instead of in
-        every round that issues a lease (about a row per job with leases).
-        The ids of a block left unused when the instance goes are never
-        issued: the next instance starts after the block, and takes the
-        whole block as issued, so a report naming one of them is answered
-        as for a lease it settled, never mistaken for one it issues later.
-        """
-        if issued is None or issued <= self._ids_reserved:
-            return None
-        return issued + LEASE_ID_BLOCK
-
-    def _schedule_reclaim(self, due: float | None) -> None:
-        if due is None:
-            self.scheduler.cancel(PARTICIPANT, RECLAIM)
-        else:
-            self.scheduler.schedule(PARTICIPANT, RECLAIM, due)
+        """Persist changes (their rows and the reclaim timer together), then update memory."""
+        parked = self._parked
+        self.books.commit(changes, parked.line if parked is not None else None,
+                          self._waker.own_key if self._waker is not None else None,
+                          parked.name_of if parked is not None else lambda _: None)
+        if self._parked is not None:
+            self._parked.watch(self.books.grants().values())
 
     # -- messages ---------------------------------------------------------------
     async def handle(self, message: Any) -> dict[str, Any]:
@@ -350,6 +277,8 @@ class DurabilitySemaphore:
             self._waker.heard_from(parsed.client_id)
         if isinstance(parsed, Sync):
             return await self._sync(parsed)
+        if self._parked is not None and self._parked.can_park(parsed):
+            return await self._answer_at_once(parsed)
         waiter: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
         self._waiting.append(_Waiting(parsed, waiter, now_ms() + parsed.wait_ms))
         # A parent with room serves a child without the batching wait: with
@@ -361,10 +290,77 @@ class DurabilitySemaphore:
                            and self._beat_phase_ms is None)
         return await waiter
 
+    async def _answer_at_once(self, request: Request) -> dict[str, Any]:
+        """A request that is parked: answered now with what a round hands out
+        now, or between rounds with what its reports did (its demand waits
+        for the next round, which calls the client if it serves it)."""
+        assert self._parked is not None
+        unreachable = self._parked.calls.failing(request.client_id)
+        self._parked.park(request)
+        waiting = _Waiting(request, asyncio.get_running_loop().create_future(), now_ms())
+        at = _round_time(self, soon=True, spacing=None)
+        if at <= now_ms():
+            self._round_now([waiting])
+        elif unreachable:  # calls to it fail: it hears what that round has for it in this reply
+            self._waiting.append(replace(waiting, hold_until=at))
+            self._ensure_round(soon=True)
+        else:
+            _reports_only(self, waiting)
+            if not self._full:  # (a full limit waits for permits to come back, which start a round)
+                self._round_later(at)
+        await self.scheduler.sync()
+        return await waiting.reply
+
+    async def _line_changed(self, more: bool) -> None:
+        """A client's reply to a call changed its line entry: its row if that
+        matters to a new instance, and a round if it asks for more."""
+        if more and not self._full:
+            await self._news()
+        else:
+            self._commit(Changes())
+            await self.scheduler.sync()
+
+    async def _news(self, answered: str | None = None) -> None:
+        """Something changed that a round for the parked requests may serve
+        (permits came back, demand grew): that round now, or when the period
+        since the last one is over, on the alarm. ``answered``: a client
+        whose reply to its own message lists what the round grants it."""
+        if self._parked is None or not self._parked.line:
+            return
+        at = _round_time(self, soon=True, spacing=None)
+        if at <= now_ms():
+            self._round_now([], answered)
+        else:
+            self._round_later(at)
+        await self.scheduler.sync()
+
+    def _round_later(self, at: float) -> None:
+        """A round for the parked requests at ``at``. One due within
+        ``MEMORY_ROUND_MS`` waits in memory: the holder is awake meanwhile
+        (a tenth of a second in the example: $0.16 per million such
+        waits), where the alarm would cost a row to set it, another to set
+        it back, and the run ($2.15 per million). A later one waits on the
+        alarm, and the holder sleeps."""
+        if at - now_ms() <= MEMORY_ROUND_MS:
+            self._ensure_round(soon=True)
+        else:
+            self.scheduler.schedule(PARTICIPANT, ROUND, at)
+
+    def _round_now(self, extra: list[_Waiting], answered: str | None = None) -> None:
+        """A round now, over the requests held (and ``extra``) and the parked ones."""
+        batch, self._waiting = self._waiting + extra, []
+        try:
+            self._run_round(batch, answered)
+        except Exception as error:  # storage failed: nobody is told anything was granted
+            log.exception("semaphore round failed")
+            for waiting in batch:
+                if not waiting.reply.done():
+                    waiting.reply.set_exception(error)
+
     async def _sync(self, sync: Sync) -> dict[str, Any]:
-        working = Working(self._grants(), self._leases())
+        working = Working(self.books.grants(), self.books.leases())
         now = now_ms()
-        ids = self._lease_ids()
+        ids = self.books.lease_ids()
         try:
             outcomes, lease_outcomes = apply_all_reports(
                 working, sync.client_id, sync.reports, sync.lease_reports, ids, now, ids.ttl_ms)
@@ -383,17 +379,12 @@ class DurabilitySemaphore:
         if working.changes and (self._link is not None or parent_of(sync.client_id) is not None):
             self._ensure_round_if_waiting()
         if self._waker is not None:
-            self._waker.watch(lambda: _holding(self._grants()))
-        ttl_ms = self.lease_policy.ttl_ms if self.lease_policy is not None else 0
-        stopping = [lease for lease in working.leases()
-                    if lease.client_id == sync.client_id and lease.retired and not lease.settled]
-        listed = [g for g in working.grants() if g.client_id == sync.client_id and g.unclaimed > 0]
-        listed += held_grants(working, sync.client_id)
-        return Reply("synced", tuple(outcomes), tuple(lease_outcomes),
-                     tuple(_lease_entry(lease, ttl_ms) for lease in stopping[:MAX_REPORTS]), self._contended,
-                     grants=tuple(_grant_entry(g) for g in listed[:MAX_REPORTS]),
-                     **(_tree_limits(self.limits, self._grants(), self._link) if parent_of(sync.client_id) else {}),
-                     ).to_wire()
+            self._waker.watch(lambda: _holding(self.books.grants()))
+        if self._parked is not None:
+            self._parked.heard(sync.client_id)
+            if working.changes:  # permits may have come back: the reply lists what the round grants the client
+                await self._news(None if self.lease_policy is not None else sync.client_id)
+        return _synced_reply(self, sync.client_id, outcomes, lease_outcomes)
 
     # -- rounds -----------------------------------------------------------------
     def _ensure_round(self, soon: bool = False, spacing: float | None = None) -> None:
@@ -407,60 +398,71 @@ class DurabilitySemaphore:
         self._round = asyncio.ensure_future(self._round_at(at))
 
     def _holds_permits(self) -> bool:
-        return any(grant.charged > 0 for grant in self._grants().values()) or any(
-            not lease.settled for lease in self._leases().values())
+        return any(grant.charged > 0 for grant in self.books.grants().values()) or any(
+            not lease.settled for lease in self.books.leases().values())
 
     async def _round_at(self, at: float) -> None:
         await sleep_until(at)
-        batch, self._waiting = self._waiting, []
         self._round = None
-        try:
-            self._run_round(batch)
-        except Exception as error:  # storage failed: nobody is told anything was granted
-            log.exception("semaphore round failed")
-            for waiting in batch:
-                if not waiting.reply.done():
-                    waiting.reply.set_exception(error)
-        else:
-            await self.scheduler.sync()
+        self._round_now([])
+        await self.scheduler.sync()
         if self._waiting:
             self._ensure_round()
 
-    def _run_round(self, batch: list[_Waiting]) -> None:
+    def _run_round(self, batch: list[_Waiting], answered: str | None = None) -> None:
         now = now_ms()
         self._last_round_at = now
+        self.scheduler.cancel(PARTICIPANT, ROUND)  # this is the round it waited for
         requests = [waiting.request for waiting in batch]
+        asked = {request.client_id for request in requests}
+        parked = self._parked.requests(asked) if self._parked is not None else []
         if self._link is not None:
             self._link.decide(_demands_by_group(requests))
-        limits = self._resolve_limits(requests)
+        limits = self._resolve_limits(requests + parked)
         result: RoundResult = run_round(
-            self._grants(), requests, limits, now, self.grant_timeout_ms, _new_grant_id,
-            leases=self._leases(), policy=self.lease_policy, lease_ids=self._lease_ids(),
-            held_over=[index for index, waiting in enumerate(batch) if not waiting.heartbeat],
-            fair=_fair_policy(self.fair_share, requests, self._grants()),
+            self.books.grants(), requests + parked, limits, now, self.grant_timeout_ms, _new_grant_id,
+            leases=self.books.leases(), policy=self.lease_policy, lease_ids=self.books.lease_ids(),
+            held_over=[index for index, waiting in enumerate(batch) if not waiting.heartbeat]
+            + list(range(len(requests), len(requests) + len(parked))),
+            fair=_fair_policy(self.fair_share, requests + parked, self.books.grants()),
         )
-        self._commit(result.changes)
+        calls = _commit_round(self, result, asked | {answered} if answered else asked)
         self._contended = result.contended
+        self._full = any(reason == BlockedReason.LIMIT for outcome in result.outcomes.values()
+                         for reason, _ in outcome.blocked.values())
         _note_blocked(self._blocked, now, result.outcomes)
         self._tell_parent(requests, result.outcomes)
         if self._waker is not None:
             if result.contended:
-                self._waker.wake_quiet(_holding(self._grants()))
-            self._waker.watch(lambda: _holding(self._grants()))
-        held, answered = _hold_or_answer(batch, result, now + self.round_period_ms)
-        _answer(self, answered, held, result, limits, now, requests)
+                self._waker.wake_quiet(_holding(self.books.grants()))
+            self._waker.watch(lambda: _holding(self.books.grants()))
+        if self._parked is not None and calls:
+            ttl_ms = self.lease_policy.ttl_ms if self.lease_policy is not None else 0
+            self._parked.call(calls, lambda client_id, outcome: _grants_reply(
+                outcome, _parked_until(self, client_id, now) or now, result.contended, ttl_ms).to_wire())
+        held, replies = _hold_or_answer(batch, result, now + self.round_period_ms)
+        _answer(self, replies, held, result, limits, now, requests)
         self._waiting = held + self._waiting
 
     def _resolve_limits(self, requests: list[Request]) -> Limits:
         """The user's callbacks, once per round: for every group in demand, and
         for every live lease, whose eligibility the round checks again."""
         wanted = [(r.client_id, d.group) for r in requests for d in r.demand]
-        wanted += [(lease.client_id, lease.group) for lease in self._leases().values() if not lease.retired]
+        wanted += [(lease.client_id, lease.group) for lease in self.books.leases().values() if not lease.retired]
         return self.limits.for_round(wanted)
 
     # -- reclaim on the alarm ------------------------------------------------------
     async def _on_timer(self, timer: Timer) -> None:
-        working = Working(self._grants(), self._leases())
+        if timer.key == ROUND:
+            self._round_now([])
+            await self.scheduler.sync()
+        elif timer.key == WAKE and self._parked is not None:
+            self._parked.wake_silent(self.books.grants().values())
+        elif self._parked is None or not await self._parked.on_timer(timer.key):
+            await self._reclaim()
+
+    async def _reclaim(self) -> None:
+        working = Working(self.books.grants(), self.books.leases())
         # A claim that reached the holder before the deadline counts, even if
         # its request still waits for a round: apply those claims first.
         for waiting in self._waiting:
@@ -468,8 +470,10 @@ class DurabilitySemaphore:
                 apply_reports(working, waiting.request.client_id, waiting.request.reports)
             except ProtocolError:
                 pass  # refused to its sender when its round runs
-        reclaim(working, now_ms(), self._lease_ids())
+        reclaim(working, now_ms(), self.books.lease_ids())
         self._commit(working.changes)
+        if working.changes:
+            await self._news()  # permits came back
 
     # -- usage -------------------------------------------------------------------
     def usage(self) -> dict[str, Any]:
@@ -481,8 +485,8 @@ class DurabilitySemaphore:
         per-group usage, as the holder's books say."""
         self.scheduler.resume_if_overdue()  # a read resumes an object whose alarm was lost
         # Settled grants and leases kept only to answer late reports charge nothing.
-        grants = [grant for grant in self._grants().values() if not grant.settled]
-        leases = [lease for lease in self._leases().values() if not lease.settled]
+        grants = [grant for grant in self.books.grants().values() if not grant.settled]
+        leases = [lease for lease in self.books.leases().values() if not lease.settled]
         granted, leased = usage(grants)[0], lease_usage(leases)[0]
         limit = self.limits.total()
         policy = self.lease_policy
@@ -516,21 +520,104 @@ def _answer(holder: DurabilitySemaphore, answered: list[tuple[_Waiting, ClientOu
         tree: dict[str, Any] = {}
         if parent_of(request.client_id) is not None:  # a child of a tree: who else waits, and since when
             oldest = oldest or OldestWaiting(requests, result.outcomes)
-            tree_limits = tree_limits or _tree_limits(holder.limits, holder._grants(), holder._link, limits.groups)
+            tree_limits = tree_limits or _tree_limits(holder.limits, holder.books.grants(), holder._link, limits.groups)
             tree = {**tree_limits, "waiting_since": oldest.others(request.client_id,
                                                                   (d.group for d in request.demand))}
         # A client handed permits may ask again at once: its request is
         # held for the next round anyway, and is then present in it,
         # instead of arriving just after it and waiting a period more.
         served = bool(outcome.new_grants or outcome.new_leases)
+        parked_until = _parked_until(holder, request.client_id, now)
         ahead: dict[str, float] = {}
-        if served:
+        if served and parked_until is None:  # (a parked client never leaves the line: it costs nothing there)
             if line is None:  # once per round: the held requests are the same for every reply
                 line = Line.of((h.request for h in held), limits, holder.lease_policy)
             ahead = line.ahead_of(waiting.request.client_id, (d.group for d in waiting.request.demand))
-        ask_at = now if served else now + holder.round_period_ms
-        reply = _grants_reply(outcome, ask_at, result.contended, ttl_ms, ahead)
+        ask_at = parked_until if parked_until is not None else now if served else now + holder.round_period_ms
+        reply = _grants_reply(_uncarried(holder, request.client_id, outcome), ask_at, result.contended, ttl_ms,
+                              ahead)
         waiting.reply.set_result(replace(reply, **tree).to_wire())
+
+
+def _reports_only(holder: DurabilitySemaphore, waiting: _Waiting) -> None:
+    """A parked request between rounds: its reports are heard now and its
+    reply says so, with the line as the last round left it; its demand
+    waits for the next round."""
+    request = waiting.request
+    now = now_ms()
+    result = run_round(holder.books.grants(), [replace(request, demand=())], holder._resolve_limits([]), now,
+                       holder.grant_timeout_ms, _new_grant_id, leases=holder.books.leases(),
+                       policy=holder.lease_policy, lease_ids=holder.books.lease_ids())
+    if 0 in result.errors:
+        waiting.reply.set_result(result.errors[0].reply())
+        return
+    holder._commit(result.changes)
+    outcome = result.outcomes[request.client_id]
+    last = holder._blocked.get(request.client_id)
+    if last is not None:
+        outcome.blocked.update(last[1])
+    ttl_ms = holder.lease_policy.ttl_ms if holder.lease_policy is not None else 0
+    waiting.reply.set_result(_grants_reply(_uncarried(holder, request.client_id, outcome),
+                                           _parked_until(holder, request.client_id, now) or now,
+                                           holder._contended, ttl_ms).to_wire())
+
+
+def _listing(holder: DurabilitySemaphore, client_id: str) -> dict[str, Any]:
+    """What a client holds here, as a grants reply with nothing new in it:
+    the call that wakes it (it learns of any grant or lease it missed)."""
+    working = Working(holder.books.grants(), holder.books.leases())
+    grants = [g for g in working.grants() if g.client_id == client_id]
+    outcome = ClientOutcome(open_grants=[g for g in grants if g.unclaimed > 0], held_grants=held_grants(
+        working, client_id), listed_leases=[lease for lease in working.leases()
+                                            if lease.client_id == client_id and not lease.settled])
+    ttl_ms = holder.lease_policy.ttl_ms if holder.lease_policy is not None else 0
+    now = now_ms()
+    return _grants_reply(outcome, _parked_until(holder, client_id, now) or now, holder._contended, ttl_ms).to_wire()
+
+
+def _commit_round(holder: DurabilitySemaphore, result: RoundResult,
+                  answered: set[str]) -> list[Call]:
+    """Write a round's rows, with what it took off the parked line (the same
+    rows carry both); the calls to make now that they are written. If the
+    write fails, the line is as it was."""
+    if holder._parked is None:
+        holder._commit(result.changes)
+        return []
+    before = holder._parked.line.snapshot()
+    calls = holder._parked.served(result.outcomes, answered)
+    try:
+        holder._commit(result.changes)
+    except BaseException:
+        holder._parked.line.restore_snapshot(before)
+        raise
+    return calls
+
+
+def _parked_until(holder: DurabilitySemaphore, client_id: str, now: float) -> float | None:
+    """When a client in the parked line asks again by itself (once its wait
+    is over with nothing heard), or None: it is not in that line."""
+    entry = holder._parked.line.get(client_id) if holder._parked is not None else None
+    return None if entry is None else now + entry.request.wait_ms
+
+
+def _synced_reply(holder: DurabilitySemaphore, client_id: str, outcomes: list[ReportOutcome],
+                  lease_outcomes: list[LeaseOutcome]) -> dict[str, Any]:
+    """A sync's reply: its reports' outcomes, the client's leases to stop
+    drawing from, and its grants (new ones a round just made included)."""
+    working = Working(holder.books.grants(), holder.books.leases())
+    ttl_ms = holder.lease_policy.ttl_ms if holder.lease_policy is not None else 0
+    stopping = [lease for lease in working.leases()
+                if lease.client_id == client_id and lease.retired and not lease.settled]
+    listed = [g for g in working.grants() if g.client_id == client_id and g.unclaimed > 0]
+    listed += held_grants(working, client_id)
+    if holder._parked is not None:  # (see _uncarried)
+        carried = holder._parked.calls.carried(client_id)
+        listed = [g for g in listed if g.grant_id not in carried]
+    return Reply("synced", tuple(outcomes), tuple(lease_outcomes),
+                 tuple(_lease_entry(lease, ttl_ms) for lease in stopping[:MAX_REPORTS]), holder._contended,
+                 grants=tuple(_grant_entry(g) for g in listed[:MAX_REPORTS]),
+                 **(_tree_limits(holder.limits, holder.books.grants(), holder._link) if parent_of(client_id) else {}),
+                 ).to_wire()
 
 
 def _group_usages(grants: list[Grant], leases: list[Lease], limits: UserLimits) -> dict[str, GroupUsage]:
@@ -581,6 +668,17 @@ def _grant_entry(grant: Grant) -> GrantEntry:
                       grant.released)
 
 
+def _uncarried(holder: DurabilitySemaphore, client_id: str, outcome: ClientOutcome) -> ClientOutcome:
+    """``outcome`` less what a call on its way to the client lists (``ClientCalls.carried``)."""
+    carried = holder._parked.calls.carried(client_id) if holder._parked is not None else frozenset()
+    if not carried:
+        return outcome
+    leases = [lease for lease in outcome.listed_leases if lease.lease_id not in carried]
+    return replace(outcome, open_grants=[g for g in outcome.open_grants if g.grant_id not in carried],
+                   held_grants=[g for g in outcome.held_grants if g.grant_id not in carried], listed_leases=leases,
+                   some_leases_unlisted=len(leases) < len(outcome.listed_leases))
+
+
 def _grants_reply(outcome: ClientOutcome, next_request_at: float, contended: bool = False,
                   ttl_ms: float = 0, line: dict[str, float] | None = None) -> Reply:
     new = {lease.lease_id for lease in outcome.new_leases}
@@ -593,7 +691,7 @@ def _grants_reply(outcome: ClientOutcome, next_request_at: float, contended: boo
         grants=tuple(_grant_entry(g) for g in [*outcome.open_grants, *outcome.held_grants]),
         blocked=tuple(Blocked(group, reason, waiting) for group, (reason, waiting) in outcome.blocked.items()),
         next_request_at=next_request_at,
-        all_leases_listed=True,
+        all_leases_listed=not outcome.some_leases_unlisted,
         line=line or {},
     )
 
@@ -646,10 +744,6 @@ def _hold_or_answer(batch: list[_Waiting], result: RoundResult, next_request_at:
     return held, answered
 
 
-def _ttl_of(policy: LeasePolicy | None) -> float:
-    return policy.ttl_ms if policy is not None else DEFAULT_TTL_MS
-
-
 def _demands_by_group(requests: list[Request]) -> dict[str, list[Demand]]:
     demands: dict[str, list[Demand]] = {}
     for request in requests:
@@ -692,7 +786,7 @@ def _round_time(holder: DurabilitySemaphore, soon: bool, spacing: float | None) 
         # would split what comes free between them.
         at = max(at, holder._last_round_at + (holder.round_period_ms / 4 if beat else
                                               holder.round_period_ms if spacing is None else spacing))
-    elif holder._holds_permits():
+    elif holder._parked is None and holder._holds_permits():
         # This instance restarted while busy: the requests its old one
         # held failed, and their clients ask again at once (a request
         # that reached the holder is retried without backoff). Serving
@@ -709,31 +803,14 @@ def _tree_parts(holder: DurabilitySemaphore, parent: SemaphoreClient | None,
         return None, None
     ctx = holder.scheduler.ctx
     link = child_link(parent, holder.scheduler, holder.round_period_ms, holder._round_for_lent,
-                      lambda: usage(holder._grants().values())[1], holder.store)
+                      lambda: usage(holder.books.grants().values())[1], holder.store)
     if link is not None:  # a child borrows its limit: every group's ceiling is what it holds there
         holder.limits = UserLimits(link.borrowed.total, link.ceiling, can_grant)
         holder.fair_share = None  # the root shares the limit: a child passes its demand up, groups and all
         link.ensure_exchanges()  # a new instance hears at once what it holds
     waker = Waker(parent, _object_name(ctx), holder.round_period_ms, holder.scheduler)
-    waker.watch(lambda: _holding(holder._grants()))
+    waker.watch(lambda: _holding(holder.books.grants()))
     return link, waker
-
-
-def _release_needs_row(before: Grant, after: Grant, waker: Waker | None) -> bool:
-    """False for a loan to a child of this holder whose only change is
-    permits given back, some still held: its row keeps the older count. A
-    child reports every loan's cumulative counts in each request and sync
-    (``tree.Borrowed.reports``), at least every half of ``fresh_for_ms``
-    while it holds any, and a new instance of the parent wakes the quiet
-    ones at once (``holder_tree.Waker``), so one that read the older count
-    counts those permits as lent (the safe side) only until the child's
-    next exchange. The loan's last give-back deletes the row as ever. It
-    saves a row per give-back at a tree's parents (a child gives back
-    about once a period while lines differ: 2% of the rows per admission
-    at ``bench_tree.py``'s 10,000 clients)."""
-    same = (before.permits, before.claimed, before.reclaimed) == (after.permits, after.claimed, after.reclaimed)
-    child = waker is not None and parent_of(after.client_id) == waker.own_key
-    return not (same and after.released > before.released and child)
 
 
 def _holding(grants: dict[str, Grant]) -> list[str]:

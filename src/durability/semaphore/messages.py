@@ -140,9 +140,17 @@ class Request:
     #: the latest claim deadline of the grants the client knows; grants made
     #: later, it will learn from the reply's listing (see allocation)
     heard_up_to: float = 0.0
+    #: the client can be called (``semaphore_reply``): a holder that can
+    #: reach it answers at once and calls with what a later round has for
+    #: it, instead of holding the request open; the client asks again by
+    #: itself only when ``wait_ms`` is over with nothing heard
+    wake: bool = False
+    #: the client object's name, if it has one: a holder reaches it by that
+    #: name (an object reached by its id alone has no ``ctx.id.name``)
+    name: str | None = None
 
     def to_wire(self) -> dict[str, Any]:
-        return {
+        wire = {
             "type": "request", "v": VERSION, "clientId": self.client_id,
             "demand": [demand.to_wire() for demand in self.demand],
             "grants": [report.to_wire() for report in self.reports],
@@ -152,6 +160,11 @@ class Request:
             "heardUpTo": self.heard_up_to,
             "leaseReports": [report.to_wire() for report in self.lease_reports],
         }
+        if self.wake:  # left out otherwise: a client that cannot be called sends what it always sent
+            wire["wake"] = True
+            if self.name is not None:
+                wire["name"] = self.name
+        return wire
 
     @classmethod
     def parse(cls, message: Any) -> Request:
@@ -311,12 +324,15 @@ def parse(message: Any) -> Request | Sync:
     wait = message.get("wait", 0)
     if not number_in(wait, 0, MAX_WAIT_MS):
         raise ProtocolError("invalid_message", f"wait must be a number of ms from 0 to {MAX_WAIT_MS}")
-    leases, claims = message.get("leases", False), message.get("claims", False)
-    if not isinstance(leases, bool) or not isinstance(claims, bool):
-        raise ProtocolError("invalid_message", "leases and claims must be true or false")
+    leases, claims, wake = (message.get(name, False) for name in ("leases", "claims", "wake"))
+    if not all(isinstance(flag, bool) for flag in (leases, claims, wake)):
+        raise ProtocolError("invalid_message", "leases, claims and wake must be true or false")
     heard = _time(message.get("heardUpTo", 0), "heardUpTo")
+    name = message.get("name")
+    if name is not None:
+        name = _identifier(name, "name")
     return Request(client_id, _demand(message), reports, float(wait), leases, lease_reports, claims=claims,
-                   heard_up_to=heard)
+                   heard_up_to=heard, wake=wake, name=name)
 
 
 # -- replies: the holder builds them, a client checks them before it acts -------------

@@ -46,9 +46,9 @@ from .._schema import public_migrate
 from ..retry import Backoff
 from ..scheduler import DurabilityScheduler, Timer
 from .client import SemaphoreClient
-from .messages import MAX_WAIT_MS
+from .messages import MAX_WAIT_MS, ProtocolError, Reply
 from .queue_admission import Admission, AdmittedItem
-from .queue_core import may_leave_line, oldest_of
+from .queue_core import fallback_at, may_leave_line, oldest_of
 from .queue_grants import QueueGrants
 from .queue_identity import wire_identity
 from .queue_input import checked_items, identifier
@@ -127,7 +127,8 @@ class DurabilitySemaphoreQueue:
                  retries: Backoff = Backoff(initial_ms=1_000, max_ms=60_000),
                  attempt_timeout_ms: float = 10_000, finished_check_ms: float = 60_000,
                  report_delay_ms: float = 1_000, request_wait_ms: float = 50_000,
-                 lease_report_delay_ms: float = 10_000, keep_done_ms: float = 600_000) -> None:
+                 lease_report_delay_ms: float = 10_000, keep_done_ms: float = 600_000,
+                 woken: bool = False) -> None:
         if not 0 <= request_wait_ms <= MAX_WAIT_MS:
             raise ValueError(f"request_wait_ms must be from 0 to {MAX_WAIT_MS}")
         if not keep_done_ms >= 0:
@@ -136,7 +137,7 @@ class DurabilitySemaphoreQueue:
         self.server = server
         self.on_lifecycle_event = on_lifecycle_event
         self.options = QueueOptions(attempt_timeout_ms, finished_check_ms, report_delay_ms, request_wait_ms,
-                                    lease_report_delay_ms, keep_done_ms)
+                                    lease_report_delay_ms, keep_done_ms, woken)
         self.store = QueueStore(scheduler.sql)
         self.client_id = self._identity(client_id)
         self.ctx = ctx = QueueContext(scheduler, self.store, server, self.client_id, self.options)
@@ -162,9 +163,17 @@ class DurabilitySemaphoreQueue:
         """Set again, in a new instance, the timers its rows imply."""
         ctx, now = self.ctx, now_ms()
         for key in sorted(ctx.memory.unheard):  # the keys with queued items, and more
-            interval = self.store.pacing(key)
-            if interval is not None:  # the holder's pacing holds across an eviction
-                self.server.paced(key, now + interval)
+            if self.options.woken:
+                # A holder that parks this key's request calls when it has news;
+                # the key asks again by itself on a schedule its oldest item
+                # fixes, which every instance derives alike: a new instance
+                # (production hibernates an idle object within seconds) must not
+                # put the fallback off again, nor cost a row to remember it.
+                self.server.paced(key, fallback_at(ctx.demand(key), self.options.request_wait_ms, now))
+            else:
+                interval = self.store.pacing(key)
+                if interval is not None:  # the holder's pacing holds across an eviction
+                    self.server.paced(key, now + interval)
             self._wake(key, now)
         if self.store.admitted():
             ctx.due_by(TimerKind.ADMIT, None, now)
@@ -191,8 +200,11 @@ class DurabilitySemaphoreQueue:
         """Insert the items not known yet (inside a commit); every item, as stored."""
         now = now_ms()
         keys = set()
+        idle = set()  #: keys that waited for nothing: no holder keeps a request of theirs parked
         for item_id, (key, group, body) in checked.items():
             if self.store.item(item_id) is None:
+                if key not in keys and not self.ctx.demand(key):
+                    idle.add(key)
                 self.store.insert(item_id, key, group, body, now)
                 keys.add(key)
         for key in sorted(keys):
@@ -200,10 +212,26 @@ class DurabilitySemaphoreQueue:
             # request in flight for the key must not hold these items up.
             self.leases.draw(key, now)
             if self.ctx.demand(key):
-                self._wake(key, now)
+                self._wake(key, now, at_once=key in idle and self.options.woken)
         stored = [self.store.item(item_id) for item_id in checked]
         assert all(stored)  # found or inserted above, in this transaction
         return [item for item in stored if item is not None]
+
+    async def hear(self, key: str, reply: Any) -> dict[str, Any]:
+        """A reply the key's holder calls this object with (``woken=True``):
+        what a round had for its parked request. Call it from the object's
+        ``semaphore_reply(key, reply)`` RPC method and return what it
+        returns: the key's demand now, which the holder keeps in line. A
+        malformed reply raises ``ValueError`` and changes nothing; one that
+        comes late or twice changes nothing it should not (a grant's claims
+        count once, and one listed past its claim deadline is given back)."""
+        key = identifier(key, "key")
+        try:
+            parsed = Reply.parse(reply, "grants")
+        except ProtocolError as error:
+            raise ValueError(f"not a holder's reply: {error}") from None
+        self.server.heard(key, reply)
+        return (await self.requests.hear(key, parsed)).to_wire()
 
     async def release(self, item_id: str) -> bool:
         """Return an admitted item's permit. True if released now or before
@@ -268,14 +296,18 @@ class DurabilitySemaphoreQueue:
             await {TimerKind.PUMP: self.requests.pump, TimerKind.REPORT: self.claims.report,
                    TimerKind.LEASE_REPORT: self.leases.report}[kind](key)
 
-    def _wake(self, key: str, now: float) -> None:
+    def _wake(self, key: str, now: float, at_once: bool = False) -> None:
         """Make the key's pump run (inside a commit): at once when the key
-        holds unclaimed permits to claim, else as soon as its pacing allows; a
+        holds unclaimed permits to claim, or ``at_once`` (its first waiting
+        item: the pacing a holder gave a parked request is a fallback,
+        not a wait), else as soon as its pacing allows; a
         key out of line stays out while everything it waits with is still
         behind the mark it left on (younger items joined it)."""
         ctx = self.ctx
+        if at_once:
+            self.server.ask_now(key)
         at = max(now, self.server.next_request_at(key) or now)
-        if any(g.unclaimed > 0 and g.claim_deadline > now for g in self.grants.grants(key)) or any(
+        if at_once or any(g.unclaimed > 0 and g.claim_deadline > now for g in self.grants.grants(key)) or any(
                 lease.undrawn > 0 for lease in self.lease_book.leases(key)):
             at = now
         elif key in ctx.memory.away and may_leave_line(ctx.memory.away[key], oldest_of(ctx.demand(key))):
@@ -312,6 +344,8 @@ class DurabilitySemaphoreQueue:
         """Release an admitted item (inside a commit) and have the holder told."""
         ctx = self.ctx
         ctx.memory.returned.pop(item.id, None)
+        if not ctx.memory.returned:
+            ctx.cancel(TimerKind.FINISHED)  # nothing left to ask about: no alarm for it
         grant_id = item.grant_id
         assert grant_id is not None  # an admitted item came through a grant or a lease
         grant = self.grants.grant(grant_id) if item.via == Via.GRANT else None
@@ -338,7 +372,10 @@ class DurabilitySemaphoreQueue:
             self.leases.report_due(item.key, grant_id, now_ms() + self.options.lease_report_delay_ms)
             return
         # The item's released state is the release's durable report (see queue_grants).
-        if item.key in ctx.memory.contended:
+        # A queue its holder calls reports at once: the report delayed past
+        # this event would cost an alarm of its own (a row written and a
+        # request), more than the call it might save.
+        if item.key in ctx.memory.contended or self.options.woken:
             ctx.memory.report_now.add(item.key)  # the caller reports it at once (_report_at_once_if_contended)
         else:
             ctx.due_by(TimerKind.REPORT, item.key, now_ms() + self.options.report_delay_ms)

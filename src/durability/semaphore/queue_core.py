@@ -89,6 +89,25 @@ def may_leave_line(line: dict[str, float], left: dict[str, float]) -> bool:
     return bool(left) and all(group in line and oldest >= line[group] for group, oldest in left.items())
 
 
+#: a fallback due within this long before now is due still: an alarm fires a
+#: moment after the time it was set for, and the schedule must not skip it
+FALLBACK_SLACK_MS = 1_000
+
+
+def fallback_at(demand: Wanted, every_ms: float, now: float) -> float:
+    """When a key whose request a holder parked asks again by itself: the
+    first of its oldest item's enqueue time plus 1, 2, 3... times
+    ``every_ms`` that is not past (now, with no demand: it asks to hear
+    what it holds). A function of rows alone, so every instance derives
+    the same time: about one request per ``every_ms`` while the key waits,
+    however often the object is evicted or hibernates, and no row written."""
+    if not demand or every_ms <= 0:
+        return now
+    since = min(d.oldest_at for d in demand)
+    periods = max(1, math.ceil((now - FALLBACK_SLACK_MS - since) / every_ms))
+    return since + periods * every_ms
+
+
 #: a request that failed after this long in flight had reached the holder and
 #: waited there: the holder restarted under it, or its reply was lost
 REACHED_MS = 1_000

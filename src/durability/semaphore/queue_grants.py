@@ -30,7 +30,7 @@ log = logging.getLogger("durability.semaphore.queue")
 
 
 class QueueGrants:
-    def __init__(self, ctx: QueueContext, leases: QueueLeases, wake: Callable[[str, float], None],
+    def __init__(self, ctx: QueueContext, leases: QueueLeases, wake: Callable[[str, float, bool], None],
                  admit_pending: Callable[[], Awaitable[None]]) -> None:
         self.ctx = ctx
         self.leases = leases
@@ -76,12 +76,14 @@ class QueueGrants:
                 held.add(grant.grant_id)
         return held
 
-    def learn(self, key: str, entries: tuple[GrantEntry, ...]) -> None:
+    def learn(self, key: str, entries: tuple[GrantEntry, ...]) -> bool:
         """Keep what the holder lists of the key's grants (new grants, their
         permits and deadlines) and admit on the claims it confirmed: those a
         grant came with, and those an older instance made here and this one
-        never knew (see grant_book)."""
+        never knew (see grant_book). True if it gave back claims it heard of
+        past their grant's claim deadline (its items wait for new permits)."""
         ctx = self.ctx
+        gave_back = False  #: claims it heard of too late to take up: given back
         for entry in entries:
             if ctx.grants.stale(entry.grant_id, entry.claimed):
                 continue  # a reply sent before it was settled here
@@ -109,9 +111,11 @@ class QueueGrants:
                     ctx.due_by(TimerKind.ADMIT, None, now_ms())
                 if unknown > admitted:  # the holder hears at once of what went back
                     ctx.due_by(TimerKind.REPORT, key, now_ms())
+                    gave_back = True
             if learned != known or not ctx.grants.knows_terms(entry.grant_id):
                 ctx.grants.keep(learned)
             ctx.memory.heard_up_to[key] = max(ctx.memory.heard_up_to.get(key, 0.0), entry.claim_deadline)
+        return gave_back
 
     def apply_outcomes(self, outcomes: tuple[ReportOutcome, ...], sent: dict[str, Report] | None = None) -> None:
         """Confirmed claims admit their items; claims the holder refused go back in line.
@@ -139,7 +143,7 @@ class QueueGrants:
                 extra = grant.extra + settlement.admit - count
                 ctx.grants.keep(replace(settlement.grant, extra=extra))
             if settlement.requeue:
-                self._wake(grant.key, now_ms())
+                self._wake(grant.key, now_ms(), False)
         if admitted:
             ctx.due_by(TimerKind.ADMIT, None, now_ms())
 

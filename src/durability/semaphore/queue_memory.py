@@ -38,6 +38,9 @@ class QueueOptions:
     request_wait_ms: float
     lease_report_delay_ms: float
     keep_done_ms: float
+    #: the object answers its holder's calls (``hear``): requests say so, and
+    #: a holder that can reach it answers at once and calls back with news
+    woken: bool = False
 
     @property
     def settled_horizon_ms(self) -> float:
@@ -125,6 +128,10 @@ class QueueContext:
         self.server = server
         self.client_id = client_id
         self.options = options
+        #: this object's name, if the instance knows one: a holder that calls back reaches it by it
+        name = getattr(getattr(scheduler.ctx, "id", None), "name", None)
+        self.object_name: str | None = name if isinstance(name, str) and name else None
+
         self.grants = GrantBook(store, remember_ms=options.settled_horizon_ms)
         self.lease_book = LeaseBook(store, options.settled_horizon_ms, now_ms())
         self.memory = QueueMemory.of_new_instance(store)

@@ -88,9 +88,11 @@ class KeyRequests:
             await ctx.commit(lambda: ctx.due_at(TimerKind.PUMP, key, at))
             return None
         # An instance's first request for a key is answered at its round,
-        # not held: the answer's listing is what the key waits for.
-        wait = 0 if key in ctx.memory.first_ask else self.ctx.options.request_wait_ms
-        if left is not None:
+        # not held: the answer's listing is what the key waits for. (A
+        # request the holder may park is answered at once anyway.)
+        woken = self.ctx.options.woken
+        wait = 0 if key in ctx.memory.first_ask and not woken else self.ctx.options.request_wait_ms
+        if left is not None and not woken:
             wait = min(wait, left - REQUEST_MARGIN_MS)  # the reply comes back while timers still start
         return wait
 
@@ -177,7 +179,30 @@ class KeyRequests:
         return Request(self.ctx.client_id, tuple(demand),
                        tuple(claims.values()), wait, leases=True,
                        lease_reports=tuple(lease_report(lease) for lease in leases), claims=True,
-                       heard_up_to=self.ctx.memory.heard_up_to.get(key, 0.0))
+                       heard_up_to=self.ctx.memory.heard_up_to.get(key, 0.0),
+                       wake=self.ctx.options.woken and wait > 0, name=self.ctx.object_name)
+
+    async def hear(self, key: str, reply: Reply) -> Request:
+        """A reply the holder called with (what a round had for the key's
+        parked request): applied as a request's reply is, with no report of
+        its own on board. Returns what the key waits for now, which the
+        holder keeps in line in place of what it had: a request with no
+        report, that nobody answers."""
+
+        def apply() -> None:
+            self.apply_grants_reply(key, reply, {})
+            self.ctx.memory.unheard.discard(key)  # the holder listed every grant it counts here
+
+        known = {grant.grant_id for grant in self.ctx.grants.grants(key)}
+        news = any(entry.grant_id not in known for entry in reply.grants) or any(e.new for e in reply.leases)
+        await self.ctx.commit(apply)
+        await self._after_reply(key, reply)
+        if not news:
+            # A wake: the holder heard nothing from this object for a while
+            # as it held permits. Its alarm may be one the runtime gave up on.
+            await self.ctx.scheduler.resume()
+        wait = self.ctx.options.request_wait_ms
+        return self._request_message(key, self.ctx.demand(key)[:MAX_DEMAND_ENTRIES], {}, [], wait)
 
     def apply_grants_reply(self, key: str, reply: Reply, sent: dict[str, Report]) -> None:
         """What a request's reply does (inside its commit): outcomes, leases
@@ -192,14 +217,17 @@ class KeyRequests:
             ctx.memory.all_listed.discard(key)
         if reply.contended:
             self.leases.return_idle(key)  # _after_reply reports them
-        self.claims.learn(key, reply.grants)
+        gave_back = self.claims.learn(key, reply.grants)
         interval = pacing_interval((reply.next_request_at or now) - now)
-        if interval > 0:  # "ask at once" (a reply with permits) is not pacing to keep
+        if interval > 0 and not ctx.options.woken:  # (a woken key's pacing is a fallback its items fix)
             self.ctx.store.set_pacing(key, interval)
         self.claim_local(key, now)
         left = ctx.demand(key)
         if left:
             at = max(now, reply.next_request_at or now)
+            if gave_back and ctx.options.woken:  # a grant heard of too late: ask for a fresh one now
+                ctx.server.ask_now(key)
+                at = now
             if reply.contended and may_leave_line(reply.line, oldest_of(left)):
                 # Back in line with its next release, or after a long poll's
                 # length if none comes: a held request would wait that long.

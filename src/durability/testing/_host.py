@@ -284,9 +284,13 @@ class ObjectHost:
             raise reset_error(self.reset_reason) from None
 
     # -- instance -------------------------------------------------------
-    def ensure_instance(self) -> Any:
+    def ensure_instance(self, named: bool = True) -> Any:
+        """The live instance, made now if there is none. As in production, an
+        instance made for a call through an id without a name (``idFromString``)
+        has no ``ctx.id.name`` for as long as it lives."""
         if self.instance is None:
-            ctx = DurableObjectState(self, self.generation)
+            object_id = self.object_id if named else DurableObjectId(self.class_name, None, self.object_id.toString())
+            ctx = DurableObjectState(self, self.generation, object_id)
             token = current_host.set(self)
             generation_token = current_generation.set(self.generation)
             try:
@@ -512,7 +516,7 @@ class ObjectHost:
         await _call_alarm(handler, info)
 
     # -- an RPC call --------------------------------------------------------
-    async def call(self, method: str, args: list[Any]) -> Any:
+    async def call(self, method: str, args: list[Any], named: bool = True) -> Any:
         """Deliver one RPC call and return the reply as the caller receives it,
         or refuse it as overloaded past the requests per second it may take."""
         if self._load.over_rate():
@@ -522,7 +526,7 @@ class ObjectHost:
         self._load.count_request()
 
         async def event() -> Any:
-            instance = await self.admit_event()
+            instance = await self.admit_event(named)
             target = None if method.startswith("_") else getattr(type(instance), method, None)
             if target is None or not callable(target):
                 raise JsException(f"Method {method} does not exist", name="TypeError")
@@ -551,14 +555,14 @@ class ObjectHost:
             self._services.log_event(self, "cpu limit", f"{self._services.cpu_limit_ms:g} ms")
             self.evict(CPU_LIMIT_MESSAGE)
 
-    async def admit_event(self) -> Any:
+    async def admit_event(self, named: bool = True) -> Any:
         """Wait for the input gate, then hand the event the live instance.
 
         This runs inside the event's own task, so an event that passes the
         gate starts at once: nothing else runs before its first await.
         """
         await self.wait_gate_open()
-        instance = self.ensure_instance()
+        instance = self.ensure_instance(named)
         await self.wait_gate_open()  # the constructor may have closed it
         return instance
 

@@ -335,6 +335,8 @@ class Runtime:
             # object before the writes made ahead of it are durable.
             await caller.flushed()
         host = self._host(stub._namespace, stub.id)
+        if stub.id.name is not None and host.object_id.name is None:
+            host.object_id = stub.id  # a name learned (for its alarms and the trace)
         plan = self.faults.plan_call(host.class_name, caller is not None)
         self.log_event(host, "call", method)
         try:
@@ -347,7 +349,7 @@ class Runtime:
                 self.loop.call_later_exact(plan.evict_after_ms / 1000, host.evict_if_current, host.generation)
             if plan.duplicate:
                 self.spawn_system(self._deliver_duplicate(host, method, args))
-            reply = await host.call(method, [rpc_copy(arg) for arg in args])
+            reply = await host.call(method, [rpc_copy(arg) for arg in args], named=stub.id.name is not None)
             if plan.reply_delay_ms:
                 await self.loop.sleep_exact(plan.reply_delay_ms / 1000)
             if plan.lose_reply:

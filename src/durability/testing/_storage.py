@@ -164,10 +164,10 @@ class ExecutionContext:
 class DurableObjectState:
     """``ctx`` of a Durable Object instance (``DurableObjectState``)."""
 
-    def __init__(self, host: StorageHost, generation: int) -> None:
+    def __init__(self, host: StorageHost, generation: int, object_id: DurableObjectId | None = None) -> None:
         self._host = host
         self._generation = generation
-        self.id = host.object_id
+        self.id = host.object_id if object_id is None else object_id
         self.storage = DurableObjectStorage(host, generation)
 
     def waitUntil(self, awaitable: Awaitable[Any]) -> None:

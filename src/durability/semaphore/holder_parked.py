@@ -1,0 +1,236 @@
+"""The holder's parked requests: answered at once, kept in line, served later by a call.
+
+Lives here: ``ParkedRequests``, the holder's side of the sleeping
+protocol: which requests are parked, the line they stand in
+(``parked.ParkedLine``), what a round's outcomes do to it (demand taken
+off the clients it served, and a call to each of them it did not answer
+directly, ``holder_calls``), a client's reply to a call (its demand now,
+which may let a round serve more), a client whose calls fail (kept in
+line, served no more until it is heard from), the clients that hold
+permits and have gone silent (woken by a call), and the scheduler's
+timers of those calls. Must not know: how a round decides, SQL, or the
+wire beyond the replies it is handed.
+
+Why wake a silent holder of permits: a client whose alarm the runtime
+gave up on runs again only when something calls it, and one that never
+heard of a grant (its call lost, then the holder's memory of it lost
+with an instance) never asks about it if no work of its waits. Either
+way the permits stay counted here. A grant held ``wake_after_ms`` (and
+every ``wake_after_ms`` after that: times its claim deadline fixes, so
+every instance derives the same ones) calls its client unless the client
+spoke meanwhile: a call per long-held grant per period, nothing for work
+shorter than that.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import replace
+from typing import Any
+
+from .._clock import now_ms
+from ..scheduler import DurabilityScheduler
+from .allocation import ClientOutcome, Grant, news_for
+from .holder_calls import DELIVER, ClientCalls
+from .messages import Request
+from .parked import Parked, ParkedLine, Waiting
+
+#: a call a round owes: (client id, the version of its request it answers, its object's name, the outcome)
+Call = tuple[str, int, str | None, ClientOutcome]
+
+
+WAKE = "wake"  #: the scheduler key of the next wake of silent holders of permits
+WAKE_SLACK_MS = 1_000  #: an alarm fires a moment after the time it was set for
+#: a quiet holder's wake timer comes this many ``wake_after_ms`` after its last change at the soonest
+QUIET_WAKE_PERIODS = 4
+
+
+class ParkedRequests:
+    def __init__(self, namespace: Any, key: str, scheduler: DurabilityScheduler, participant: str, *,
+                 news: Callable[[bool], Awaitable[None]], wake_after_ms: float,
+                 listing: Callable[[str], dict[str, Any]]) -> None:
+        """``news(more)``: a client's reply to a call changed the line (``more``:
+        it asks for more than before, which a round may serve)."""
+        self.line = ParkedLine()
+        self._scheduler, self._participant = scheduler, participant
+        self._news = news
+        self.wake_after_ms = wake_after_ms
+        self._heard_at: dict[str, float] = {}  #: per client, when this instance last heard from it
+        self._next_check = 0.0  #: when the next pass over the grants for silent holders is due
+        self._names: dict[str, str] = {}  #: per client, the name of its object, as its requests gave it
+        self.calls = ClientCalls(namespace, key, schedule=self._schedule, cancel=self._cancel,
+                                 on_reply=self._on_reply, on_failed=self.line.suspend, listing=listing)
+        self._listing = listing
+
+    def can_park(self, request: Request) -> bool:
+        return self.calls.can_call(request)
+
+    def park(self, request: Request) -> None:
+        """A client's request, answered at once: its demand now stands in line.
+        Its reply says all a call owed to it would (the round's listing)."""
+        self.calls.drop(request.client_id)
+        self.line.park(request, now_ms())
+        self._heard_of(request)
+
+    def _heard_of(self, request: Request) -> None:
+        """The client spoke: when, as which instance, and its object's name."""
+        self._heard_at[request.client_id] = now_ms()
+        if request.name is not None:
+            self._names[request.client_id] = request.name
+
+    def heard(self, client_id: str) -> None:
+        self.line.heard(client_id, now_ms())
+        self._heard_at[client_id] = now_ms()
+
+    def requests(self, leaving_out: set[str]) -> list[Request]:
+        """What a round sees of the line: each client's demand as kept (not
+        suspended ones, nor those whose newer request the round has)."""
+        return [r for r in self.line.requests() if r.client_id not in leaving_out]
+
+    def stays(self, client_id: str) -> bool:
+        """Is the client still in line (demand left after the round)?"""
+        return client_id in self.line
+
+    def served(self, outcomes: dict[str, ClientOutcome], answered: set[str]) -> list[Call]:
+        """What a round handed out comes off each parked client's demand (before
+        the round's rows are written: they carry it). Returns the calls to make
+        once they are: a client it served or has news for, unless ``answered``
+        directly, with the version of its request the call answers."""
+        calls = []
+        for client_id, outcome in outcomes.items():
+            entry = self.line.get(client_id)
+            if entry is None:
+                continue
+            if outcome.new_grants or outcome.new_leases:
+                self.line.served(client_id, _served(outcome), max(
+                    (grant.claim_deadline for grant in outcome.new_grants), default=0.0))
+            elif client_id in answered or not _news(entry, outcome):
+                continue
+            self.line.told(client_id, ((lease.lease_id, lease.retired) for lease in outcome.listed_leases))
+            if client_id not in answered:
+                calls.append((client_id, entry.version, entry.request.name, outcome))
+        return calls
+
+    def call(self, calls: list[Call],
+             reply_for: Callable[[str, ClientOutcome], dict[str, Any]]) -> None:
+        """Make a round's calls (its rows are written)."""
+        for client_id, version, name, outcome in calls:
+            self.calls.send(client_id, reply_for(client_id, outcome), version, name)
+
+    # -- holders of permits gone silent ---------------------------------------------
+    def watch(self, grants: Iterable[Grant]) -> None:
+        """After a change: wake the silent holders of permits now and then (at
+        most every half ``wake_after_ms``, a pass over the grants), and keep
+        the wake timer for when nothing else happens: at the next time a
+        held grant's client is due a call, but not sooner than
+        ``QUIET_WAKE_PERIODS`` periods on. A busy holder checks as its
+        events come and never needs that alarm; one that goes quiet sets it
+        once, not once per grant."""
+        held = list(grants)
+        now = now_ms()
+        if now >= self._next_check:
+            self.wake_silent(held)
+            return
+        self._keep_timer(held, now)
+
+    def wake_silent(self, grants: Iterable[Grant]) -> None:
+        """Call each client holding a grant ``wake_after_ms`` old that has not
+        spoken in as long, with the listing of what it holds."""
+        now = now_ms()
+        held = list(grants)
+        self._next_check = now + self.wake_after_ms / 2
+        for client_id in silent_holders(held, self._heard_at, now, self.wake_after_ms):
+            if self.calls.can_reach(client_id) and not self.calls.owed(client_id):
+                self._heard_at[client_id] = now  # (woken: not again before another period)
+                self.calls.send(client_id, self._listing(client_id), self.line.version_of(client_id),
+                                self.name_of(client_id))
+        self._keep_timer(held, now)
+
+    def _keep_timer(self, grants: list[Grant], now: float) -> None:
+        due = next_wake_at(grants, now, self.wake_after_ms)
+        if due is None:
+            self._scheduler.cancel(self._participant, WAKE)
+        else:
+            self._scheduler.schedule(self._participant, WAKE, max(due, now + QUIET_WAKE_PERIODS * self.wake_after_ms))
+
+    def name_of(self, client_id: str) -> str | None:
+        """The name of the client's object, as its requests (or its rows) gave it."""
+        return self._names.get(client_id)
+
+    def restore(self, waiting: list[Waiting], names: dict[str, str]) -> None:
+        """A new instance's line and names, as its rows left them."""
+        self._names.update(names)
+        self.line.restore(waiting, now_ms(), names)
+
+    async def on_timer(self, key: str) -> bool:
+        """Run one of this part's timers (True if ``key`` is one; the wake
+        timer is the holder's, which hands in the grants and listings)."""
+        if not key.startswith(DELIVER):
+            return False
+        self.calls.retry(key[len(DELIVER):])
+        return True
+
+    async def _on_reply(self, client_id: str, version: int, request: Request | None) -> None:
+        """The client's answer to a call: its demand now (None: it said nothing of it)."""
+        self.line.heard(client_id, now_ms())
+        if request is None:
+            return
+        self._heard_of(request)
+        before = self.line.get(client_id)
+        if self.line.refresh(client_id, version, request, now_ms()):
+            after = self.line.get(client_id)
+            await self._news(after is not None and (before is None or _more(after.request, before.request)))
+
+    async def _schedule(self, key: str, at: float) -> None:
+        self._scheduler.schedule(self._participant, key, at)
+        await self._scheduler.sync()
+
+    def _cancel(self, key: str) -> None:
+        self._scheduler.cancel(self._participant, key)
+
+
+def next_wake_at(grants: Iterable[Grant], now: float, after_ms: float) -> float | None:
+    """The next time a client holding permits is due a call if silent: for each
+    grant still charged, its claim deadline plus the first multiple of
+    ``after_ms`` after now (a function of the rows: every instance agrees)."""
+    due = None
+    for grant in grants:
+        if grant.charged > 0:
+            at = grant.claim_deadline + after_ms * max(1, math.ceil((now - grant.claim_deadline) / after_ms))
+            at = at if at > now else at + after_ms
+            due = at if due is None else min(due, at)
+    return due
+
+
+def silent_holders(grants: Iterable[Grant], heard_at: dict[str, float], now: float, after_ms: float) -> list[str]:
+    """Clients holding a grant at least ``after_ms`` past its claim deadline
+    that have not spoken in ``after_ms`` (as far as this instance heard)."""
+    found = {grant.client_id for grant in grants
+             if grant.charged > 0 and grant.claim_deadline + after_ms <= now + WAKE_SLACK_MS
+             and heard_at.get(grant.client_id, float("-inf")) < now - after_ms}
+    return sorted(found)  # sorted: the calls' order must not follow hash order
+
+
+def _news(entry: Parked, outcome: ClientOutcome) -> bool:
+    """Does a round's outcome tell a parked client anything it may not know?
+    (``news_for``, with the leases it knows from the line, not from reports
+    its parked request no longer carries.)"""
+    if any((lease.lease_id, lease.retired) not in entry.known_leases for lease in outcome.listed_leases):
+        return True
+    return news_for(replace(entry.request, lease_reports=()), replace(outcome, listed_leases=[]))
+
+
+def _served(outcome: ClientOutcome) -> dict[str, int]:
+    """Per group, the permits a round handed the client (grants and leases)."""
+    served: dict[str, int] = {}
+    for group, permits in [(g.group, g.permits) for g in outcome.new_grants] + [
+            (lease.group, lease.permits) for lease in outcome.new_leases]:
+        served[group] = served.get(group, 0) + permits
+    return served
+
+
+def _more(now: Request, before: Request) -> bool:
+    """Does ``now`` ask for more than ``before`` did, in some group?"""
+    counts = {d.group: d.count for d in before.demand}
+    return any(d.count > counts.get(d.group, 0) for d in now.demand)

@@ -1,0 +1,193 @@
+"""A holder that answers at once and calls its clients back: nothing waits awake, and nothing is lost.
+
+The holders Worker with ``CONFIG["calls"]``: the holder is given the
+shards' namespace (``clients=``) and the shards' queues say they can be
+called (``woken=True``). Each test shows one promise of the sleeping
+protocol on the embedded runtime, which bills duration as production does.
+"""
+
+import asyncio
+
+import pytest
+
+from durability.semaphore.messages import MAX_WAIT_MS
+from durability.testing import HIBERNATE_AFTER_MS
+from support import holders_runtime, queue_jobs
+
+
+@pytest.fixture
+def runtime():
+    with holders_runtime(seed=1, hibernate_after_ms=HIBERNATE_AFTER_MS) as rt:
+        rt.module.CONFIG.update(limit=1, calls=True, round_wait_ms=20, round_period_ms=100,
+                                finished_check_ms=5_000, request_wait_ms=30_000)
+        yield rt
+
+
+def shard(runtime, name):
+    return runtime.env.SHARD.getByName(name)
+
+
+def holder(runtime):
+    return runtime.env.HOLDER.getByName("holder")
+
+
+def awake_between(runtime, stub, start_s, end_s):
+    """Seconds the object was awake within [start_s, end_s) of the loop's clock."""
+    return sum(max(0.0, min(b, end_s) - max(a, start_s)) for a, b in runtime.host_of(stub).awake_periods())
+
+
+async def wait_started(runtime, item, timeout_s=600):
+    waited = 0.0
+    while item not in runtime.module.WORLD["started"] and waited < timeout_s:
+        await asyncio.sleep(0.1)
+        waited += 0.1
+    return runtime.module.WORLD["started"].get(item)
+
+
+def test_a_waiting_shard_and_its_holder_sleep_and_the_freed_permit_reaches_the_shard_by_a_call(runtime):
+    world = runtime.module.WORLD
+
+    async def scenario():
+        await shard(runtime, "a").submit(queue_jobs("a", 1, ms=60_000))
+        await wait_started(runtime, "a0")
+        await shard(runtime, "b").submit(queue_jobs("b", 1, ms=1_000))
+        waiting_from = runtime.loop.time()
+        started = await wait_started(runtime, "b0")
+        return waiting_from, started
+
+    waiting_from, started = runtime.run(scenario())
+    a_ended = world["started"]["a0"] + 60_000
+    assert 0 <= started - a_ended < 50  # the permit went to b as a's came back
+    assert any(name == "b" for _, name, _ in world["calls"])  # by a call, not by b asking again
+    # While b waited for a minute, neither b nor the holder was awake (a ran
+    # its job, which is its own time).
+    end_s = waiting_from + 55
+    assert awake_between(runtime, shard(runtime, "b"), waiting_from + 1, end_s) == 0
+    assert awake_between(runtime, holder(runtime), waiting_from + 1, end_s) == 0
+    assert world["violations"] == []
+
+
+def test_a_lost_call_is_tried_again_on_the_holders_alarm(runtime):
+    config, world = runtime.module.CONFIG, runtime.module.WORLD
+
+    async def scenario():
+        await shard(runtime, "a").submit(queue_jobs("a", 1, ms=5_000))
+        await wait_started(runtime, "a0")
+        await shard(runtime, "b").submit(queue_jobs("b", 1, ms=1_000))
+        config["lose_calls"] = 3
+        return await wait_started(runtime, "b0")
+
+    started = runtime.run(scenario())
+    calls = [at for at, name, _ in world["calls"] if name == "b"]
+    # Three lost calls, 0.5 s, 1 s and 2 s apart, then the fourth gets through.
+    assert len(calls) == 4 and started - calls[0] == pytest.approx(3_500, abs=50)
+    assert world["violations"] == []
+
+
+def test_when_every_call_is_lost_the_shard_asks_again_by_itself_within_its_wait(runtime):
+    config, world = runtime.module.CONFIG, runtime.module.WORLD
+
+    async def scenario():
+        await shard(runtime, "a").submit(queue_jobs("a", 1, ms=5_000))
+        await wait_started(runtime, "a0")
+        await shard(runtime, "b").submit(queue_jobs("b", 1, ms=1_000))
+        submitted = runtime.now_ms()
+        config["lose_calls"] = 10_000
+        return submitted, await wait_started(runtime, "b0")
+
+    submitted, started = runtime.run(scenario())
+    # b's request was parked at about its item's enqueue time; with no call
+    # getting through, b asks again once request_wait_ms (30 s) is over, and
+    # the reply to that request serves it.
+    assert 30_000 <= started - submitted < 31_000
+    assert world["violations"] == []
+
+
+def test_the_line_outlives_the_holders_instance_and_is_served_oldest_first_with_nobody_asking(runtime):
+    config, world = runtime.module.CONFIG, runtime.module.WORLD
+    config["request_wait_ms"] = 120_000  # (no fallback comes due meanwhile)
+
+    async def scenario():
+        await shard(runtime, "a").submit(queue_jobs("a", 1, ms=40_000))
+        await wait_started(runtime, "a0")
+        await shard(runtime, "c").submit(queue_jobs("c", 1, ms=1_000))  # c waits first
+        await asyncio.sleep(1)
+        await shard(runtime, "b").submit(queue_jobs("b", 1, ms=1_000))
+        await asyncio.sleep(1)
+        runtime.evict(holder(runtime))  # (it would hibernate 10 s on anyway)
+        asked = len(world["requests"])
+        c_started = await wait_started(runtime, "c0")
+        b_started = await wait_started(runtime, "b0")
+        return asked, c_started, b_started
+
+    asked, c_started, b_started = runtime.run(scenario())
+    assert c_started < b_started  # oldest first, as the rows left the line
+    assert c_started - (world["started"]["a0"] + 40_000) < 50
+    assert [name for _, name in world["requests"][asked:]] == []  # nobody asked again meanwhile
+    assert world["violations"] == []
+
+
+def test_a_parked_shard_that_hibernated_takes_up_the_permit_in_its_new_instance(runtime):
+    world = runtime.module.WORLD
+
+    async def scenario():
+        await shard(runtime, "a").submit(queue_jobs("a", 1, ms=30_000))
+        await wait_started(runtime, "a0")
+        await shard(runtime, "b").submit(queue_jobs("b", 1, ms=1_000))
+        await asyncio.sleep(20)  # b has nothing pending but its alarm: it hibernates
+        hibernated = runtime.host_of(shard(runtime, "b")).stats.hibernations
+        return hibernated, await wait_started(runtime, "b0")
+
+    hibernated, started = runtime.run(scenario())
+    assert hibernated >= 1
+    assert started - (world["started"]["a0"] + 30_000) < 50
+    assert world["starts"]["b0"] == 1 and world["violations"] == []
+
+
+def test_a_client_that_cannot_be_called_keeps_its_request_held_as_before(runtime):
+    # A request that does not say "wake" (a queue made without woken=True, or
+    # an older one) is held open for its wait, as the long poll always was.
+    async def scenario():
+        await shard(runtime, "a").submit(queue_jobs("a", 1, ms=60_000))
+        await wait_started(runtime, "a0")
+        sent = runtime.now_ms()
+        reply = await holder(runtime).permits({
+            "type": "request", "v": 1, "clientId": "old-client", "wait": 5_000,
+            "demand": [{"group": "g", "count": 1, "oldestAt": 0}]})
+        return runtime.now_ms() - sent, reply
+
+    held_ms, reply = runtime.run(scenario())
+    assert held_ms == pytest.approx(5_000, abs=3_000) and reply["grants"] == []
+
+
+def test_a_parked_wait_may_outlast_a_held_one_and_is_still_checked():
+    # A woken request's wait is its fallback, not a hold: the bounds of the
+    # protocol apply all the same (a wait above MAX_WAIT_MS is refused).
+    with holders_runtime(seed=1) as runtime:
+        runtime.module.CONFIG.update(calls=True)
+        reply = runtime.run(holder(runtime).permits({
+            "type": "request", "v": 1, "clientId": "x" * 64, "wait": MAX_WAIT_MS + 1, "wake": True,
+            "demand": [{"group": "g", "count": 1, "oldestAt": 0}]}))
+    assert reply["type"] == "error" and reply["code"] == "invalid_message"
+
+
+def test_a_shard_holding_permits_whose_alarm_was_lost_is_woken_by_its_holder(runtime):
+    # The shard's work-end timer is on its alarm; the runtime drops the alarm.
+    # No sweep runs here: the holder calls the shard that holds its permits
+    # and has been silent, and the new instance sets its alarm again.
+    config, world = runtime.module.CONFIG, runtime.module.WORLD
+    config["wake_after_ms"] = 20_000
+
+    async def scenario():
+        await shard(runtime, "a").submit(queue_jobs("a", 1, ms=3_000))
+        await wait_started(runtime, "a0")
+        host = runtime.host_of(shard(runtime, "a"))
+        host.alarm_at = None  # the runtime gave up on it; the instance does not know
+        host._arm_alarm_timer()
+        runtime.evict(shard(runtime, "a"))
+        await asyncio.sleep(200)
+        return world["completed"]
+
+    completed = runtime.run(scenario())
+    assert "a0" in completed  # its work ended and its permit came back
+    assert any(name == "a" for _, name, _ in world["calls"])
