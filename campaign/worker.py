@@ -22,6 +22,7 @@ from durability import Backoff, DurabilityScheduler
 from durability.semaphore import DurabilitySemaphore, DurabilitySemaphoreQueue
 from durability.semaphore.allocation import usage
 from durability.semaphore.leases import lease_usage
+from durability.semaphore.queue_identity import client_label
 from durability.testing import JsException
 
 CONFIG = {
@@ -222,6 +223,9 @@ class Shard(DurableObject):
             keep_done_ms=KEEP_DONE_MS if CONFIG["keep_done"] else 0,
             woken=CONFIG["calls"],
         )
+        # An instance a holder's call made through the shard's id alone has no
+        # name: it speaks under the label its queue kept, and is partitioned by it.
+        self.name = client_label(self.queue.client_id)
 
     async def semaphore_reply(self, key, reply):
         if cut_off(self.name):

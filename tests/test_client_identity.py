@@ -106,3 +106,40 @@ def test_a_queue_that_held_work_under_its_label_keeps_it_until_it_holds_nothing(
         assert len(world["completed"]) == 4 and world["violations"] == [] and usage["outstanding"] == 0
         host = runtime.host_of(shard)
         assert host.db.inspect("SELECT * FROM durability_queue_spoken_as_given") == []
+
+
+def test_an_instance_reached_by_its_id_alone_speaks_under_the_label_kept():
+    # A holder calls a client back through its id when it knows no name: the
+    # instance that starts then has no ctx.id.name to make a label from.
+    with holders_runtime(seed=1) as runtime:
+        named = runtime.env.SHARD.getByName("s1")
+        object_id = runtime.env.SHARD.idFromName("s1").toString()
+
+        async def scenario():
+            await named.submit(jobs("a", 1, ms=1_000))
+            await asyncio.sleep(10)
+            runtime.evict(named)
+            nameless = runtime.env.SHARD.get(runtime.env.SHARD.idFromString(object_id))
+            await nameless.submit(jobs("b", 1, ms=1_000))
+            await asyncio.sleep(10)
+            return runtime.host_of(named)
+
+        host = runtime.run(scenario())
+        assert host.instance.queue.client_id == f"s1@{object_id}"
+        assert runtime.module.WORLD["speakers"] == {f"s1@{object_id}"}  # one client, not two
+        assert host.db.inspect("SELECT label FROM durability_queue_label") == [{"label": "s1"}]
+
+
+def test_a_label_refused_is_not_kept():
+    with holders_runtime(seed=1) as runtime:
+        runtime.module.CONFIG.update(client_id="x" * MAX_ID_LENGTH)  # too long to speak as
+        shard = runtime.env.SHARD.getByName("s1")
+        with pytest.raises(Exception, match="client_id"):
+            runtime.run(shard.states())
+        runtime.module.CONFIG.update(client_id=None)
+        # An instance with no name and no label given: nothing was kept for it.
+        object_id = runtime.env.SHARD.idFromName("s1").toString()
+        runtime.run(runtime.env.SHARD.get(runtime.env.SHARD.idFromString(object_id)).states())
+        host = runtime.host_of(shard)
+        assert host.db.inspect("SELECT label FROM durability_queue_label") == []
+        assert host.instance.queue.client_id == object_id

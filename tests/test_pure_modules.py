@@ -17,6 +17,7 @@ PURE = [
     "durability.semaphore.messages", "durability.semaphore.allocation", "durability.semaphore.leases",
     "durability.semaphore.queue_states", "durability.semaphore.queue_core", "durability.semaphore.queue_lease_rules",
     "durability.semaphore.holder_line", "durability.semaphore.tree", "durability.semaphore.fairness",
+    "durability.semaphore.parked",
     "durability.retention",
 ]
 #: the standard library a pure module may use: nothing that waits, reads a clock, or touches the outside

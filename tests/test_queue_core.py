@@ -3,8 +3,8 @@
 import pytest
 from hypothesis import given, strategies as st
 
-from durability.semaphore.messages import NOT_FOUND, OK, ReportOutcome
-from durability.semaphore.queue_core import may_leave_line, pacing_interval, report_due, settle
+from durability.semaphore.messages import NOT_FOUND, OK, GrantEntry, ReportOutcome
+from durability.semaphore.queue_core import may_leave_line, pacing_interval, report_due, settle, usable_claims
 from durability.semaphore.queue_states import (
     ADMITTED,
     CANCELLED,
@@ -117,3 +117,21 @@ def test_timer_keys_spell_their_kind_and_read_back():
             parse_timer_key(wrong)
     with pytest.raises(ValueError):
         timer_key(TimerKind.REPORT)
+
+
+def test_claims_no_item_here_counts_are_used_only_when_no_other_instance_can_have_used_them():
+    deadline, now = 2_000.0, 1_000.0
+    fresh = LocalGrant("g1", "k", "g", 2, 0, 0, 0, deadline)  # heard of for the first time
+
+    def entry(claimed, released=0, new=None):
+        return GrantEntry("g1", "g", 2, claimed, deadline, released, new)
+
+    assert usable_claims(entry(2, new=True), fresh, 2, now) == 2  # a round's new grant, claimed for this request
+    assert usable_claims(entry(2), fresh, 2, now) == 2  # an older holder, which does not say
+    # Listed before: an earlier instance may have used them, its releases on the way.
+    assert usable_claims(entry(2, new=False), fresh, 2, now) == 0
+    assert usable_claims(entry(2, released=1, new=True), fresh, 2, now) == 1  # a release heard there: gone
+    assert usable_claims(entry(2, new=True), fresh, 2, deadline + 1) == 0  # past the claim deadline
+    # This instance's own claims, answered by a listing before their report's reply: used.
+    own = LocalGrant("g1", "k", "g", 2, 1, 0, 0, deadline)
+    assert usable_claims(entry(2, new=False), own, 2, now) == 1

@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
@@ -48,7 +48,7 @@ from .holder_books import HolderBooks
 from .holder_fairness import OLDEST_FIRST, UserFairShare, fair_share_of
 from .holder_limits import UserLimits
 from .holder_line import Line
-from .holder_parked import WAKE, Call, ParkedRequests
+from .holder_parked import WAKE, Call, ParkedRequests, holdings
 from .holder_tree import ParentLink, Waker, child_link, object_name as _object_name
 from .leases import (
     Lease,
@@ -219,10 +219,10 @@ class DurabilitySemaphore:
         self._parked = None if clients is None or parent is not None else ParkedRequests(
             clients, _object_name(scheduler.ctx), scheduler, PARTICIPANT, news=self._line_changed,
             wake_after_ms=_positive_ms(wake_after_ms, "wake_after_ms"),
-            listing=lambda client_id: _listing(self, client_id))
+            listing=lambda client_id: _listing(self, client_id), first_listing=self.books.first_listing)
         if self._parked is not None:  # a new instance's line, as its rows left it
             self._parked.restore(self.books.rows.waiting(), self.books.rows.names())
-            self._parked.watch(self.books.grants().values())
+            self._parked.watch(holdings(self.books.grants().values(), self.books.leases().values()))
 
     def _ensure_round_if_waiting(self) -> bool:
         """In a tree, permits released where requests wait: a round on the
@@ -264,7 +264,7 @@ class DurabilitySemaphore:
                           self._waker.own_key if self._waker is not None else None,
                           parked.name_of if parked is not None else lambda _: None)
         if self._parked is not None:
-            self._parked.watch(self.books.grants().values())
+            self._parked.watch(holdings(self.books.grants().values(), self.books.leases().values()))
 
     # -- messages ---------------------------------------------------------------
     async def handle(self, message: Any) -> dict[str, Any]:
@@ -366,12 +366,7 @@ class DurabilitySemaphore:
                 working, sync.client_id, sync.reports, sync.lease_reports, ids, now, ids.ttl_ms)
         except ProtocolError as error:
             return error.reply()
-        retire_expired(working, now)
-        if any(not lease.retired for lease in working.leases()):
-            # A lowered limit or a lost eligibility reaches a client on its
-            # next exchange of any kind, not only on its next request.
-            limits = self._resolve_limits([])
-            retire_ineligible(working, self.lease_policy, limits.total, limits.groups, limits.permitted)
+        _retire_leases(self, working, now)
         if working.changes:
             self._commit(working.changes)
             await self.scheduler.sync()
@@ -457,7 +452,7 @@ class DurabilitySemaphore:
             self._round_now([])
             await self.scheduler.sync()
         elif timer.key == WAKE and self._parked is not None:
-            self._parked.wake_silent(self.books.grants().values())
+            self._parked.wake_silent(holdings(self.books.grants().values(), self.books.leases().values()))
         elif self._parked is None or not await self._parked.on_timer(timer.key):
             await self._reclaim()
 
@@ -535,7 +530,7 @@ def _answer(holder: DurabilitySemaphore, answered: list[tuple[_Waiting, ClientOu
             ahead = line.ahead_of(waiting.request.client_id, (d.group for d in waiting.request.demand))
         ask_at = parked_until if parked_until is not None else now if served else now + holder.round_period_ms
         reply = _grants_reply(_uncarried(holder, request.client_id, outcome), ask_at, result.contended, ttl_ms,
-                              ahead)
+                              ahead, holder.books.first_listing)
         waiting.reply.set_result(replace(reply, **tree).to_wire())
 
 
@@ -559,7 +554,7 @@ def _reports_only(holder: DurabilitySemaphore, waiting: _Waiting) -> None:
     ttl_ms = holder.lease_policy.ttl_ms if holder.lease_policy is not None else 0
     waiting.reply.set_result(_grants_reply(_uncarried(holder, request.client_id, outcome),
                                            _parked_until(holder, request.client_id, now) or now,
-                                           holder._contended, ttl_ms).to_wire())
+                                           holder._contended, ttl_ms, first=holder.books.first_listing).to_wire())
 
 
 def _listing(holder: DurabilitySemaphore, client_id: str) -> dict[str, Any]:
@@ -613,9 +608,11 @@ def _synced_reply(holder: DurabilitySemaphore, client_id: str, outcomes: list[Re
     if holder._parked is not None:  # (see _uncarried)
         carried = holder._parked.calls.carried(client_id)
         listed = [g for g in listed if g.grant_id not in carried]
+    listed = listed[:MAX_REPORTS]
+    first = holder.books.first_listing(g.grant_id for g in listed)
     return Reply("synced", tuple(outcomes), tuple(lease_outcomes),
                  tuple(_lease_entry(lease, ttl_ms) for lease in stopping[:MAX_REPORTS]), holder._contended,
-                 grants=tuple(_grant_entry(g) for g in listed[:MAX_REPORTS]),
+                 grants=tuple(_grant_entry(g, first) for g in listed),
                  **(_tree_limits(holder.limits, holder.books.grants(), holder._link) if parent_of(client_id) else {}),
                  ).to_wire()
 
@@ -663,9 +660,9 @@ def _lease_entry(lease: Lease, ttl_ms: float, new: bool = False) -> LeaseEntry:
                       lease.retired, new)
 
 
-def _grant_entry(grant: Grant) -> GrantEntry:
+def _grant_entry(grant: Grant, new: frozenset[str] | set[str] = frozenset()) -> GrantEntry:
     return GrantEntry(grant.grant_id, grant.group, grant.permits, grant.claimed, grant.claim_deadline,
-                      grant.released)
+                      grant.released, grant.grant_id in new)
 
 
 def _uncarried(holder: DurabilitySemaphore, client_id: str, outcome: ClientOutcome) -> ClientOutcome:
@@ -680,15 +677,19 @@ def _uncarried(holder: DurabilitySemaphore, client_id: str, outcome: ClientOutco
 
 
 def _grants_reply(outcome: ClientOutcome, next_request_at: float, contended: bool = False,
-                  ttl_ms: float = 0, line: dict[str, float] | None = None) -> Reply:
-    new = {lease.lease_id for lease in outcome.new_leases}
+                  ttl_ms: float = 0, line: dict[str, float] | None = None,
+                  first: Callable[[Iterable[str]], set[str]] | None = None) -> Reply:
+    """A grants reply. ``first``: ``HolderBooks.first_listing``, for a reply
+    that leaves now (a call's are marked as it leaves: ``ClientCalls``)."""
+    grants = [*outcome.open_grants, *outcome.held_grants]
+    new = first([g.grant_id for g in grants] + [lease.lease_id for lease in outcome.listed_leases]) if first else set()
     return Reply(
         "grants",
         tuple(outcome.reports),
         tuple(outcome.lease_reports),
         tuple(_lease_entry(lease, ttl_ms, lease.lease_id in new) for lease in outcome.listed_leases),
         contended,
-        grants=tuple(_grant_entry(g) for g in [*outcome.open_grants, *outcome.held_grants]),
+        grants=tuple(_grant_entry(g, new) for g in grants),
         blocked=tuple(Blocked(group, reason, waiting) for group, (reason, waiting) in outcome.blocked.items()),
         next_request_at=next_request_at,
         all_leases_listed=not outcome.some_leases_unlisted,
@@ -831,3 +832,13 @@ def _tree_limits(limits: UserLimits, grants: dict[str, Grant], link: ParentLink 
     known = resolved or {}
     return {"over_limit": over_limit(limits.total(), total),
             "closed_groups": closed_groups(by_group, lambda g: known[g] if g in known else limits.ceiling(g))}
+
+
+def _retire_leases(holder: DurabilitySemaphore, working: Working, now: float) -> None:
+    """On a sync, the leases past their ttl, and those a lowered limit or a
+    lost eligibility retires: the client hears on its next exchange of any
+    kind, not only on its next request."""
+    retire_expired(working, now)
+    if any(not lease.retired for lease in working.leases()):
+        limits = holder._resolve_limits([])
+        retire_ineligible(working, holder.lease_policy, limits.total, limits.groups, limits.permitted)

@@ -12,7 +12,7 @@ which clients' entries changed).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import replace
 
 from .._clock import now_ms
@@ -40,6 +40,9 @@ class HolderBooks:
         self._unwritten: set[str] = set()
         self._lease_rows: dict[str, Lease] = {}  #: each lease as its row holds it (see leases.needs_row)
         self._ids_reserved = 0  #: lease ids reserved in the row (set when the ids are loaded)
+        #: grants and leases this instance made that no reply or call has
+        #: named yet (see ``first_listing``); memory only
+        self._unlisted: set[str] = set()
 
     def grants(self) -> dict[str, Grant]:
         if self._book is None:
@@ -105,9 +108,28 @@ class HolderBooks:
             self._lease_rows.pop(lease_id, None)
         if to_write.issued is not None:
             self._ids_reserved = to_write.issued
+        self._unlisted |= {grant_id for grant_id in changes.written if grant_id not in self.grants()}
+        self._unlisted |= {lease_id for lease_id in changes.leases_written if lease_id not in self.leases()}
+        self._unlisted -= set(changes.deleted) | set(changes.leases_deleted)
         changes.apply_to(self.grants(), self.leases())
         if changes.issued is not None:
             self._ids = replace(self.lease_ids(), issued=changes.issued)
+
+    def first_listing(self, ids: Iterable[str]) -> set[str]:
+        """Of the grants and leases a reply or call about to leave names, those
+        it names first: it says they are new, and no later one will.
+
+        A client that hears of a grant it knows nothing of cannot tell one
+        a round just made for it (claimed for its request: it admits on the
+        claims) from one an earlier instance of it used and released, and
+        forgot with its items' rows, its report maybe still on the way
+        (admitting again would run beyond the limit). Only the first
+        listing of what this instance made says new; a new instance of the
+        holder says new of nothing, and a client gives back what it cannot
+        place (``queue_core.usable_claims``). Memory only: no row."""
+        first = self._unlisted.intersection(ids)
+        self._unlisted -= first
+        return first
 
     def rows_to_write(self, changes: Changes, parent_key: str | None) -> tuple[Changes, set[str]]:
         """The changes as rows: a grant is written at its first claim, not when

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -58,13 +58,20 @@ class ClientCalls:
 
     def __init__(self, namespace: Any, key: str, *, schedule: Callable[[str, float], Awaitable[None]],
                  cancel: Callable[[str], None], on_reply: Callable[[str, int, Request | None], Awaitable[None]],
-                 on_failed: Callable[[str], None], listing: Callable[[str], dict[str, Any]]) -> None:
+                 on_failed: Callable[[str], None], listing: Callable[[str], dict[str, Any]],
+                 first_listing: Callable[[Iterable[str]], set[str]]) -> None:
         """``listing(client_id)``: what a call tried again carries, read from the
         books when it leaves: a reply built for an earlier try may list a
-        grant or lease settled since, which the client must never take up."""
+        grant or lease settled since, which the client must never take up.
+        ``first_listing(ids)``: of the grants and leases a call names as it
+        leaves, those no reply or call named before, which it says are new
+        (``HolderBooks.first_listing``): a call built by a round may leave
+        after the client's own reply named them, and a try after a failed
+        one may follow a call that arrived."""
         self.namespace = namespace  #: the clients' Durable Object namespace
         self.key = key  #: the key this holder serves, as its clients know it
         self._schedule, self._cancel, self._listing = schedule, cancel, listing
+        self._first_listing = first_listing
         self._on_reply, self._on_failed = on_reply, on_failed
         self._pending: dict[str, _Call] = {}  #: per client, the reply to send next
         self._sending: set[str] = set()
@@ -146,12 +153,13 @@ class ClientCalls:
             self._sending.discard(client_id)
 
     async def _call(self, client_id: str, call: _Call) -> Any:
+        wire = _marked_new(call.wire, self._first_listing)
         self._in_flight[client_id] = frozenset(
-            [entry["grantId"] for entry in call.wire.get("grants", [])]
-            + [entry["leaseId"] for entry in call.wire.get("leases", [])])
+            [entry["grantId"] for entry in wire.get("grants", [])]
+            + [entry["leaseId"] for entry in wire.get("leases", [])])
         try:
             stub = self._stub(client_id, call.name)
-            answer = await getattr(stub, REPLY_METHOD)(self.key, call.wire)
+            answer = await getattr(stub, REPLY_METHOD)(self.key, wire)
         except Exception as error:  # tried again later; the client's own wait is the last resort
             log.info("semaphore %s: a call to %s failed (%d before): %r", self.key, client_id, call.failures, error)
             return _FAILED
@@ -173,6 +181,15 @@ class ClientCalls:
         if name is not None:
             return self.namespace.getByName(name)
         return self.namespace.get(self.namespace.idFromString(object_id_of(client_id)))
+
+
+def _marked_new(wire: dict[str, Any], first_listing: Callable[[Iterable[str]], set[str]]) -> dict[str, Any]:
+    """``wire`` with each grant and lease it lists said new if, and only if,
+    no reply or call named it before."""
+    grants, leases = wire.get("grants", []), wire.get("leases", [])
+    new = first_listing([entry["grantId"] for entry in grants] + [entry["leaseId"] for entry in leases])
+    return {**wire, "grants": [{**entry, "new": entry["grantId"] in new} for entry in grants],
+            "leases": [{**entry, "new": entry["leaseId"] in new} for entry in leases]}
 
 
 _FAILED = object()

@@ -33,6 +33,7 @@ from .._clock import now_ms
 from ..scheduler import DurabilityScheduler
 from .allocation import ClientOutcome, Grant, news_for
 from .holder_calls import DELIVER, ClientCalls
+from .leases import Lease
 from .messages import Request
 from .parked import Parked, ParkedLine, Waiting
 
@@ -49,9 +50,11 @@ QUIET_WAKE_PERIODS = 4
 class ParkedRequests:
     def __init__(self, namespace: Any, key: str, scheduler: DurabilityScheduler, participant: str, *,
                  news: Callable[[bool], Awaitable[None]], wake_after_ms: float,
-                 listing: Callable[[str], dict[str, Any]]) -> None:
+                 listing: Callable[[str], dict[str, Any]],
+                 first_listing: Callable[[Iterable[str]], set[str]]) -> None:
         """``news(more)``: a client's reply to a call changed the line (``more``:
-        it asks for more than before, which a round may serve)."""
+        it asks for more than before, which a round may serve).
+        ``first_listing``: ``HolderBooks.first_listing`` (see ``ClientCalls``)."""
         self.line = ParkedLine()
         self._scheduler, self._participant = scheduler, participant
         self._news = news
@@ -60,7 +63,8 @@ class ParkedRequests:
         self._next_check = 0.0  #: when the next pass over the grants for silent holders is due
         self._names: dict[str, str] = {}  #: per client, the name of its object, as its requests gave it
         self.calls = ClientCalls(namespace, key, schedule=self._schedule, cancel=self._cancel,
-                                 on_reply=self._on_reply, on_failed=self.line.suspend, listing=listing)
+                                 on_reply=self._on_reply, on_failed=self.line.suspend, listing=listing,
+                                 first_listing=first_listing)
         self._listing = listing
 
     def can_park(self, request: Request) -> bool:
@@ -119,7 +123,7 @@ class ParkedRequests:
             self.calls.send(client_id, reply_for(client_id, outcome), version, name)
 
     # -- holders of permits gone silent ---------------------------------------------
-    def watch(self, grants: Iterable[Grant]) -> None:
+    def watch(self, held: Iterable[Holding]) -> None:
         """After a change: wake the silent holders of permits now and then (at
         most every half ``wake_after_ms``, a pass over the grants), and keep
         the wake timer for when nothing else happens: at the next time a
@@ -127,18 +131,18 @@ class ParkedRequests:
         ``QUIET_WAKE_PERIODS`` periods on. A busy holder checks as its
         events come and never needs that alarm; one that goes quiet sets it
         once, not once per grant."""
-        held = list(grants)
+        held = list(held)
         now = now_ms()
         if now >= self._next_check:
             self.wake_silent(held)
             return
         self._keep_timer(held, now)
 
-    def wake_silent(self, grants: Iterable[Grant]) -> None:
-        """Call each client holding a grant ``wake_after_ms`` old that has not
+    def wake_silent(self, held: Iterable[Holding]) -> None:
+        """Call each client holding permits ``wake_after_ms`` long that has not
         spoken in as long, with the listing of what it holds."""
         now = now_ms()
-        held = list(grants)
+        held = list(held)
         self._next_check = now + self.wake_after_ms / 2
         for client_id in silent_holders(held, self._heard_at, now, self.wake_after_ms):
             if self.calls.can_reach(client_id) and not self.calls.owed(client_id):
@@ -147,8 +151,8 @@ class ParkedRequests:
                                 self.name_of(client_id))
         self._keep_timer(held, now)
 
-    def _keep_timer(self, grants: list[Grant], now: float) -> None:
-        due = next_wake_at(grants, now, self.wake_after_ms)
+    def _keep_timer(self, held: list[Holding], now: float) -> None:
+        due = next_wake_at(held, now, self.wake_after_ms)
         if due is None:
             self._scheduler.cancel(self._participant, WAKE)
         else:
@@ -190,25 +194,36 @@ class ParkedRequests:
         self._scheduler.cancel(self._participant, key)
 
 
-def next_wake_at(grants: Iterable[Grant], now: float, after_ms: float) -> float | None:
+Holding = tuple[str, float]  #: a client holding permits, and the time its wakes count from
+
+
+def holdings(grants: Iterable[Grant], leases: Iterable[Lease]) -> list[Holding]:
+    """Who holds permits, from when: a grant still charged from its claim
+    deadline; a lease not settled from its expiry (a client that knows of a
+    lease renews it before then, and is heard; one that never heard of it,
+    its call lost, is woken after)."""
+    return ([(g.client_id, g.claim_deadline) for g in grants if g.charged > 0]
+            + [(lease.client_id, lease.expires_at) for lease in leases if not lease.settled])
+
+
+def next_wake_at(held: Iterable[Holding], now: float, after_ms: float) -> float | None:
     """The next time a client holding permits is due a call if silent: for each
-    grant still charged, its claim deadline plus the first multiple of
-    ``after_ms`` after now (a function of the rows: every instance agrees)."""
+    holding, the time it counts from plus the first multiple of ``after_ms``
+    after now (a function of the rows: every instance agrees)."""
     due = None
-    for grant in grants:
-        if grant.charged > 0:
-            at = grant.claim_deadline + after_ms * max(1, math.ceil((now - grant.claim_deadline) / after_ms))
-            at = at if at > now else at + after_ms
-            due = at if due is None else min(due, at)
+    for _, since in held:
+        at = since + after_ms * max(1, math.ceil((now - since) / after_ms))
+        at = at if at > now else at + after_ms
+        due = at if due is None else min(due, at)
     return due
 
 
-def silent_holders(grants: Iterable[Grant], heard_at: dict[str, float], now: float, after_ms: float) -> list[str]:
-    """Clients holding a grant at least ``after_ms`` past its claim deadline
-    that have not spoken in ``after_ms`` (as far as this instance heard)."""
-    found = {grant.client_id for grant in grants
-             if grant.charged > 0 and grant.claim_deadline + after_ms <= now + WAKE_SLACK_MS
-             and heard_at.get(grant.client_id, float("-inf")) < now - after_ms}
+def silent_holders(held: Iterable[Holding], heard_at: dict[str, float], now: float, after_ms: float) -> list[str]:
+    """Clients holding permits at least ``after_ms`` past the time their
+    holding counts from that have not spoken in ``after_ms`` (as far as this
+    instance heard)."""
+    found = {client_id for client_id, since in held
+             if since + after_ms <= now + WAKE_SLACK_MS and heard_at.get(client_id, float("-inf")) < now - after_ms}
     return sorted(found)  # sorted: the calls' order must not follow hash order
 
 

@@ -354,10 +354,16 @@ class GrantEntry:
     claimed: int
     claim_deadline: float
     released: int = 0  #: the releases the holder heard (older holders do not say)
+    #: first listed here, by the round that made it (None: an older holder,
+    #: which does not say); see ``queue_grants.usable_claims``
+    new: bool | None = None
 
     def to_wire(self) -> dict[str, Any]:
-        return {"grantId": self.grant_id, "group": self.group, "permits": self.permits, "claimed": self.claimed,
+        wire = {"grantId": self.grant_id, "group": self.group, "permits": self.permits, "claimed": self.claimed,
                 "released": self.released, "claimDeadline": self.claim_deadline}
+        if self.new is not None:
+            wire["new"] = self.new
+        return wire
 
 
 class ReportOutcome(NamedTuple):
@@ -525,7 +531,7 @@ def _grant_entry(entry: dict[str, Any], where: str) -> GrantEntry:
     return GrantEntry(_reply_field(entry, "grantId", where, _identifier),
                       _reply_field(entry, "group", where, _identifier), _reply_field(entry, "permits", where, _count),
                       _reply_field(entry, "claimed", where, _count), _reply_field(entry, "claimDeadline", where, _time),
-                      released)
+                      released, _flag(entry, "new", where) if "new" in entry else None)
 
 
 def _report_outcome(entry: dict[str, Any], where: str) -> ReportOutcome:

@@ -94,7 +94,10 @@ class DurabilitySemaphoreQueue:
             ``<client_id>@<the object's id>`` with a label, so two objects
             never share one even when given the same label (a queue that
             held something under a label before keeps speaking as the label
-            until it starts holding nothing; ``queue_identity``).
+            until it starts holding nothing; ``queue_identity``). The label
+            is kept: an instance given None (one reached through its id
+            alone has no ``ctx.id.name`` to make a label from) speaks under
+            the label kept.
         server: a ``SemaphoreClient``, e.g. ``limits.with_(timeout, 5_000).bind(env)``.
         admit: ``admit(items)`` starts the admitted items' work; called after
             the admission commits and again, under ``retries``, until it
@@ -154,6 +157,8 @@ class DurabilitySemaphoreQueue:
     def _identity(self, label: str | None) -> str:
         """The id this queue speaks to its holders as (see ``queue_identity``)."""
         object_id = str(self.scheduler.ctx.id.toString())
+        wire_identity(object_id, label)  # a label it cannot speak as is refused before it is kept
+        label = self.store.label(label)
         if label is not None and label != object_id and self.store.spoken_as_given():
             log.info("queue of %s speaks as %r as before, until it starts holding nothing", object_id, label)
             return identifier(label, "client_id")

@@ -59,13 +59,19 @@ class Admission:
     async def admit_pending(self) -> None:
         ctx = self.ctx
         async with self._admitting:
-            if not self.to_admit():
-                return
             # The admissions (and a lease draw with them) must be durable before
             # any work starts: work started on an admission that is then lost
-            # would run on a permit nobody counts.
+            # would run on a permit nobody counts. The flush makes durable what
+            # was written before it began, so only the admissions read then are
+            # handed on: one another call writes while it waits (a holder's
+            # call taking up a lease, say) waits for the next pass, which its
+            # timer brings.
+            before = self.to_admit()
+            if not before:
+                return
             await ctx.scheduler.sql.flush()
-            items = self.to_admit()
+            still = {item.id for item in self.to_admit()}
+            items = [item for item in before if item.id in still]
             if not items:
                 return
             result = self.admit([AdmittedItem(i.id, i.key, i.group, i.body, i.via or Via.GRANT) for i in items])

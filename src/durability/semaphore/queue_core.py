@@ -6,7 +6,8 @@ outcome (``settle``), which grant reports the holder may not have heard
 a key's waiting demand per group (``Wanted``, ``oldest_of``), whether a
 served key may leave its holder's line until its next release
 (``may_leave_line``), and whether a failed request is made again at once
-or under the backoff (``ask_again_at_once``). The item life cycle is
+or under the backoff (``ask_again_at_once``), and how many claims a
+listing confirms that no item here counts may be used (``usable_claims``). The item life cycle is
 ``queue_states``; the lease rules are ``queue_lease_rules``. Must not
 know: storage, timers, RPC or the clock; it imports only ``messages``,
 ``queue_states`` and the standard library (tests/test_pure_modules.py).
@@ -17,7 +18,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-from .messages import NOT_FOUND, OK, Demand, ReportOutcome
+from .messages import NOT_FOUND, OK, Demand, GrantEntry, ReportOutcome
 from .queue_states import LocalGrant
 
 
@@ -133,3 +134,29 @@ def ask_again_at_once(retryable: bool, in_flight_ms: float, timed_out: bool, fai
         return True
     reached = in_flight_ms >= REACHED_MS and not timed_out
     return reached and failures_before < AT_ONCE_IN_A_ROW
+
+
+def usable_claims(entry: GrantEntry, known: LocalGrant, unknown: int, now: float) -> int:
+    """Of the ``unknown`` claims a listing confirms that no item here counts
+    (``known``: the grant as this instance had it), how many this object may
+    admit on; the rest it gives back.
+
+    Releases the holder heard beyond those counted here were of items this
+    object deleted and then forgot (keep_done_ms 0, a new instance): their
+    permits may be anyone's by now. A claim left is as good as an unclaimed
+    permit, and no better: used until the grant's claim deadline, given
+    back after it (an older claim may be one an earlier instance used and
+    lost the record of, again and again across restarts). And of a grant
+    listed before (``entry.new`` False), only the claims this instance made
+    itself are used: the others an earlier instance may have admitted on
+    and released with its report still on the way, or the holder may have
+    heard that report after this listing left; used again, they would run
+    beyond the limit. A grant a round just made comes to one instance first,
+    claimed for the request it answers, and no instance has used it.
+    """
+    if now > entry.claim_deadline:
+        return 0
+    usable = unknown - min(unknown, max(0, entry.released - known.released))
+    if entry.new is False:  # (None: a holder of an older version, which does not say)
+        usable = min(usable, known.claimed - known.confirmed)
+    return usable

@@ -21,7 +21,7 @@ from dataclasses import replace
 
 from .._clock import now_ms
 from .messages import MAX_REPORTS, GrantEntry, Reply, Report, ReportOutcome, Sync
-from .queue_core import report_due, settle
+from .queue_core import report_due, settle, usable_claims
 from .queue_leases import QueueLeases
 from .queue_memory import QueueContext
 from .queue_states import ADMITTED, QUEUED, LocalGrant, TimerKind, Via
@@ -94,18 +94,7 @@ class QueueGrants:
                               claimed=max(known.claimed, entry.claimed))
             unknown = entry.claimed - learned.confirmed  # confirmed there, no item here counts
             if unknown > 0:  # the listing is the holder's confirmation: admit on it now
-                # Releases the holder heard beyond those counted here were
-                # of items this object deleted and then forgot (keep_done_ms
-                # 0, a new instance): their permits may be anyone's by now.
-                released_there = min(unknown, max(0, entry.released - learned.released))
-                # Such a claim is as good as an unclaimed permit, and no
-                # better: used until the grant's claim deadline, given back
-                # after it. An older claim may be one an earlier instance
-                # used and lost the record of, again and again across
-                # restarts: admitting on it would reuse a permit for good,
-                # under whatever limit held when it was granted.
-                fresh = now_ms() <= entry.claim_deadline
-                admitted = self.answer_claims(learned, unknown - released_there, 0) if fresh else 0
+                admitted = self.answer_claims(learned, usable_claims(entry, known, unknown, now_ms()), 0)
                 learned = replace(learned, extra=learned.extra + unknown - admitted)  # no item left: given back
                 if admitted:
                     ctx.due_by(TimerKind.ADMIT, None, now_ms())
@@ -202,3 +191,4 @@ class QueueGrants:
         except Exception as error:  # the report timer retries, with backoff
             log.warning("reporting grants of %s failed: %r; it will be retried", key, error)
             await self.ctx.commit(lambda: self.ctx.due_by(TimerKind.REPORT, key, now_ms()))
+

@@ -67,7 +67,8 @@ GRANTS = "durability_queue_grants"
 LEASES = "durability_queue_leases"
 PACING = "durability_queue_pacing"
 SPOKEN = "durability_queue_spoken_as_given"
-TABLES = (ITEMS, GRANTS, LEASES, PACING, SPOKEN)
+LABEL = "durability_queue_label"
+TABLES = (ITEMS, GRANTS, LEASES, PACING, SPOKEN, LABEL)
 _HELD_TABLES = (ITEMS, PACING, GRANTS, LEASES)
 
 
@@ -144,6 +145,10 @@ _SCHEMA: dict[int, list[Step]] = {
     # anything from before keeps speaking as given until it holds nothing
     # (see QueueStore.spoken_as_given): its holders charge what it holds to that id.
     6: [f"CREATE TABLE IF NOT EXISTS {SPOKEN} (since INTEGER PRIMARY KEY)", _spoken_since],
+    # The label a queue was given, for an instance given none: an object
+    # reached through its id alone (a holder calling back a client it knows
+    # by id) may not know the name its label was made from (see label).
+    7: [f"CREATE TABLE IF NOT EXISTS {LABEL} (label TEXT NOT NULL)"],
 }
 
 _LEASE_COLUMNS = "lease_id, key, grp, permits, drawn, released, stopped, ttl_ms, renew_at, settled_at"
@@ -183,6 +188,25 @@ class QueueStore:
         self._memo: tuple[tuple[int, int], dict[str, dict[str, Counts]]] | None = None
 
     # -- how the queue speaks to its holders ---------------------------------------
+    def label(self, given: str | None) -> str | None:
+        """The label the queue speaks under: ``given``, kept; or, given none,
+        the one kept. An instance reached by its id alone does not know its
+        object's name, and a label its user made from that name would be
+        missing: the queue would speak as another client and strand what it
+        holds. One row read per start; one written when the label changes
+        (once in an object's life, in the usual case)."""
+        row = self.sql.one(f"SELECT label FROM {LABEL}")
+        kept = None if row is None else str(row["label"])
+        if given is None or given == kept:
+            return kept
+
+        def keep() -> None:
+            self.sql.exec(f"DELETE FROM {LABEL}")
+            self.sql.exec(f"INSERT INTO {LABEL} (label) VALUES (?)", given)
+
+        self.sql.transaction(keep)
+        return given
+
     def spoken_as_given(self) -> bool:
         """True while the queue must speak as the client_id it was given, as
         versions before 6 did: it held something at the upgrade, and has held

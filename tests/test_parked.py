@@ -1,0 +1,139 @@
+"""The holder's line of parked requests, and when a parked client or a silent holder of permits is called: pure."""
+
+import math
+
+from hypothesis import given, strategies as st
+
+from durability.semaphore.allocation import Grant
+from durability.semaphore.holder_parked import holdings, next_wake_at, silent_holders
+from durability.semaphore.leases import Lease
+from durability.semaphore.messages import Demand, LeaseReport, Report, Request
+from durability.semaphore.parked import ParkedLine
+from durability.semaphore.queue_core import FALLBACK_SLACK_MS, fallback_at
+
+
+def request(client, *demand, wait=30_000, **extra):
+    return Request(client, tuple(Demand(g, n, t, tuple(t + i for i in range(n))) for g, n, t in demand),
+                   (Report("g0", 1, 1),), wait, wake=True, **extra)
+
+
+def test_a_parked_request_keeps_its_demand_but_not_its_reports():
+    line = ParkedLine()
+    entry = line.park(request("a", ("g", 2, 100)), now=1_000)
+    assert entry.request.reports == () and entry.request.demand[0].count == 2
+    assert line.requests() == [entry.request]
+
+
+def test_a_client_with_no_demand_leaves_the_line_and_a_newer_request_replaces_an_older_one():
+    line = ParkedLine()
+    line.park(request("a", ("g", 2, 100)), now=1_000)
+    line.park(request("a", ("g", 5, 100)), now=2_000)
+    assert [r.demand[0].count for r in line.requests()] == [5]
+    assert line.get("a").since == 1_000  # its place in line, kept
+    line.park(request("a"), now=3_000)
+    assert not line and line.get("a") is None
+
+
+def test_a_round_takes_what_it_served_off_the_oldest_items_and_the_client_leaves_when_none_is_left():
+    line = ParkedLine()
+    line.park(request("a", ("g", 3, 100), ("h", 1, 50)), now=0)
+    line.served("a", {"g": 2}, heard_up_to=9_000)
+    entry = line.get("a")
+    g = next(d for d in entry.request.demand if d.group == "g")
+    assert (g.count, g.oldest_at, g.times) == (1, 102, (102,))
+    assert entry.request.heard_up_to == 9_000  # it is taken to know those grants
+    line.served("a", {"g": 1, "h": 1}, heard_up_to=9_500)
+    assert line.get("a") is None
+
+
+def test_ties_in_age_go_to_the_client_parked_first_and_suspended_clients_sit_out_rounds():
+    line = ParkedLine()
+    line.park(request("b", ("g", 1, 100)), now=1)
+    line.park(request("a", ("g", 1, 100)), now=2)
+    assert [r.client_id for r in line.requests()] == ["b", "a"]
+    line.suspend("b")
+    assert [r.client_id for r in line.requests()] == ["a"]
+    line.heard("b", now=3)  # it spoke: served again
+    assert [r.client_id for r in line.requests()] == ["b", "a"]
+
+
+def test_a_reply_to_a_call_refreshes_the_demand_unless_a_newer_request_came_meanwhile():
+    line = ParkedLine()
+    version = line.park(request("a", ("g", 1, 100)), now=0).version
+    assert line.refresh("a", version, request("a", ("g", 4, 100)), now=5)
+    assert line.get("a").request.demand[0].count == 4
+    line.park(request("a", ("g", 2, 100)), now=6)  # a newer request
+    assert not line.refresh("a", version, request("a", ("g", 9, 100)), now=7)
+    assert line.get("a").request.demand[0].count == 2
+
+
+def test_a_reply_to_a_call_brings_back_a_client_a_round_took_out_of_the_line():
+    line = ParkedLine()
+    version = line.park(request("a", ("g", 1, 100)), now=0).version
+    line.served("a", {"g": 1}, heard_up_to=1)
+    assert line.get("a") is None
+    assert line.refresh("a", version, request("a", ("g", 3, 200)), now=5)  # new items came meanwhile
+    assert line.get("a").request.demand[0].count == 3
+
+
+def test_the_line_as_rows_keep_it_comes_back_whole_in_a_new_instance():
+    line = ParkedLine()
+    line.park(request("a", ("g", 2, 100), name="shard-a"), now=10)
+    line.park(request("b", ("h", 1, 50)), now=20)
+    rows = line.waiting("a") + line.waiting("b")
+    again = ParkedLine()
+    again.restore(rows, now=99, names={"a": "shard-a"})
+    assert [(r.client_id, r.name, [(d.group, d.count, d.times) for d in r.demand]) for r in again.requests()] == [
+        ("a", "shard-a", [("g", 2, (100, 101))]), ("b", None, [("h", 1, (50,))])]
+    assert again.get("a").since == 10 and again.get("a").heard_at == 99
+
+
+def test_which_clients_changed_is_taken_once_and_given_back_if_their_rows_were_not_written():
+    line = ParkedLine()
+    line.park(request("a", ("g", 1, 100)), now=0)
+    assert line.take_changed() == {"a"} and line.take_changed() == set()
+    line.changed_again({"a"})
+    assert line.take_changed() == {"a"}
+
+
+def test_leases_a_client_reported_or_was_told_of_are_no_news_to_it():
+    line = ParkedLine()
+    lease = LeaseReport("L1", "g", 2, 1, 0)
+    entry = line.park(request("a", ("g", 1, 100), lease_reports=(lease,)), now=0)
+    assert entry.known_leases == {("L1", False)}
+    line.told("a", [("L2", False), ("L1", True)])
+    assert line.get("a").known_leases == {("L1", False), ("L2", False), ("L1", True)}
+
+
+@given(since=st.floats(0, 1e9), every=st.floats(2 * FALLBACK_SLACK_MS, 1e6), after=st.floats(0, 1e7))
+def test_a_parked_keys_fallback_is_fixed_by_its_oldest_item_and_never_put_off_by_a_new_instance(since, every, after):
+    now = since + after
+    at = fallback_at([Demand("g", 1, since)], every, now)
+    assert at >= now - FALLBACK_SLACK_MS and at > since
+    assert math.isclose((at - since) / every, round((at - since) / every))  # a multiple of the period
+    # An instance started later, but before that time, derives the same time.
+    assert fallback_at([Demand("g", 1, since)], every, (now + at) / 2) == at
+
+
+def test_a_key_with_nothing_waiting_asks_at_once():
+    assert fallback_at([], 30_000, 123.0) == 123.0
+
+
+def grant(client, deadline, permits=1, released=0):
+    return Grant(f"g-{client}-{deadline}", client, "g", permits, permits, released, deadline)
+
+
+def test_a_silent_holder_of_a_long_held_grant_or_a_lease_past_its_expiry_is_due_a_call():
+    grants = [grant("old", 1_000), grant("new", 50_000), grant("done", 1_000, released=1)]
+    leases = [Lease("L1", "leased", "g", 1, 0, 0, 2_000, False, 3), Lease("L2", "gone", "g", 1, 1, 1, 1_000, True, 3)]
+    held = holdings(grants, leases)
+    assert silent_holders(held, {}, now=62_000, after_ms=60_000) == ["leased", "old"]
+    assert silent_holders(held, {"old": 30_000}, now=62_000, after_ms=60_000) == ["leased"]  # it spoke since
+
+
+def test_wakes_come_at_times_the_rows_fix_so_that_every_instance_agrees():
+    held = holdings([grant("a", 1_000), grant("b", 5_000, released=1)], [])
+    assert next_wake_at(held, now=0, after_ms=60_000) == 61_000
+    assert next_wake_at(held, now=61_000, after_ms=60_000) == 121_000
+    assert next_wake_at(held, now=100_000, after_ms=60_000) == 121_000
+    assert next_wake_at(holdings([grant("b", 5_000, released=1)], []), now=0, after_ms=60_000) is None
