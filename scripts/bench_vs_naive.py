@@ -8,15 +8,21 @@ Runs, on the embedded runtime in virtual time and on exactly the same
 arrivals: the example Worker with grants, the example Worker with leases in
 each provisioning mode (strict; under, reserving 2 permits for grants; over,
 letting work reach limit + half of it, against which its busy share and
-safety are measured), and the naive Worker of ``bench/naive.py`` polling every 5 s and
-every 1 s. Prints, per system, rows written, rows read and requests per
+safety are measured), the example Worker with its holders holding requests
+instead of calling shards back ("grants, requests held":
+``ACCOUNT_CALLS_SHARDS = "false"``), and the naive Worker of
+``bench/naive.py`` polling every 5 s and every 1 s. Every object
+hibernates after 10 s with nothing pending but its alarm, as in
+production. Prints, per system, rows written, rows read and requests per
 admitted job, dollars per million jobs (rows written $1, rows read $0.001,
 requests $0.15, per million), every object's seconds awake per job (billed
 at 128 MB, $12.50 per million GB-s) split into those inside the jobs' own
 run and those spent coordinating (with, below the table, the same per
-object class), the coordination bill (rows, requests and that time) and
-the bill all in, the share of the limit kept busy while jobs
-wait, the share of admissions made out of oldest-first order, p50 and p99
+object class, with requests, alarms run, rows written and alarms set,
+and instances hibernated), the coordination bill (rows, requests and that
+time) and the bill all in, the share of the limit kept busy while jobs
+wait, how long a freed permit waits for its next job (refill p50 and p99),
+the share of admissions made out of oldest-first order, p50 and p99
 wait, and the makespan against its lower bound; all from ground truth
 measured outside the objects. ``--faults`` adds the demo's faults (2% of
 calls lost, duplicated, delayed; evictions, crashes; 5% of releases lost)

@@ -311,10 +311,11 @@ class DurabilitySemaphore:
         await self.scheduler.sync()
         return await waiting.reply
 
-    async def _line_changed(self, more: bool) -> None:
-        """A client's reply to a call changed its line entry: its row if that
-        matters to a new instance, and a round if it asks for more."""
-        if more and not self._full:
+    async def _line_changed(self, more: bool, answer: Request) -> None:
+        """A client's answer to a call: its lease reports applied, its line
+        entry's row if that matters to a new instance, and a round if it
+        asks for more or reports permits back."""
+        if _take_answer_reports(self, answer) or (more and not self._full):
             await self._news()
         else:
             self._commit(Changes())
@@ -842,3 +843,26 @@ def _retire_leases(holder: DurabilitySemaphore, working: Working, now: float) ->
     if any(not lease.retired for lease in working.leases()):
         limits = holder._resolve_limits([])
         retire_ineligible(working, holder.lease_policy, limits.total, limits.groups, limits.permitted)
+
+
+def _take_answer_reports(holder: DurabilitySemaphore, answer: Request) -> bool:
+    """The lease reports on a client's answer to a call (what it drew from
+    the leases the call brought, and released since), applied as a sync's
+    are, with nobody to tell the outcome (a later listing says what
+    changed). Without them the books would show a lease drawn at once as
+    drawable still, and the client's older work would wait out of the
+    rounds until its next report. True if permits came back."""
+    if not answer.lease_reports or holder.lease_policy is None:
+        return False
+    working = Working(holder.books.grants(), holder.books.leases())
+    ids = holder.books.lease_ids()
+    before = lease_usage(holder.books.leases().values())[0]
+    try:
+        apply_all_reports(working, answer.client_id, (), answer.lease_reports, ids, now_ms(), ids.ttl_ms)
+    except ProtocolError as error:
+        log.warning("semaphore: %s answered a call with reports refused: %s", answer.client_id, error)
+        return False
+    if not working.changes:
+        return False
+    holder._commit(working.changes)
+    return lease_usage(holder.books.leases().values())[0] < before

@@ -49,11 +49,12 @@ QUIET_WAKE_PERIODS = 4
 
 class ParkedRequests:
     def __init__(self, namespace: Any, key: str, scheduler: DurabilityScheduler, participant: str, *,
-                 news: Callable[[bool], Awaitable[None]], wake_after_ms: float,
+                 news: Callable[[bool, Request], Awaitable[None]], wake_after_ms: float,
                  listing: Callable[[str], dict[str, Any]],
                  first_listing: Callable[[Iterable[str]], set[str]]) -> None:
-        """``news(more)``: a client's reply to a call changed the line (``more``:
-        it asks for more than before, which a round may serve).
+        """``news(more, answer)``: a client's answer to a call, which changed
+        the line or reports on leases (``more``: it asks for more than
+        before, which a round may serve).
         ``first_listing``: ``HolderBooks.first_listing`` (see ``ClientCalls``)."""
         self.line = ParkedLine()
         self._scheduler, self._participant = scheduler, participant
@@ -182,9 +183,11 @@ class ParkedRequests:
             return
         self._heard_of(request)
         before = self.line.get(client_id)
-        if self.line.refresh(client_id, version, request, now_ms()):
-            after = self.line.get(client_id)
-            await self._news(after is not None and (before is None or _more(after.request, before.request)))
+        changed = self.line.refresh(client_id, version, request, now_ms())
+        after = self.line.get(client_id)
+        if changed or request.lease_reports:
+            await self._news(changed and after is not None and (before is None or _more(after.request, before.request)),
+                             request)
 
     async def _schedule(self, key: str, at: float) -> None:
         self._scheduler.schedule(self._participant, key, at)

@@ -202,7 +202,11 @@ class KeyRequests:
             # as it held permits. Its alarm may be one the runtime gave up on.
             await self.ctx.scheduler.resume()
         wait = self.ctx.options.request_wait_ms
-        return self._request_message(key, self.ctx.demand(key)[:MAX_DEMAND_ENTRIES], {}, [], wait)
+        # The key's lease reports ride along: the holder learns what was drawn
+        # from the leases the call brought (nothing answers them; a report
+        # still due goes on its own as before).
+        leases = self.ctx.lease_book.leases(key)[:MAX_REPORTS]
+        return self._request_message(key, self.ctx.demand(key)[:MAX_DEMAND_ENTRIES], {}, leases, wait)
 
     def apply_grants_reply(self, key: str, reply: Reply, sent: dict[str, Report]) -> None:
         """What a request's reply does (inside its commit): outcomes, leases
