@@ -474,3 +474,73 @@ def test_a_row_written_for_a_participant_now_in_memory_runs_once_and_goes(runtim
 
     runs, rows = runtime.run(scenario())
     assert sorted(runs) == ["kick", "old"] and rows == 0
+
+
+def test_a_memory_timer_due_now_runs_in_the_instance_and_leaves_the_alarm_where_it_is(runtime):
+    # Moving the alarm to now would cost a row, its run a request, and moving
+    # it back for "later" another row.
+    stub = runtime.env.TIMERS.getByName("t")
+
+    async def scenario():
+        await stub.schedule("later", 120_000)
+        host = runtime.host_of(stub)
+        start, alarm = runtime.now_ms(), await stub.alarm_time()
+        before = host.stats.alarm_writes, host.stats.alarm_invocations
+        await stub.plan("now", 0)
+        await asyncio.sleep(0.5)
+        after = host.stats.alarm_writes, host.stats.alarm_invocations
+        runs = [(r["key"], round(r["at"] - start)) for r in await stub.runs()]
+        return runs, before, after, alarm, await stub.alarm_time()
+
+    runs, before, after, alarm_before, alarm_after = runtime.run(scenario())
+    assert runs == [("now", 0)]
+    assert after == before and alarm_after == alarm_before
+
+
+def test_with_no_alarm_set_a_memory_timer_due_now_sets_only_the_backstop_for_the_next(runtime):
+    stub = runtime.env.TIMERS.getByName("t")
+
+    async def scenario():
+        await stub.timer_count()  # created: no timer, no alarm
+        host = runtime.host_of(stub)
+        start, writes = runtime.now_ms(), host.stats.alarm_writes
+        await stub.plan_many([["now", 0], ["next", 90_000]])
+        alarm = await stub.alarm_time() - start
+        await asyncio.sleep(91)
+        runs = [(r["key"], round(r["at"] - start)) for r in await stub.runs()]
+        return runs, alarm, host.stats.alarm_writes - writes, host.stats.alarm_invocations
+
+    runs, alarm, writes, invocations = runtime.run(scenario())
+    assert runs == [("now", 0), ("next", 90_000)]
+    assert alarm == 90_000 and writes == 1 and invocations == 1  # the alarm ran for "next" alone
+
+
+def test_a_memory_timer_an_instance_was_running_by_itself_when_it_died_runs_at_the_backstop(runtime):
+    stub = runtime.env.TIMERS.getByName("t")
+
+    async def scenario():
+        await stub.timer_count()  # an instance that has read its alarm (none)
+        start = runtime.now_ms()
+        await stub.plan_many([["slow-now", 0], ["next", 30_000]])  # "slow-..." runs for 2 s
+        await asyncio.sleep(1)
+        runtime.evict(stub)  # in the middle of its run
+        await asyncio.sleep(35)
+        return [(r["key"], round(r["at"] - start, -3)) for r in await runtime.env.TIMERS.getByName("t").runs()]
+
+    assert runtime.run(scenario()) == [("slow-now", 0), ("slow-now", 30_000), ("next", 30_000)]
+
+
+def test_a_row_timer_due_now_moves_the_alarm_in_its_batch(runtime):
+    # A durable participant is promised its timer runs right after any crash.
+    stub = runtime.env.TIMERS.getByName("t")
+
+    async def scenario():
+        await stub.schedule("later", 120_000)
+        start = runtime.now_ms()
+        await stub.schedule("now", 0)
+        alarm = runtime.host_of(stub).alarm_at - start  # read before the alarm can run
+        await asyncio.sleep(1)
+        return alarm, [r["key"] for r in await stub.runs()]
+
+    alarm, runs = runtime.run(scenario())
+    assert alarm == 0 and runs == ["now"]
