@@ -544,3 +544,21 @@ def test_a_row_timer_due_now_moves_the_alarm_in_its_batch(runtime):
 
     alarm, runs = runtime.run(scenario())
     assert alarm == 0 and runs == ["now"]
+
+
+def test_an_alarm_that_fires_while_the_instance_runs_timers_itself_leaves_them_to_it(runtime):
+    stub = runtime.env.TIMERS.getByName("t")
+
+    async def scenario():
+        await stub.timer_count()  # an instance that has read its alarm (none)
+        start = runtime.now_ms()
+        await stub.schedule("a", 1_000)  # a row timer: the alarm, due while "slow-now" runs
+        await stub.plan("slow-now", 0)  # runs here, for 2 s
+        await asyncio.sleep(1.5)
+        await stub.plan("quick", 0)  # due while both are under way
+        await asyncio.sleep(5)
+        return [(r["key"], round(r["at"] - start, -2)) for r in await stub.runs()]
+
+    runs = runtime.run(scenario())
+    assert sorted(runs) == [("a", 1_000), ("quick", 1_500), ("slow-now", 0)]
+    assert runtime.errors == []

@@ -309,7 +309,7 @@ class DurabilityScheduler:
         backstop = math.ceil(min([now + RUN_HERE_WITHIN_MS, *later]))
         if self._armed is None or self._armed > backstop:
             await self._arm(backstop)
-        if self._here is None:
+        if self._here is None and not self._dispatching:  # (an alarm that started meanwhile runs them)
             self._here = asyncio.get_running_loop().create_task(self._dispatch_here())
 
     async def _dispatch_here(self) -> None:
@@ -390,7 +390,7 @@ class DurabilityScheduler:
         the ``max_concurrency`` slots is free, instead of waiting for the
         slowest handler and a fresh alarm.
         """
-        if self._here is not None:  # timers this instance runs by itself end first: none runs twice
+        while self._here is not None:  # timers this instance runs by itself end first: none runs twice
             await asyncio.shield(self._here)
         self._armed = None  # the alarm that fired is spent
         self._alarm_runs += 1
