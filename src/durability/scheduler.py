@@ -87,7 +87,7 @@ BUDGET_SPREAD = 0.25
 #: admissions and asks come due now one after another, about two rows and
 #: a request per job. Should the instance die before the timer ran, the
 #: backstop runs it, at most this late.
-RUN_HERE_WITHIN_MS = 300_000
+RUN_HERE_WITHIN_MS = 60_000
 
 
 @dataclass(frozen=True)
