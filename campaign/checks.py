@@ -36,8 +36,6 @@ from __future__ import annotations
 import collections
 from dataclasses import dataclass, field
 
-from durability.scheduler import RUN_HERE_WITHIN_MS
-
 from .scenario import (
     FINISHED_CHECK_MS,
     GRANT_TIMEOUT_MS,
@@ -81,14 +79,11 @@ def liveness_bound_ms(scenario: Scenario, waiting_work_ms: float, limit: int, ca
     (``FINISHED_CHECK_MS``, twice: a sweep may have just run); a lease
     unreported past its ttl and unclaimed grants come back within
     ``LEASE_TTL_MS`` and ``GRANT_TIMEOUT_MS``; each request waits at most
-    two rounds; a holder (never swept) that died while it ran a timer by
-    itself runs it at its backstop alarm, within ``RUN_HERE_WITHIN_MS``.
-    Then the work still waiting needs its sum over the limit
+    two rounds. Then the work still waiting needs its sum over the limit
     (or over its group's limit), after the longest job running ends.
     """
     recovery = (SWEEP_MS + 2 * RETRY_MAX_MS + 2 * FINISHED_CHECK_MS + LEASE_TTL_MS + GRANT_TIMEOUT_MS
-                + 4 * ROUND_MS + (CALL_RETRY_MS + 6 * WAKE_AFTER_MS if scenario.calls else 0)
-                + RUN_HERE_WITHIN_MS)
+                + 4 * ROUND_MS + (CALL_RETRY_MS + 6 * WAKE_AFTER_MS if scenario.calls else 0))
     work = waiting_work_ms / max(limit, 1)
     if cap:
         work = max(work, capped_work_ms / cap)

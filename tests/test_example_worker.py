@@ -203,10 +203,9 @@ def test_the_main_demo_prints_its_progress_and_summary_only_and_the_log_with_ver
 
 @pytest.mark.parametrize("crons", [None, []], ids=["with the sweep", "without it"])
 def test_a_shard_whose_alarm_the_runtime_gave_up_on_resumes_at_the_sweep_or_a_read(crons):
-    # Jobs queued while their holder takes no call for a minute, so that the
-    # shard asks again on its alarm; every alarm run of the shard fails for
-    # five minutes: the runtime tries seven times and gives up. Nothing calls
-    # the shard again. The Worker's sweep (every 30 minutes) does; without it the jobs
+    # Jobs queued, then every alarm run of their shard fails for five minutes:
+    # the runtime tries seven times and gives up. Nothing calls the shard
+    # again. The Worker's sweep (every 30 minutes) does; without it the jobs
     # wait until a read comes, which resumes them (the alarm is long overdue).
     from durability.testing import Outage
 
@@ -214,8 +213,7 @@ def test_a_shard_whose_alarm_the_runtime_gave_up_on_resumes_at_the_sweep_or_a_re
     shard = "shard-3"
     assert {f"shard-{zlib.crc32(j.encode()) % 16}" for j in job_ids} == {shard}
     options = {} if crons is None else {"crons": crons}
-    faults = Faults(outages=(Outage(f"JobShard:{shard}", 0, 300_000),
-                             Outage("AccountLimit", 0, 60_000, alarms=False, calls=True)))
+    faults = Faults(outages=(Outage(f"JobShard:{shard}", 0, 300_000),))
     with example_runtime(faults=faults, **options) as runtime:
         async def states():
             with runtime.no_faults():

@@ -63,11 +63,6 @@ class SqlTimers:
         row = self.sql.one("SELECT min(due_at) AS due FROM durability_timers")
         return [row["due"]] if row is not None and row["due"] is not None else []
 
-    def next_after(self, now: float) -> list[float]:
-        """The earliest due time after ``now``, if any."""
-        row = self.sql.one("SELECT min(due_at) AS due FROM durability_timers WHERE due_at > ?", now)
-        return [row["due"]] if row is not None and row["due"] is not None else []
-
     def next_due(self, running: Container[Timer]) -> list[float]:
         rows = self.sql.exec("SELECT participant, key, due_at FROM durability_timers ORDER BY due_at")
         return [r["due_at"] for r in rows if (r["participant"], r["key"]) not in running][:1]
@@ -119,10 +114,6 @@ class MemoryTimers:
 
     def earliest(self) -> list[float]:
         return [row["due_at"] for row in self._rows.values()]
-
-    def next_after(self, now: float) -> list[float]:
-        """The earliest due time after ``now``, if any."""
-        return [min(later)] if (later := [row["due_at"] for row in self._rows.values() if row["due_at"] > now]) else []
 
     def next_due(self, running: Container[Timer]) -> list[float]:
         return [row["due_at"] for timer, row in self._rows.items() if timer not in running]

@@ -18,9 +18,7 @@ object starts (in its constructor). Such a timer costs no row at all, where
 a durable one costs two (the upsert, then the delete once it ran); the alarm
 still covers it, so an evicted object wakes up, derives it again and runs
 it. What is lost on eviction is only a failing timer's backoff: it is
-retried at once by the new instance. Such a timer that comes due now runs
-at once in the instance that made it due, with the alarm kept as a
-backstop (``RUN_HERE_WITHIN_MS``) rather than moved to now.
+retried at once by the new instance.
 
 The alarm itself can be lost: the runtime drops an alarm whose run failed
 seven times in a row. So every new instance, whichever call started it (a
@@ -79,16 +77,6 @@ BACKSTOP_MS = 60_000
 OVERDUE_MS = 180_000
 #: an alarm's budget is drawn from [1 - BUDGET_SPREAD, 1] x alarm_budget_ms
 BUDGET_SPREAD = 0.25
-#: A timer that comes due now in a live instance runs in that instance at
-#: once, with the alarm kept as a backstop no further off than this (at the
-#: next timer if that comes sooner; an alarm already set that soon stays).
-#: Moving the alarm to now instead costs a row, its run a request, and
-#: setting it again for the next timer another row: a busy shard's
-#: admissions and asks come due now one after another (on the demo's
-#: workload, 0.8 rows and 0.5 requests per job). Should the instance die
-#: before the timer ran, the backstop runs it, at most this late (longer
-#: saved more, and left work an evicted instance was starting idle as long).
-RUN_HERE_WITHIN_MS = 30_000
 
 
 @dataclass(frozen=True)
@@ -158,7 +146,6 @@ class DurabilityScheduler:
         # moving the alarm: it runs them itself and re-arms when it ends.
         self._dispatching = False
         self._starts_until: float | None = None  #: while dispatching: when this alarm stops starting timers
-        self._here: asyncio.Task[None] | None = None  #: due timers this instance runs without its alarm
         self._wake = asyncio.Event()
         migrate(self.sql, "scheduler", _SCHEMA)
         self._rows = SqlTimers(self.sql)
@@ -255,10 +242,8 @@ class DurabilityScheduler:
         made until then: a holder whose grants are claimed one after another
         pushed its reclaim alarm later once per grant, about one row per
         admitted job, where it now re-arms about once per claim deadline.
-        A memory timer due now runs in this instance instead, under a
-        backstop alarm (``RUN_HERE_WITHIN_MS``). For a timer kept in a row,
-        a new instance that has not read its alarm yet arms without asking:
-        an await there would split the batch. A new
+        In a new instance that has not read its alarm yet, the call arms
+        without asking: an await there would split the batch. A new
         instance's own check (``resume``) holds the lock while it reads the
         alarm, so a sync made meanwhile sets the alarm a batch later; should
         the instance crash in between, the next one checks again.
@@ -273,57 +258,14 @@ class DurabilityScheduler:
                 earliest = self._earliest()
                 if earliest is None or (self._armed not in (None, _UNKNOWN) and self._armed <= earliest):
                     return
-                due_now = earliest <= now_ms() + 1  # (``earliest`` is rounded up to a whole ms)
-                if due_now and self._memory_due_first() and not self._overdue():
-                    if self._armed is _UNKNOWN:
-                        # A new instance: read where the alarm is (no row), then decide.
-                        self._note_armed(await self.sql.get_alarm())
-                        continue
-                    await self._run_here()
-                    return
-                await self._arm(earliest)
-
-    async def _arm(self, at: int) -> None:
-        # Recorded before the await: an alarm that fires meanwhile resets it
-        # to None, which the next pass then sees.
-        self._note_armed(at)
-        try:
-            await self.sql.set_alarm(at)
-        except BaseException:
-            self._armed = _UNKNOWN
-            raise
-
-    def _memory_due_first(self) -> bool:
-        """No timer kept in a row is due: what is due now is kept in memory,
-        derived again from its participant's rows by a new instance, and
-        needs no alarm set in the batch that made it due. (A row's timer due
-        now moves the alarm to now, in its batch: a durable participant is
-        promised its timer runs right after any crash.)"""
-        rows = self._rows.earliest()
-        return not rows or rows[0] > now_ms()
-
-    async def _run_here(self) -> None:
-        """Start running the due timers in this instance, after keeping the
-        alarm no later than the backstop (see ``RUN_HERE_WITHIN_MS``)."""
-        now = now_ms()
-        later = self._rows.next_after(now) + self._memory.next_after(now)
-        backstop = math.ceil(min([now + RUN_HERE_WITHIN_MS, *later]))
-        if self._armed is None or self._armed > backstop:
-            await self._arm(backstop)
-        if self._here is None and not self._dispatching:  # (an alarm that started meanwhile runs them)
-            self._here = asyncio.get_running_loop().create_task(self._dispatch_here())
-
-    async def _dispatch_here(self) -> None:
-        """Run the due timers as an alarm would, in this instance, then keep
-        the alarm on the earliest timer left."""
-        self._dispatching = True
-        try:
-            await self._dispatch(now_ms())
-        finally:
-            self._dispatching = False
-            self._starts_until = None
-            self._here = None
-        await self.sync()
+                # Recorded before the await: an alarm that fires meanwhile
+                # resets it to None, which the next pass then sees.
+                self._note_armed(earliest)
+                try:
+                    await self.sql.set_alarm(earliest)
+                except BaseException:
+                    self._armed = _UNKNOWN
+                    raise
 
     def _start_resume(self) -> None:
         """Once the constructor is done (participants have derived their
@@ -357,8 +299,8 @@ class DurabilityScheduler:
         if self._dispatching:
             return  # alarm() is running: it re-arms at its end
         async with self._sync_lock:
-            # Read even with nothing owed (no row): a timer that comes due now
-            # later in this instance then runs here (``RUN_HERE_WITHIN_MS``).
+            if self._earliest() is None:
+                return  # nothing is owed; an alarm left set fires once for nothing
             runs = self._alarm_runs
             current = await self.sql.get_alarm()
             if runs == self._alarm_runs:  # no alarm started meanwhile (it knows better)
@@ -391,8 +333,6 @@ class DurabilityScheduler:
         the ``max_concurrency`` slots is free, instead of waiting for the
         slowest handler and a fresh alarm.
         """
-        while self._here is not None:  # timers this instance runs by itself end first: none runs twice
-            await asyncio.shield(self._here)
         self._armed = None  # the alarm that fired is spent
         self._alarm_runs += 1
         self._dispatching = True  # from here: no sync and no resume() moves the alarm under this run

@@ -37,18 +37,6 @@ class Timers(DurableObject):
         self.scheduler.transaction(change)
         await self.scheduler.sync()
 
-    async def plan_many(self, plans):
-        """``plans``: [key, in_ms] pairs, planned in one transaction and one sync."""
-        now = time.time() * 1000
-
-        def change():
-            for key, in_ms in plans:
-                self.ctx.storage.sql.exec("INSERT INTO planned VALUES (?, ?, 0)", key, now + in_ms)
-                self.scheduler.schedule("derived", key, now + in_ms)
-
-        self.scheduler.transaction(change)
-        await self.scheduler.sync()
-
     async def _derived(self, timer):
         sql = self.ctx.storage.sql
         sql.exec("INSERT INTO runs (key, at, attempt) VALUES (?, ?, ?)", timer.key, time.time() * 1000, timer.attempt)
@@ -56,8 +44,6 @@ class Timers(DurableObject):
         if row and row[0]["fails"] > 0:
             sql.exec("UPDATE planned SET fails = fails - 1 WHERE key = ?", timer.key)
             raise RuntimeError(f"{timer.key} fails")
-        if timer.key.startswith("slow"):
-            await asyncio.sleep(2)
         sql.exec("DELETE FROM planned WHERE key = ?", timer.key)
 
     async def forget_alarm(self):
