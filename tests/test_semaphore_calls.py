@@ -211,23 +211,3 @@ def test_what_a_shard_draws_from_a_lease_a_call_brought_reaches_the_holder_in_it
     group = usage["groups"]["g"]
     assert (group["leaseFootprint"], group["inUse"], group["reserved"]) == (1, 1, 0), usage
 
-
-def test_an_item_in_a_group_its_shard_did_not_wait_in_is_asked_for_at_once(runtime):
-    # The holder's line names the groups a shard waited in when it last
-    # spoke; an item in another group is news it must hear now, not after
-    # request_wait_ms, or free permits of that group idle meanwhile.
-    config = runtime.module.CONFIG
-    config.update(limit=3, group_limits={"g": 1}, request_wait_ms=120_000)
-
-    async def scenario():
-        await shard(runtime, "a").submit(queue_jobs("a", 1, ms=60_000))
-        await wait_started(runtime, "a0")
-        await shard(runtime, "b").submit(queue_jobs("b", 1, ms=1_000))  # waits behind a0 in g
-        await asyncio.sleep(5)
-        submitted = runtime.now_ms()
-        await shard(runtime, "b").submit(queue_jobs("h", 1, ms=1_000, group="h"))
-        return submitted, await wait_started(runtime, "h0", timeout_s=30)
-
-    submitted, started = runtime.run(scenario())
-    assert started is not None and started - submitted < 1_000
-    assert runtime.module.WORLD["violations"] == []

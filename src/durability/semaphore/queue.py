@@ -206,17 +206,11 @@ class DurabilitySemaphoreQueue:
         """Insert the items not known yet (inside a commit); every item, as stored."""
         now = now_ms()
         keys = set()
-        #: keys whose holder does not know of a group they now wait in: none
-        #: of theirs was waiting (a parked request says what waited when it
-        #: was made, and a group it did not name is in no round's line)
-        joined = set()
-        waiting: dict[str, set[str]] = {}
+        idle = set()  #: keys that waited for nothing: no holder keeps a request of theirs parked
         for item_id, (key, group, body) in checked.items():
             if self.store.item(item_id) is None:
-                if key not in waiting:
-                    waiting[key] = self.ctx.waiting_groups(key)
-                if group not in waiting[key]:
-                    joined.add(key)
+                if key not in keys and not self.ctx.demand(key):
+                    idle.add(key)
                 self.store.insert(item_id, key, group, body, now)
                 keys.add(key)
         for key in sorted(keys):
@@ -224,7 +218,7 @@ class DurabilitySemaphoreQueue:
             # request in flight for the key must not hold these items up.
             self.leases.draw(key, now)
             if self.ctx.demand(key):
-                self._wake(key, now, at_once=key in joined and self.options.woken)
+                self._wake(key, now, at_once=key in idle and self.options.woken)
         stored = [self.store.item(item_id) for item_id in checked]
         assert all(stored)  # found or inserted above, in this transaction
         return [item for item in stored if item is not None]
