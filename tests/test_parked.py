@@ -9,7 +9,7 @@ from durability.semaphore.holder_parked import holdings, next_wake_at, silent_ho
 from durability.semaphore.leases import Lease
 from durability.semaphore.messages import Demand, LeaseReport, Report, Request
 from durability.semaphore.parked import ParkedLine
-from durability.semaphore.queue_core import ASK_AGAIN_WITHIN_MS, FALLBACK_SLACK_MS, fallback_at
+from durability.semaphore.queue_core import FALLBACK_SLACK_MS, fallback_at
 
 
 def request(client, *demand, wait=30_000, **extra):
@@ -117,16 +117,6 @@ def test_a_parked_keys_fallback_is_fixed_by_its_oldest_item_and_never_put_off_by
 
 def test_a_key_with_nothing_waiting_asks_at_once():
     assert fallback_at([], 30_000, 123.0) == 123.0
-
-
-def test_a_new_instance_asks_at_once_for_an_item_younger_than_its_last_instance_may_have_asked_for():
-    # The instance before may have died with that item's request on its way
-    # out; an older item's request went out before it could hibernate.
-    demand = [Demand("g", 2, 1_000.0)]
-    now = 100_000.0
-    assert fallback_at(demand, 240_000, now, newest_at=now - ASK_AGAIN_WITHIN_MS + 1) == now
-    assert fallback_at(demand, 240_000, now, newest_at=now - ASK_AGAIN_WITHIN_MS) == 241_000.0
-    assert fallback_at(demand, 240_000, now) == 241_000.0
 
 
 def grant(client, deadline, permits=1, released=0):

@@ -174,8 +174,7 @@ class DurabilitySemaphoreQueue:
                 # fixes, which every instance derives alike: a new instance
                 # (production hibernates an idle object within seconds) must not
                 # put the fallback off again, nor cost a row to remember it.
-                self.server.paced(key, fallback_at(ctx.demand(key), self.options.request_wait_ms, now,
-                                                   self.store.newest_queued_at(key)))
+                self.server.paced(key, fallback_at(ctx.demand(key), self.options.request_wait_ms, now))
             else:
                 interval = self.store.pacing(key)
                 if interval is not None:  # the holder's pacing holds across an eviction

@@ -95,23 +95,14 @@ def may_leave_line(line: dict[str, float], left: dict[str, float]) -> bool:
 FALLBACK_SLACK_MS = 1_000
 
 
-#: a new instance asks at once for a key whose newest item is younger than
-#: this: the instance before it may have died before that item's request
-#: left (production hibernates only an object idle for 10 s, so a new
-#: instance after a hibernation never asks twice for it)
-ASK_AGAIN_WITHIN_MS = 5_000
-
-
-def fallback_at(demand: Wanted, every_ms: float, now: float, newest_at: float | None = None) -> float:
+def fallback_at(demand: Wanted, every_ms: float, now: float) -> float:
     """When a key whose request a holder parked asks again by itself: the
     first of its oldest item's enqueue time plus 1, 2, 3... times
     ``every_ms`` that is not past (now, with no demand: it asks to hear
-    what it holds, and now for an item enqueued within
-    ``ASK_AGAIN_WITHIN_MS``). A function of rows alone, so every instance
-    derives the same time: about one request per ``every_ms`` while the key
-    waits, however often the object is evicted or hibernates, and no row
-    written."""
-    if not demand or every_ms <= 0 or (newest_at is not None and now - newest_at < ASK_AGAIN_WITHIN_MS):
+    what it holds). A function of rows alone, so every instance derives
+    the same time: about one request per ``every_ms`` while the key waits,
+    however often the object is evicted or hibernates, and no row written."""
+    if not demand or every_ms <= 0:
         return now
     since = min(d.oldest_at for d in demand)
     periods = max(1, math.ceil((now - FALLBACK_SLACK_MS - since) / every_ms))

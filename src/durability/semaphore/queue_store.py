@@ -301,11 +301,6 @@ class QueueStore:
                   for group, at in oldest.items()]
         return sorted(demand, key=lambda d: d[2])
 
-    def newest_queued_at(self, key: str) -> float | None:
-        """When the key's newest queued item was enqueued (None: none is)."""
-        row = self.sql.one(f"SELECT max(enqueued_at) AS newest FROM {ITEMS} WHERE key = ? AND state = ?", key, QUEUED)
-        return None if row is None or row["newest"] is None else float(row["newest"])
-
     def keys_in(self, *states: str) -> list[str]:
         marks = ", ".join("?" * len(states))
         rows = self.sql.exec(f"SELECT DISTINCT key FROM {ITEMS} WHERE state IN ({marks}) ORDER BY key", *states)
