@@ -1,11 +1,14 @@
-"""The holder's line of parked requests, and when a parked client or a silent holder of permits is called: pure."""
+"""The holder's line of parked requests, and when a parked client or a silent holder of permits is called: pure
+(and what a client's answer to a call does to the line, with no runtime)."""
 
+import asyncio
 import math
 
+import pytest
 from hypothesis import given, strategies as st
 
 from durability.semaphore.allocation import Grant
-from durability.semaphore.holder_parked import holdings, next_wake_at, silent_holders
+from durability.semaphore.holder_parked import ParkedRequests, holdings, next_wake_at, silent_holders
 from durability.semaphore.leases import Lease
 from durability.semaphore.messages import Demand, LeaseReport, Report, Request
 from durability.semaphore.parked import ParkedLine
@@ -137,3 +140,19 @@ def test_wakes_come_at_times_the_rows_fix_so_that_every_instance_agrees():
     assert next_wake_at(held, now=61_000, after_ms=60_000) == 121_000
     assert next_wake_at(held, now=100_000, after_ms=60_000) == 121_000
     assert next_wake_at(holdings([grant("b", 5_000, released=1)], []), now=0, after_ms=60_000) is None
+
+
+@pytest.mark.parametrize("refused", [True, False])
+def test_an_answer_to_a_call_whose_reports_are_refused_changes_nothing(refused):
+    news = []
+
+    async def on_news(more, gave_back):
+        news.append((more, gave_back))
+
+    parked = ParkedRequests(None, "k", None, "p", news=on_news, take_reports=lambda answer: None if refused else False,
+                            wake_after_ms=60_000, listing=lambda client: {}, first_listing=lambda ids: set())
+    parked.park(request("a", ("g", 1, 100)))
+    version = parked.line.version_of("a")
+    asyncio.run(parked._on_reply("a", version, request("a", ("g", 5, 100))))
+    kept = parked.line.get("a").request.demand[0].count
+    assert (kept, news) == ((1, []) if refused else (5, [(True, False)]))

@@ -218,6 +218,7 @@ class DurabilitySemaphore:
         # tell the parent what waits, and must go on while it does.
         self._parked = None if clients is None or parent is not None else ParkedRequests(
             clients, _object_name(scheduler.ctx), scheduler, PARTICIPANT, news=self._line_changed,
+            take_reports=lambda answer: _take_answer_reports(self, answer),
             wake_after_ms=_positive_ms(wake_after_ms, "wake_after_ms"),
             listing=lambda client_id: _listing(self, client_id), first_listing=self.books.first_listing)
         if self._parked is not None:  # a new instance's line, as its rows left it
@@ -311,15 +312,15 @@ class DurabilitySemaphore:
         await self.scheduler.sync()
         return await waiting.reply
 
-    async def _line_changed(self, more: bool, answer: Request) -> None:
-        """A client's answer to a call: its lease reports applied, its line
-        entry's row if that matters to a new instance, and a round if it
-        asks for more or reports permits back."""
-        if _take_answer_reports(self, answer) or (more and not self._full):
+    async def _line_changed(self, more: bool, gave_back: bool) -> None:
+        """A client's answer to a call (its lease reports applied already):
+        its line entry's row if that matters to a new instance, and a round
+        if it asks for more or gave permits back."""
+        if gave_back or (more and not self._full):
             await self._news()
         else:
             self._commit(Changes())
-            await self.scheduler.sync()
+        await self.scheduler.sync()
 
     async def _news(self, answered: str | None = None) -> None:
         """Something changed that a round for the parked requests may serve
@@ -845,13 +846,15 @@ def _retire_leases(holder: DurabilitySemaphore, working: Working, now: float) ->
         retire_ineligible(working, holder.lease_policy, limits.total, limits.groups, limits.permitted)
 
 
-def _take_answer_reports(holder: DurabilitySemaphore, answer: Request) -> bool:
+def _take_answer_reports(holder: DurabilitySemaphore, answer: Request) -> bool | None:
     """The lease reports on a client's answer to a call (what it drew from
     the leases the call brought, and released since), applied as a sync's
     are, with nobody to tell the outcome (a later listing says what
     changed). Without them the books would show a lease drawn at once as
     drawable still, and the client's older work would wait out of the
-    rounds until its next report. True if permits came back."""
+    rounds until its next report. True if permits came back; None if the
+    reports were refused (a lease not the client's, say): the answer then
+    changes nothing."""
     if not answer.lease_reports or holder.lease_policy is None:
         return False
     working = Working(holder.books.grants(), holder.books.leases())
@@ -861,7 +864,7 @@ def _take_answer_reports(holder: DurabilitySemaphore, answer: Request) -> bool:
         apply_all_reports(working, answer.client_id, (), answer.lease_reports, ids, now_ms(), ids.ttl_ms)
     except ProtocolError as error:
         log.warning("semaphore: %s answered a call with reports refused: %s", answer.client_id, error)
-        return False
+        return None
     if not working.changes:
         return False
     holder._commit(working.changes)

@@ -148,7 +148,10 @@ class ClientCalls:
                 if self._pending.get(client_id) is call:
                     del self._pending[client_id]
                     self._cancel(DELIVER + client_id)
-                await self._on_reply(client_id, call.version, answer)
+                try:
+                    await self._on_reply(client_id, call.version, answer)
+                except Exception as error:  # (storage failing): a newer call still leaves, the line is kept
+                    log.warning("semaphore %s: applying %s's answer failed: %r", self.key, client_id, error)
         finally:
             self._sending.discard(client_id)
 

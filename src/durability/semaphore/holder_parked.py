@@ -49,16 +49,21 @@ QUIET_WAKE_PERIODS = 4
 
 class ParkedRequests:
     def __init__(self, namespace: Any, key: str, scheduler: DurabilityScheduler, participant: str, *,
-                 news: Callable[[bool, Request], Awaitable[None]], wake_after_ms: float,
+                 news: Callable[[bool, bool], Awaitable[None]],
+                 take_reports: Callable[[Request], bool | None], wake_after_ms: float,
                  listing: Callable[[str], dict[str, Any]],
                  first_listing: Callable[[Iterable[str]], set[str]]) -> None:
-        """``news(more, answer)``: a client's answer to a call, which changed
-        the line or reports on leases (``more``: it asks for more than
-        before, which a round may serve).
-        ``first_listing``: ``HolderBooks.first_listing`` (see ``ClientCalls``)."""
+        """``take_reports(answer)``: apply the lease reports of a client's
+        answer to a call; True if permits came back, None if they were
+        refused (the answer then changes nothing, its demand included).
+        ``news(more, gave_back)``: an answer changed the line or gave
+        permits back (``more``: it asks for more than before, which a round
+        may serve). ``first_listing``: ``HolderBooks.first_listing`` (see
+        ``ClientCalls``)."""
         self.line = ParkedLine()
         self._scheduler, self._participant = scheduler, participant
         self._news = news
+        self._take_reports = take_reports
         self.wake_after_ms = wake_after_ms
         self._heard_at: dict[str, float] = {}  #: per client, when this instance last heard from it
         self._next_check = 0.0  #: when the next pass over the grants for silent holders is due
@@ -181,13 +186,16 @@ class ParkedRequests:
         self.line.heard(client_id, now_ms())
         if request is None:
             return
+        gave_back = self._take_reports(request)
+        if gave_back is None:
+            return
         self._heard_of(request)
         before = self.line.get(client_id)
         changed = self.line.refresh(client_id, version, request, now_ms())
         after = self.line.get(client_id)
-        if changed or request.lease_reports:
-            await self._news(changed and after is not None and (before is None or _more(after.request, before.request)),
-                             request)
+        if changed or gave_back:
+            more = changed and after is not None and (before is None or _more(after.request, before.request))
+            await self._news(more, gave_back)
 
     async def _schedule(self, key: str, at: float) -> None:
         self._scheduler.schedule(self._participant, key, at)

@@ -186,8 +186,8 @@ class KeyRequests:
         """A reply the holder called with (what a round had for the key's
         parked request): applied as a request's reply is, with no report of
         its own on board. Returns what the key waits for now, which the
-        holder keeps in line in place of what it had: a request with no
-        report, that nobody answers."""
+        holder keeps in line in place of what it had, with the key's lease
+        reports, which it applies: a request nobody answers."""
 
         def apply() -> None:
             self.apply_grants_reply(key, reply, {})
