@@ -171,6 +171,17 @@ def test_campaign_grants_seed_15():
     assert not outcome.violations, outcome.violations.first
 
 
+
+def test_campaign_over_seed_1900():
+    # A shard's lease report reached its holder as a round granted the shard
+    # a permit (its demand outlived the lease that served it). The grant came
+    # new in that report's answer only, the lease part that sent it read the
+    # leases alone, and the holder's call naming it was lost: the permit
+    # stayed charged for good. Every sync's answer now has its grants read.
+    scenario = Scenario(seed=1900, mode='over', limits=(2, 5), shards=4, jobs=(Job(at_ms=1332.1, shard=3, key=1, group='wf1', ms=1000), Job(at_ms=1362.0, shard=2, key=0, group='capped', ms=1000), Job(at_ms=1380.5, shard=3, key=0, group='capped', ms=200), Job(at_ms=1417.1, shard=2, key=0, group='capped', ms=20000), Job(at_ms=1455.0, shard=1, key=1, group='wf1', ms=200), Job(at_ms=4394.2, shard=3, key=0, group='capped', ms=20000), Job(at_ms=4474.1, shard=2, key=1, group='wf0', ms=8000), Job(at_ms=4479.8, shard=2, key=0, group='wf1', ms=20000), Job(at_ms=4637.9, shard=0, key=0, group='wf1', ms=3000), Job(at_ms=10202.9, shard=0, key=1, group='capped', ms=3000), Job(at_ms=10565.7, shard=3, key=1, group='capped', ms=20000), Job(at_ms=34157.7, shard=0, key=0, group='capped', ms=8000), Job(at_ms=34286.5, shard=1, key=0, group='wf0', ms=8000), Job(at_ms=40477.3, shard=2, key=1, group='capped', ms=8000), Job(at_ms=40616.3, shard=3, key=1, group='wf0', ms=8000), Job(at_ms=40799.9, shard=3, key=1, group='wf0', ms=1000), Job(at_ms=40869.2, shard=1, key=0, group='wf0', ms=3000), Job(at_ms=40934.5, shard=0, key=0, group='wf1', ms=3000), Job(at_ms=61514.4, shard=2, key=1, group='wf0', ms=1000)), faults=(('lost_request', 0.227), ('lost_reply', 0.07), ('duplicate', 0.036), ('evict', 0.028), ('duplicate_alarm', 0.014)), latency_ms=20.0, lose_releases=0.2, keep_done=False, outages=(Outage(kind='holder', index=1, at_ms=37644.3, ms=173954.1),), restarts=(Restart(key=1, at_ms=2361.9),), calls=True, call_faults=(('lost', 0.072), ('lost_reply', 0.093)))
+    outcome = run(scenario)
+    assert not outcome.violations, outcome.violations.first
+
 def test_new_faults_are_drawn_and_shrink_away():
     drawn = [generate(seed, "grants") for seed in range(200)]
     blackouts = [o for s in drawn for o in s.outages if o.alarms]

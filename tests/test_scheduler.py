@@ -474,3 +474,26 @@ def test_a_row_written_for_a_participant_now_in_memory_runs_once_and_goes(runtim
 
     runs, rows = runtime.run(scenario())
     assert sorted(runs) == ["kick", "old"] and rows == 0
+
+
+def test_a_new_instances_check_overtaken_by_its_alarm_leaves_the_alarm_to_re_arm(runtime):
+    # Calls start a new instance and make a timer due now: the alarm they set
+    # fires while the instance's own check of the alarm waits its turn. The
+    # check then finds the alarm spent and the running timer earliest;
+    # arming for it fired a second alarm for nothing, and wrote a row.
+    stub = runtime.env.TIMERS.getByName("t")
+
+    async def scenario():
+        await stub.plan("later", 60_000)
+        runtime.evict(stub)
+        host = runtime.host_of(stub)
+        alarm_writes, alarm_runs = host.stats.alarm_writes, host.stats.alarm_invocations
+        fresh = runtime.env.TIMERS.getByName("t")
+        await asyncio.gather(fresh.schedule("slow", 0), fresh.wake(), fresh.wake())
+        await asyncio.sleep(5)
+        return (host.stats.alarm_writes - alarm_writes, host.stats.alarm_invocations - alarm_runs,
+                [r["key"] for r in await stub.runs()])
+
+    writes, runs, ran = runtime.run(scenario())
+    assert ran == ["slow"]
+    assert runs == 1 and writes == 2  # armed for "slow", then again for "later" as the run ends

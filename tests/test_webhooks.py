@@ -11,7 +11,7 @@ import json
 import pytest
 from webhook_receiver import Receiver
 
-from durability.testing import Faults, Runtime
+from durability.testing import Faults, JsException, Runtime
 from support import ROOT
 
 LIMITS = {"acct-a": 2, "acct-b": 3, "acct-c": 5}
@@ -23,15 +23,27 @@ def webhook_runtime(**options) -> Runtime:
     return Runtime.from_wrangler(ROOT / "wrangler.toml", vars=vars, **options)
 
 
+async def call(runtime, method, *args):
+    """Call the Worker as a client would: a call cut short by an eviction
+    (faults on) is sent again, as both calls used here are idempotent."""
+    for attempt in range(5):
+        try:
+            return await runtime.call_entrypoint(method, *args)
+        except JsException:
+            if attempt == 4:
+                raise
+            await asyncio.sleep(0.1)
+
+
 async def submit_all(runtime, jobs):
     for job in jobs:
-        await runtime.call_entrypoint("submit_job", job)
+        await call(runtime, "submit_job", job)
 
 
 async def settle(runtime, ids, within_s=600):
     """Poll (each second of virtual time) until every job has ended; their statuses."""
     for _ in range(within_s):
-        statuses = [await runtime.call_entrypoint("job_status", job_id) for job_id in ids]
+        statuses = [await call(runtime, "job_status", job_id) for job_id in ids]
         if all(status.get("job", {}).get("status") in ("completed", "failed") for status in statuses):
             return {status["id"]: status["job"] for status in statuses}
         await asyncio.sleep(1)

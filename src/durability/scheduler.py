@@ -255,6 +255,15 @@ class DurabilityScheduler:
             if self._overdue():
                 self._armed = _UNKNOWN  # it should have run long ago: the runtime gave up on it
             while True:
+                if self._dispatching:
+                    # An alarm started while this waited for the lock: it
+                    # re-arms at its end. (Arming here set an alarm to fire
+                    # at once for the timers that alarm was running: a new
+                    # instance's check, say, overtaken by the alarm the
+                    # call that started the instance had set, cost a row
+                    # and a second alarm run for about a third of the jobs
+                    # of the example Worker.)
+                    return
                 earliest = self._earliest()
                 if earliest is None or (self._armed not in (None, _UNKNOWN) and self._armed <= earliest):
                     return

@@ -157,6 +157,13 @@ class QueueGrants:
             self.ctx.move(item, QUEUED)
         return len(to_admit)
 
+    def learn_listed(self, key: str, reply: Reply) -> None:
+        """The grants a sync's answer lists, learned (inside its commit), and
+        claims on them: a grant a round made at that sync comes new in that
+        answer only, so an answer to a lease report must not drop it."""
+        self.learn(key, reply.grants)
+        self.claim(key, now_ms())
+
     # -- reports ----------------------------------------------------------------------
     def report_due(self, grant: LocalGrant) -> bool:
         return report_due(grant, self.ctx.memory.acked.get(grant.grant_id, 0))
@@ -172,10 +179,8 @@ class QueueGrants:
         if not reports:
             return
 
-        def apply(reply: Reply) -> None:
+        def apply(reply: Reply) -> None:  # (the grants it lists: learn_listed)
             self.apply_outcomes(reply.reports, reports)
-            self.learn(key, reply.grants)
-            self.claim(key, now_ms())
             if reply.leases:  # leases retired since: stop drawing now
                 self.leases.learn(key, reply.leases, now_ms())
             self.leases.after_contended(key, reply)

@@ -135,6 +135,10 @@ class QueueContext:
         self.grants = GrantBook(store, remember_ms=options.settled_horizon_ms)
         self.lease_book = LeaseBook(store, options.settled_horizon_ms, now_ms())
         self.memory = QueueMemory.of_new_instance(store)
+        #: how the grants part reads a sync's answer: every answer lists the
+        #: client's grants (a round may just have made one for it), whichever
+        #: part sent the sync, and a grant listed new is news once only
+        self.learn_listed: Callable[[str, Reply], None] = lambda key, reply: None
 
     # -- commits ----------------------------------------------------------------
     async def commit(self, change: Callable[[], T], *, move_alarm: bool = True) -> T:
@@ -221,9 +225,14 @@ class QueueContext:
             self.server.sync(key, sync.to_wire()), self.options.attempt_timeout_ms / 1000), "synced")
 
     async def exchange(self, key: str, sync: Sync, apply: Callable[[Reply], None]) -> Reply:
-        """``send_sync``, then commit ``apply(reply)``: nothing is applied
-        unless a well-formed reply came."""
+        """``send_sync``, then commit ``apply(reply)`` and the grants it
+        lists: nothing is applied unless a well-formed reply came."""
         reply = await self.send_sync(key, sync)
-        await self.commit(lambda: apply(reply))
+
+        def apply_all() -> None:
+            apply(reply)
+            self.learn_listed(key, reply)
+
+        await self.commit(apply_all)
         return reply
 

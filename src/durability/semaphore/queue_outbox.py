@@ -107,12 +107,9 @@ class OldOutboxDrain:
             by_key.setdefault(message.body["key"], []).append(message)
         failure: Exception | None = None
         for key, batch in by_key.items():
-            sync = sync_of(batch)
             try:
-                reply = await self.ctx.send_sync(key, sync)
+                await self.ctx.exchange(key, sync_of(batch), lambda reply: on_reply(key, reply, batch))  # noqa: B023
             except Exception as error:
                 failure = failure or error
-                continue
-            await self.ctx.commit(lambda: on_reply(key, reply, batch))  # noqa: B023 (it runs here and now)
         if failure is not None:
             raise failure
