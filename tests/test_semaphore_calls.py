@@ -211,3 +211,34 @@ def test_what_a_shard_draws_from_a_lease_a_call_brought_reaches_the_holder_in_it
     group = usage["groups"]["g"]
     assert (group["leaseFootprint"], group["inUse"], group["reserved"]) == (1, 1, 0), usage
 
+
+
+def test_a_late_copy_of_a_call_reaching_a_new_instance_admits_nothing_on_what_an_older_one_used(runtime):
+    # The holder's call that brought b a fresh grant is delivered once more,
+    # late, to a new instance of b: the first instance admitted on the
+    # grant, ran and released its item, and forgot it (keep_done_ms 0). The
+    # copy says the grant is new, claimed for b; the new instance cannot
+    # tell it from a grant a round just made for its own request, so it
+    # must take the call's word only for the request it sent itself.
+    config, world = runtime.module.CONFIG, runtime.module.WORLD
+    config.update(keep_done_ms=0, grant_timeout_ms=30_000)
+
+    async def scenario():
+        await shard(runtime, "a").submit(queue_jobs("a", 1, ms=2_000))
+        await wait_started(runtime, "a0")
+        await shard(runtime, "b").submit(queue_jobs("b", 1, ms=200))
+        await wait_started(runtime, "b0")
+        call = next((name, key, reply) for name, key, reply in world["call_replies"] if name == "b")
+        await asyncio.sleep(1)  # b0 ran and was released, and the holder heard it
+        await shard(runtime, "a").submit([{"id": "a1", "key": "holder", "group": "g", "body": {"ms": 20_000}}])
+        await wait_started(runtime, "a1")  # the one permit is a1's now
+        runtime.evict(shard(runtime, "b"))
+        await shard(runtime, "b").submit([{"id": "b1", "key": "holder", "group": "g", "body": {"ms": 1_000}}])
+        _, key, reply = call
+        await shard(runtime, "b").semaphore_reply(key, reply)  # the late copy
+        await asyncio.sleep(2)
+        return world["started"].get("b1"), world["started"]["a1"]
+
+    b1_started, a1_started = runtime.run(scenario())
+    assert world["violations"] == []
+    assert b1_started is None or b1_started >= a1_started + 20_000  # b1 waits for a1's permit

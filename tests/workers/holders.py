@@ -52,7 +52,7 @@ CONFIG = {
 }
 WORLD = {"running": {}, "violations": [], "max_running": 0, "completed": set(), "admit_calls": 0,
          "started": {}, "starts": {}, "events": [], "requests": [], "syncs": [], "finished_asks": [], "messages": [],
-         "speakers": set(), "calls": []}
+         "speakers": set(), "calls": [], "call_replies": []}
 
 
 def _label(client_id):
@@ -146,6 +146,7 @@ class _CallStub:
 
     async def semaphore_reply(self, key, reply):
         WORLD["calls"].append((time.time() * 1000, self.stub.name, [g["grantId"] for g in reply["grants"]]))
+        WORLD["call_replies"].append((self.stub.name, key, reply))  # as sent: a test may deliver a copy late
         if CONFIG["hold_calls"] is not None:
             await CONFIG["hold_calls"].wait()
         if CONFIG["lose_calls"] > 0:
