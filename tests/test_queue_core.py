@@ -1,11 +1,9 @@
 """The queue's pure decisions (semaphore/queue_core.py), without any runtime."""
 
-from dataclasses import replace
-
 import pytest
 from hypothesis import given, strategies as st
 
-from durability.semaphore.messages import NOT_FOUND, OK, GrantEntry, LeaseEntry, Reply, ReportOutcome, Request
+from durability.semaphore.messages import NOT_FOUND, OK, GrantEntry, ReportOutcome
 from durability.semaphore.queue_core import may_leave_line, pacing_interval, report_due, settle, usable_claims
 from durability.semaphore.queue_states import (
     ADMITTED,
@@ -137,15 +135,3 @@ def test_claims_no_item_here_counts_are_used_only_when_no_other_instance_can_hav
     # This instance's own claims, answered by a listing before their report's reply: used.
     own = LocalGrant("g1", "k", "g", 2, 1, 0, 0, deadline)
     assert usable_claims(entry(2, new=False), own, 2, now) == 1
-
-
-def test_a_call_to_another_instances_request_says_nothing_is_new_and_keeps_the_rest():
-    grant = GrantEntry("g1", "wf", 1, 1, 5_000.0, 0, True)
-    lease = LeaseEntry("l1", "wf", 2, 0, 20_000, 25_000.0, False, True)
-    reply = Reply("grants", (), (), (lease,), False, grants=(grant,), instance="i1")
-    parsed = Reply.parse(reply.to_wire(), "grants")
-    assert parsed == reply  # the instance travels
-    told = parsed.nothing_new()
-    assert [g.new for g in told.grants] == [False] and [e.new for e in told.leases] == [False]
-    assert replace(told.grants[0], new=True) == grant and replace(told.leases[0], new=True) == lease
-    assert Request.parse({**Request("c", (), (), 1_000, wake=True, instance="i1").to_wire()}).instance == "i1"

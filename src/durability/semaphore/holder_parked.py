@@ -38,9 +38,7 @@ from .messages import Request
 from .parked import Parked, ParkedLine, Waiting
 
 #: a call a round owes: (client id, the version of its request it answers, its object's name, the outcome)
-#: a round's call: client id, the version of its request the call answers,
-#: its object's name and instance (as that request gave them), the outcome
-Call = tuple[str, int, str | None, str | None, ClientOutcome]
+Call = tuple[str, int, str | None, ClientOutcome]
 
 
 WAKE = "wake"  #: the scheduler key of the next wake of silent holders of permits
@@ -121,14 +119,14 @@ class ParkedRequests:
                 continue
             self.line.told(client_id, ((lease.lease_id, lease.retired) for lease in outcome.listed_leases))
             if client_id not in answered:
-                calls.append((client_id, entry.version, entry.request.name, entry.request.instance, outcome))
+                calls.append((client_id, entry.version, entry.request.name, outcome))
         return calls
 
     def call(self, calls: list[Call],
              reply_for: Callable[[str, ClientOutcome], dict[str, Any]]) -> None:
         """Make a round's calls (its rows are written)."""
-        for client_id, version, name, instance, outcome in calls:
-            self.calls.send(client_id, _addressed(reply_for(client_id, outcome), instance), version, name)
+        for client_id, version, name, outcome in calls:
+            self.calls.send(client_id, reply_for(client_id, outcome), version, name)
 
     # -- holders of permits gone silent ---------------------------------------------
     def watch(self, held: Iterable[Holding]) -> None:
@@ -155,9 +153,8 @@ class ParkedRequests:
         for client_id in silent_holders(held, self._heard_at, now, self.wake_after_ms):
             if self.calls.can_reach(client_id) and not self.calls.owed(client_id):
                 self._heard_at[client_id] = now  # (woken: not again before another period)
-                entry = self.line.get(client_id)
-                self.calls.send(client_id, _addressed(self._listing(client_id), entry and entry.request.instance),
-                                self.line.version_of(client_id), self.name_of(client_id))
+                self.calls.send(client_id, self._listing(client_id), self.line.version_of(client_id),
+                                self.name_of(client_id))
         self._keep_timer(held, now)
 
     def _keep_timer(self, held: list[Holding], now: float) -> None:
@@ -263,9 +260,3 @@ def _more(now: Request, before: Request) -> bool:
     """Does ``now`` ask for more than ``before`` did, in some group?"""
     counts = {d.group: d.count for d in before.demand}
     return any(d.count > counts.get(d.group, 0) for d in now.demand)
-
-
-def _addressed(wire: dict[str, Any], instance: str | None) -> dict[str, Any]:
-    """A call's reply naming the client instance whose request it answers
-    (``Reply.instance``), when that request named one."""
-    return wire if instance is None else {**wire, "instance": instance}

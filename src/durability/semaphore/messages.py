@@ -148,9 +148,6 @@ class Request:
     #: the client object's name, if it has one: a holder reaches it by that
     #: name (an object reached by its id alone has no ``ctx.id.name``)
     name: str | None = None
-    #: the client instance that sent it (a client that can be called): the
-    #: holder's calls answering it name it (``Reply.instance``)
-    instance: str | None = None
 
     def to_wire(self) -> dict[str, Any]:
         wire = {
@@ -167,8 +164,6 @@ class Request:
             wire["wake"] = True
             if self.name is not None:
                 wire["name"] = self.name
-            if self.instance is not None:
-                wire["instance"] = self.instance
         return wire
 
     @classmethod
@@ -333,13 +328,11 @@ def parse(message: Any) -> Request | Sync:
     if not all(isinstance(flag, bool) for flag in (leases, claims, wake)):
         raise ProtocolError("invalid_message", "leases, claims and wake must be true or false")
     heard = _time(message.get("heardUpTo", 0), "heardUpTo")
-    name, instance = (message.get(field) for field in ("name", "instance"))
+    name = message.get("name")
     if name is not None:
         name = _identifier(name, "name")
-    if instance is not None:
-        instance = _identifier(instance, "instance")
     return Request(client_id, _demand(message), reports, float(wait), leases, lease_reports, claims=claims,
-                   heard_up_to=heard, wake=wake, name=name, instance=instance)
+                   heard_up_to=heard, wake=wake, name=name)
 
 
 # -- replies: the holder builds them, a client checks them before it acts -------------
@@ -461,16 +454,6 @@ class Reply:
     #: to a child of a budget tree: groups where it hands out nothing it
     #: holds (the parent's ceiling there failed, or was lowered below what is out)
     closed_groups: tuple[str, ...] = ()
-    #: a holder's call: the client instance whose request it answers
-    #: (``Request.instance``). What it says is new, it says to that
-    #: instance: a copy delivered late to a later one may list a grant an
-    #: earlier one used, released and forgot (``QueueRequests.hear``).
-    instance: str | None = None
-
-    def nothing_new(self) -> Reply:
-        """The same reply with no grant or lease in it said to be new."""
-        return replace(self, grants=tuple(replace(e, new=False) for e in self.grants),
-                       leases=tuple(replace(e, new=False) for e in self.leases))
 
     def to_wire(self) -> dict[str, Any]:
         """A ``grants`` reply carries every field; a ``synced`` one its own five, in its own order."""
@@ -492,7 +475,6 @@ class Reply:
             "nextRequestAt": self.next_request_at,
             "line": self.line,
             **self._tree_fields(True),
-            **({"instance": self.instance} if self.instance is not None else {}),
         }
 
     def _tree_fields(self, grants: bool) -> dict[str, Any]:
@@ -609,16 +591,14 @@ def parse_reply(reply: Any, kind: str) -> Reply:
     for name in ("grants", "blocked"):
         if not isinstance(reply.get(name), list):
             raise ProtocolError("malformed_reply", f"a grants reply needs a {name} list")
-    next_at, instance = reply.get("nextRequestAt"), reply.get("instance")
+    next_at = reply.get("nextRequestAt")
     if next_at is not None and not number_in(next_at, 0, MAX_SAFE_INTEGER):
         raise ProtocolError("malformed_reply", "nextRequestAt must be an epoch time in ms")
-    if instance is not None and not storable_text(instance, MAX_ID_LENGTH):
-        raise ProtocolError("malformed_reply", f"instance must be a string of 1 to {MAX_ID_LENGTH} characters")
     return replace(parsed, grants=_entries(reply, "grants", _grant_entry), blocked=_entries(reply, "blocked", _blocked),
                    next_request_at=None if next_at is None else float(next_at),
                    all_leases_listed=_flag(reply, "allLeasesListed", "reply"),
                    line=_times_by_group(reply.get("line", {}), "line"),
-                   waiting_since=_waiting_since(reply.get("waitingSince", {})), instance=instance)
+                   waiting_since=_waiting_since(reply.get("waitingSince", {})))
 
 
 def _groups(groups: Any) -> tuple[str, ...]:

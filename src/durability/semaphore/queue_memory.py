@@ -13,7 +13,6 @@ committed). Must not know: what a reply means (the parts apply it), SQL
 from __future__ import annotations
 
 import asyncio
-import random
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from typing import TypeVar
@@ -129,8 +128,6 @@ class QueueContext:
         self.server = server
         self.client_id = client_id
         self.options = options
-        #: this instance, as its requests name it to a holder that calls back (``Request.instance``)
-        self.instance = f"{random.getrandbits(48):012x}"
         #: this object's name, if the instance knows one: a holder that calls back reaches it by it
         name = getattr(getattr(scheduler.ctx, "id", None), "name", None)
         self.object_name: str | None = name if isinstance(name, str) and name else None

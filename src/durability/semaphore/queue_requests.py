@@ -180,8 +180,7 @@ class KeyRequests:
                        tuple(claims.values()), wait, leases=True,
                        lease_reports=tuple(lease_report(lease) for lease in leases), claims=True,
                        heard_up_to=self.ctx.memory.heard_up_to.get(key, 0.0),
-                       wake=self.ctx.options.woken and wait > 0, name=self.ctx.object_name,
-                       instance=self.ctx.instance if self.ctx.options.woken and wait > 0 else None)
+                       wake=self.ctx.options.woken and wait > 0, name=self.ctx.object_name)
 
     async def hear(self, key: str, reply: Reply) -> Request:
         """A reply the holder called with (what a round had for the key's
@@ -189,12 +188,6 @@ class KeyRequests:
         its own on board. Returns what the key waits for now, which the
         holder keeps in line in place of what it had, with the key's lease
         reports, which it applies: a request nobody answers."""
-
-        if reply.instance not in (None, self.ctx.instance):
-            # A call to an earlier instance's request, delivered late or twice:
-            # what it calls new, that instance may have used, released and
-            # forgotten. Only claims and draws made here count (the rest go back).
-            reply = reply.nothing_new()
 
         def apply() -> None:
             self.apply_grants_reply(key, reply, {})
