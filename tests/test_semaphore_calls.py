@@ -244,3 +244,29 @@ def test_a_late_copy_of_a_call_reaching_a_new_instance_admits_nothing_on_what_an
     b1_started, a1_started = runtime.run(scenario())
     assert world["violations"] == []
     assert b1_started is None or b1_started >= a1_started + 20_000  # b1 waits for a1's permit
+
+
+def test_a_restarted_holder_calls_no_client_in_line_about_grants_past_their_claim_deadline(runtime):
+    # a holds a permit (a0 runs a minute) and waits in line for another
+    # (a1). The holder restarts: its rows keep the line but not which grants
+    # each client knows of. A round after the restart (c asks) must not call
+    # a only to list the grant it runs a0 on: past its claim deadline, it
+    # can only be one a knows, or one whose claims a would give back anyway.
+    config, world = runtime.module.CONFIG, runtime.module.WORLD
+    config.update(limit=2, request_wait_ms=120_000)
+
+    async def scenario():
+        await shard(runtime, "a").submit(queue_jobs("a", 1, ms=60_000))
+        await wait_started(runtime, "a0")
+        await shard(runtime, "b").submit(queue_jobs("b", 1, ms=60_000))
+        await wait_started(runtime, "b0")
+        await shard(runtime, "a").submit([{"id": "a1", "key": "holder", "group": "g", "body": {"ms": 1_000}}])
+        await asyncio.sleep(15)  # past the grants' claim deadline (10 s)
+        runtime.evict(holder(runtime))
+        called = len(world["calls"])
+        await shard(runtime, "c").submit(queue_jobs("c", 1, ms=1_000))
+        await asyncio.sleep(5)
+        return [name for _, name, _ in world["calls"][called:]]
+
+    assert "a" not in runtime.run(scenario())
+    assert world["violations"] == []

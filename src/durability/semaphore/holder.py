@@ -222,7 +222,7 @@ class DurabilitySemaphore:
             wake_after_ms=_positive_ms(wake_after_ms, "wake_after_ms"),
             listing=lambda client_id: _listing(self, client_id), first_listing=self.books.first_listing)
         if self._parked is not None:  # a new instance's line, as its rows left it
-            self._parked.restore(self.books.rows.waiting(), self.books.rows.names())
+            self._parked.restore(self.books.rows.waiting(), self.books.rows.names(), self.books.grants().values())
             self._parked.watch(holdings(self.books.grants().values(), self.books.leases().values()))
 
     def _ensure_round_if_waiting(self) -> bool:

@@ -204,16 +204,19 @@ class ParkedLine:
         return [Waiting(client_id, d.group, d.count, d.times or (d.oldest_at,), kept.since, request.wait_ms,
                         request.claims, request.leases) for d in request.demand]
 
-    def restore(self, rows: Iterable[Waiting], now: float, names: dict[str, str]) -> None:
+    def restore(self, rows: Iterable[Waiting], now: float, names: dict[str, str],
+                heard_up_to: dict[str, float] | None = None) -> None:
         """A new instance's line, from the rows (``names``: its clients' objects'
-        names): each client as if it had just spoken."""
+        names; ``heard_up_to``: per client, the grants taken as known to it):
+        each client as if it had just spoken."""
         by_client: dict[str, list[Waiting]] = {}
         for row in rows:
             by_client.setdefault(row.client_id, []).append(row)
         for client_id, groups in sorted(by_client.items(), key=lambda item: (item[1][0].since, item[0])):
             first = groups[0]
             request = Request(client_id, tuple(w.demand() for w in groups), (), first.wait_ms, first.leases,
-                              claims=first.claims, wake=True, name=names.get(client_id))
+                              claims=first.claims, heard_up_to=(heard_up_to or {}).get(client_id, 0.0), wake=True,
+                              name=names.get(client_id))
             self._entries[client_id] = Parked(request, first.since, now)
             self._versions[client_id] = 0
 
