@@ -181,7 +181,7 @@ class ParkedRequests:
         now = now_ms()
         known: dict[str, float] = {}
         for grant in grants:
-            if grant.claim_deadline <= now:
+            if grant.claim_deadline < now:  # (at its deadline a grant may still be claimed)
                 known[grant.client_id] = max(known.get(grant.client_id, 0.0), grant.claim_deadline)
         self._names.update(names)
         self.line.restore(waiting, now, names, known)

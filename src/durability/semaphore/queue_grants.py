@@ -162,7 +162,10 @@ class QueueGrants:
         claims on them: a grant a round made at that sync comes new in that
         answer only, so an answer to a lease report must not drop it."""
         self.learn(key, reply.grants)
+        claimed = {grant.grant_id: grant.claimed for grant in self.ctx.grants.grants(key)}
         self.claim(key, now_ms())
+        if any(grant.claimed > claimed.get(grant.grant_id, 0) for grant in self.ctx.grants.grants(key)):
+            self.ctx.due_by(TimerKind.REPORT, key, now_ms())  # claims on a listed grant go to the holder at once
 
     # -- reports ----------------------------------------------------------------------
     def report_due(self, grant: LocalGrant) -> bool:
