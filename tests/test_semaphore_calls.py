@@ -44,6 +44,17 @@ async def wait_started(runtime, item, timeout_s=600):
     return runtime.module.WORLD["started"].get(item)
 
 
+def job(item_id, ms):
+    """One item, for the shard its id's first letter names."""
+    return [{"id": item_id, "key": "holder", "group": "g", "body": {"ms": ms}}]
+
+
+async def start(runtime, item_id, ms):
+    """Submit one item to its shard and wait until it runs."""
+    await shard(runtime, item_id[0]).submit(job(item_id, ms))
+    return await wait_started(runtime, item_id)
+
+
 def test_a_waiting_shard_and_its_holder_sleep_and_the_freed_permit_reaches_the_shard_by_a_call(runtime):
     world = runtime.module.WORLD
 
@@ -212,7 +223,6 @@ def test_what_a_shard_draws_from_a_lease_a_call_brought_reaches_the_holder_in_it
     assert (group["leaseFootprint"], group["inUse"], group["reserved"]) == (1, 1, 0), usage
 
 
-
 @pytest.mark.xfail(strict=True, reason="open: see docs/semaphore.md, 'A grant is new in one message only'")
 def test_a_late_copy_of_a_call_reaching_a_new_instance_admits_nothing_on_what_an_older_one_used(runtime):
     # The holder's call that brought b a fresh grant is delivered once more,
@@ -226,16 +236,13 @@ def test_a_late_copy_of_a_call_reaching_a_new_instance_admits_nothing_on_what_an
     config.update(keep_done_ms=0, grant_timeout_ms=30_000)
 
     async def scenario():
-        await shard(runtime, "a").submit(queue_jobs("a", 1, ms=2_000))
-        await wait_started(runtime, "a0")
-        await shard(runtime, "b").submit(queue_jobs("b", 1, ms=200))
-        await wait_started(runtime, "b0")
+        await start(runtime, "a0", 2_000)
+        await start(runtime, "b0", 200)
         call = next((name, key, reply) for name, key, reply in world["call_replies"] if name == "b")
         await asyncio.sleep(1)  # b0 ran and was released, and the holder heard it
-        await shard(runtime, "a").submit([{"id": "a1", "key": "holder", "group": "g", "body": {"ms": 20_000}}])
-        await wait_started(runtime, "a1")  # the one permit is a1's now
+        await start(runtime, "a1", 20_000)  # the one permit is a1's now
         runtime.evict(shard(runtime, "b"))
-        await shard(runtime, "b").submit([{"id": "b1", "key": "holder", "group": "g", "body": {"ms": 1_000}}])
+        await shard(runtime, "b").submit(job("b1", 1_000))
         _, key, reply = call
         await shard(runtime, "b").semaphore_reply(key, reply)  # the late copy
         await asyncio.sleep(2)
@@ -256,15 +263,13 @@ def test_a_restarted_holder_calls_no_client_in_line_about_grants_past_their_clai
     config.update(limit=2, request_wait_ms=120_000)
 
     async def scenario():
-        await shard(runtime, "a").submit(queue_jobs("a", 1, ms=60_000))
-        await wait_started(runtime, "a0")
-        await shard(runtime, "b").submit(queue_jobs("b", 1, ms=60_000))
-        await wait_started(runtime, "b0")
-        await shard(runtime, "a").submit([{"id": "a1", "key": "holder", "group": "g", "body": {"ms": 1_000}}])
+        await start(runtime, "a0", 60_000)
+        await start(runtime, "b0", 60_000)
+        await shard(runtime, "a").submit(job("a1", 1_000))
         await asyncio.sleep(15)  # past the grants' claim deadline (10 s)
         runtime.evict(holder(runtime))
         called = len(world["calls"])
-        await shard(runtime, "c").submit(queue_jobs("c", 1, ms=1_000))
+        await shard(runtime, "c").submit(job("c0", 1_000))
         await asyncio.sleep(5)
         return [name for _, name, _ in world["calls"][called:]]
 
