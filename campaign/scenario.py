@@ -197,7 +197,7 @@ def generate(seed: int, mode: str) -> Scenario:
     group_limits = (("capped", rng.randint(1, 2)),) if rng.random() < 0.6 else ()
     jobs = _jobs(rng, keys, shards)
     fan_out = rng.choice([2, 3]) if mode == "tree" else 0
-    calls, call_faults = _calls(f"{mode}:{seed}", mode)
+    calls, call_faults = _calls(f"{mode}:{seed}")
     return Scenario(
         seed, mode, limits=limits, group_limits=group_limits, shards=shards,
         jobs=jobs, changes=_changes(rng, mode, keys), faults=faults, latency_ms=latency,
@@ -215,13 +215,13 @@ def _hibernates(name: str) -> bool:
     return random.Random(f"{name}:hibernate").random() < 0.5
 
 
-def _calls(name: str, mode: str) -> tuple[bool, tuple[tuple[str, float], ...]]:
-    """Three runs in four: holders call their shards back (not in a tree,
-    whose holders hold requests), each kind of fault of those calls on or off
-    at a rate of its own. Drawn from a source of their own, so that every
-    other draw of a seed stays what it was."""
+def _calls(name: str) -> tuple[bool, tuple[tuple[str, float], ...]]:
+    """Three runs in four: holders call their shards back (in a tree, its
+    leaves; a parent calls its children in every run), each kind of fault of
+    those calls on or off at a rate of its own. Drawn from a source of their
+    own, so that every other draw of a seed stays what it was."""
     rng = random.Random(f"{name}:calls")
-    if mode == "tree" or rng.random() >= 0.75:
+    if rng.random() >= 0.75:
         return False, ()
     return True, tuple((kind, round(rng.uniform(0.01, 0.15), 3)) for kind in CALL_FAULT_KINDS if rng.random() < 0.5)
 

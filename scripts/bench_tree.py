@@ -2,7 +2,7 @@
 """Benchmark one key's budget shared by many clients: one holder against a budget tree.
 
     .venv/bin/python scripts/bench_tree.py [--scales 1000,10000,100000] [--limit 10000] [--seed N]
-                                           [--plot PATH] [--json] [--quick]
+                                           [--plot PATH] [--json] [--quick] [--held]
 
 Runs, on the embedded runtime in virtual time, one key with a limit of
 10,000 permits shared by 1,000, 10,000 and 100,000 clients, each scale on
@@ -10,10 +10,15 @@ the same kind of arrivals: a limit's worth of items in the first second,
 then items at random clients 20% faster than the limit can run them (items
 run 20 to 80 s), for 180 s, then the backlog drains. Each
 client speaks the semaphore's wire protocol through
-``DurabilitySemaphore.client(...)`` as a queue would: one request at a time
-for what it has queued (held by the holder up to 240 s while nothing is
-granted, a long poll), taking what it is granted at once (grants come
-claimed), and a ``sync`` with its releases half a second after an item ends.
+``DurabilitySemaphore.client(...)`` as a woken queue would: a request for
+what it has queued, which its holder answers at once and parks (its wait,
+240 s, is only its fallback), and the holder's call (``BenchClient``, an
+object the holder reaches by name) when a round has permits for it,
+answered with what it still waits for; it takes what it is granted at
+once (grants come claimed), and sends a ``sync`` with its releases half a
+second after an item ends. With ``--held`` the clients cannot be called:
+each holds one request open at its holder while nothing is granted (a
+long poll), and the holder stays awake for it.
 
 Each scale runs twice: a single holder, and a tree (a leaf per 250
 clients, at most 64, under one root: ``shape``; ``--fan-out`` and
@@ -40,6 +45,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextvars
 import json
 import random
 import sys
@@ -55,6 +61,7 @@ sys.path[:0] = [str(ROOT / "src"), str(ROOT)]
 from bench import measure  # noqa: E402
 from durability.semaphore import DurabilitySemaphore  # noqa: E402
 from durability.semaphore.messages import MAX_DEMAND_TIMES  # noqa: E402
+from durability.semaphore.queue_identity import SEPARATOR  # noqa: E402
 from durability.testing import JsException, Runtime, load_worker_module  # noqa: E402
 
 WORKER = Path(__file__).resolve().parent / "bench_workers" / "tree_bench.py"
@@ -85,15 +92,20 @@ class Client:
     asking: bool = False
     reporting: bool = False
     failures: int = 0
+    name: str | None = None  # its object's name, for a holder that calls it back (None: it cannot be called)
+    in_line: bool = False  # its demand stands in its holder's line: the holder calls it when it serves it
+    nudge: asyncio.Event = field(default_factory=asyncio.Event)  # ask now: new work, and nothing in line
 
 
 class Driver:
     """The clients, the ground truth, and what went wrong on the way."""
 
-    def __init__(self, runtime: Runtime, fan_out: int | None, clients: int, limit: int, depth: int = 1) -> None:
+    def __init__(self, runtime: Runtime, fan_out: int | None, clients: int, limit: int, depth: int = 1,
+                 callable_clients: bool = True) -> None:
         self.runtime = runtime
         self.server = DurabilitySemaphore.client(binding="HOLDER", fan_out=fan_out, depth=depth).bind(runtime.env)
-        self.clients = [Client(f"client-{i:06d}") for i in range(clients)]
+        self.clients = [_client(runtime, f"client-{i:06d}", callable_clients) for i in range(clients)]
+        self.by_name = {client.name: client for client in self.clients if client.name is not None}
         self.ledger = measure.Ledger()
         self.limit = limit
         self.refused = 0  # calls that failed (overloaded, mostly) as the clients saw them
@@ -105,27 +117,52 @@ class Driver:
     def arrive(self, client: Client, item_id: str, work_ms: float) -> None:
         self.ledger.submitted(item_id, KEY, work_ms, self.now())
         client.queue.append((item_id, work_ms))
+        if not client.in_line:  # (in line, the holder's call asks what it waits for)
+            client.next_request_at = min(client.next_request_at, self.now())
+            client.nudge.set()
         if not client.asking:
             client.asking = True
-            asyncio.ensure_future(self.ask(client))
+            _outside_objects(self.ask(client))
 
     async def ask(self, client: Client) -> None:
         """One request at a time while the client has items queued."""
         while client.queue:
             delay = max(client.next_request_at - self.now(), 0) / 1000
-            if delay:
-                await asyncio.sleep(delay)
-            # As the queue does: the enqueue times of the oldest items (arrival order is time order).
-            times = [self.ledger.submitted_at[item_id] for item_id, _ in islice(client.queue, MAX_DEMAND_TIMES)]
-            message = {"type": "request", "v": 1, "clientId": client.client_id, "claims": True,
-                       "wait": WAIT_MS, "heardUpTo": client.heard_up_to, "grants": self.reports(client),
-                       "demand": [{"group": client.group, "count": len(client.queue), "oldestAt": times[0],
-                                   "times": times}]}
-            reply = await self.send(client, self.server.request, message)
+            if delay:  # paced, or in line until the fallback: new work with nothing in line asks sooner
+                client.nudge.clear()
+                try:
+                    await asyncio.wait_for(client.nudge.wait(), delay)
+                except TimeoutError:
+                    pass
+                continue
+            reply = await self.send(client, self.server.request, self.request(client))
             if reply is not None:
                 client.next_request_at = reply.get("nextRequestAt") or self.now()
                 self.take(client, reply)
+                client.in_line = client.name is not None and bool(client.queue)  # parked: its demand waits in line
         client.asking = False
+
+    def request(self, client: Client) -> dict:
+        """What the client waits for, as the queue says it: the enqueue times of the
+        oldest items (arrival order is time order)."""
+        times = [self.ledger.submitted_at[item_id] for item_id, _ in islice(client.queue, MAX_DEMAND_TIMES)]
+        demand = [{"group": client.group, "count": len(client.queue), "oldestAt": times[0], "times": times}
+                  ] if times else []
+        message = {"type": "request", "v": 1, "clientId": client.client_id, "claims": True, "wait": WAIT_MS,
+                   "heardUpTo": client.heard_up_to, "grants": self.reports(client), "demand": demand}
+        if client.name is not None:
+            message.update(wake=True, name=client.name)
+        return message
+
+    def called(self, name: str, key: str, reply: dict) -> dict:
+        """A holder's call (``BenchClient.semaphore_reply``): what a round had for the
+        client; the answer is its demand now, which stays in line."""
+        client = self.by_name[name]
+        self.take(client, reply)
+        client.in_line = bool(client.queue)
+        if not client.in_line:
+            client.next_request_at = self.now()
+        return self.request(client)
 
     async def send(self, client: Client, send, message: dict) -> dict | None:
         try:
@@ -148,7 +185,7 @@ class Driver:
                 for gid, (permits, released, confirmed) in client.grants.items() if released > confirmed][:256]
 
     def take(self, client: Client, reply: dict) -> None:
-        for report in reply["reports"]:
+        for report in reply.get("reports", []):
             grant = client.grants.get(report["grantId"])
             if grant is None:
                 continue
@@ -166,7 +203,8 @@ class Driver:
                     continue
                 item_id, work_ms = client.queue.popleft()
                 self.ledger.started(item_id, self.now())
-                self.runtime.loop.call_later(work_ms / 1000, self.finish, client, entry["grantId"], item_id)
+                self.runtime.loop.call_later(work_ms / 1000, self.finish, client, entry["grantId"], item_id,
+                                             context=contextvars.Context())  # the driver's timer, not the object's
         if any(g[1] > g[2] for g in client.grants.values()):
             self.report_soon(client)
 
@@ -178,7 +216,7 @@ class Driver:
     def report_soon(self, client: Client) -> None:
         if not client.reporting:
             client.reporting = True
-            asyncio.ensure_future(self.report(client))
+            _outside_objects(self.report(client))
 
     async def report(self, client: Client) -> None:
         await asyncio.sleep(RELEASE_DELAY_S)
@@ -188,6 +226,20 @@ class Driver:
             if reply is not None:
                 self.take(client, reply)
         client.reporting = False
+
+
+def _outside_objects(coroutine) -> None:
+    """Run a client's exchanges as the driver's own: started from a holder's call, a task
+    would run (and be billed) as the client object's."""
+    asyncio.get_running_loop().create_task(coroutine, context=contextvars.Context())
+
+
+def _client(runtime: Runtime, name: str, callable_clients: bool) -> Client:
+    """A client as a queue speaks: as its object (its id after the name), callable, unless not."""
+    if not callable_clients:
+        return Client(name)
+    object_id = runtime.env.CLIENTS.idFromName(name).toString()
+    return Client(f"{name}{SEPARATOR}{object_id}", name=name)
 
 
 def arrivals(clients: int, limit: int, seed: int) -> list[tuple[float, int, str, int]]:
@@ -229,14 +281,17 @@ def shape(clients: int) -> tuple[int, int]:
     return min(WIDEST, max(2, round(clients / CLIENTS_PER_LEAF))), 1
 
 
-def run(clients: int, limit: int, tree: bool, seed: int, fan_out: int | None = None, depth: int = 1) -> dict:
+def run(clients: int, limit: int, tree: bool, seed: int, fan_out: int | None = None, depth: int = 1,
+        held: bool = False) -> dict:
     if not tree:
         fan_out, depth = None, 1
     elif fan_out is None:
         fan_out, depth = shape(clients)
     module = load_worker_module(WORKER)
-    runtime = Runtime(module, {"HOLDER": "TreeBenchHolder"}, vars={"LIMIT": limit, "TREE": tree}, seed=seed)
-    driver = Driver(runtime, fan_out, clients, limit, depth)
+    bindings = {"HOLDER": "TreeBenchHolder", **({} if held else {"CLIENTS": "BenchClient"})}
+    runtime = Runtime(module, bindings, vars={"LIMIT": limit, "TREE": tree}, seed=seed)
+    driver = Driver(runtime, fan_out, clients, limit, depth, callable_clients=not held)
+    module.DRIVER = driver
     plan = arrivals(clients, limit, seed)
     wall = time.perf_counter()
 
@@ -355,6 +410,8 @@ def main() -> None:
                         help=f"the tree's children per parent (default: a leaf per {CLIENTS_PER_LEAF} clients, "
                              f"at most {WIDEST})")
     parser.add_argument("--depth", type=int, default=1, help="the tree's levels below the root, with --fan-out")
+    parser.add_argument("--held", action="store_true",
+                        help="clients that cannot be called: each holds a request open at its holder while it waits")
     parser.add_argument("--plot", type=Path, default=None)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
@@ -364,7 +421,7 @@ def main() -> None:
     rows = []
     for clients in scales:
         for tree in ([False, True] if args.single == "all" else [True]):
-            rows.append(run(clients, limit, tree, args.seed, args.fan_out, args.depth))
+            rows.append(run(clients, limit, tree, args.seed, args.fan_out, args.depth, args.held))
             # Each run as it ends (on stderr with --json, whose stdout is the JSON alone).
             print(table(rows[-1:]).splitlines()[-1] if len(rows) > 1 else table(rows[-1:]), flush=True,
                   file=sys.stderr if args.json else sys.stdout)

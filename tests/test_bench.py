@@ -138,7 +138,9 @@ def test_the_tree_benchmark_prints_one_object_per_tree_scale_and_a_plot(tmp_path
     tree, single = rows[0], rows[0]["single"]
     assert (tree["clients"], tree["objects"], single["objects"]) == (400, 3, 1)
     assert 0.5 < tree["busy_while_waiting"] <= 1 and tree["rows_written_per_admission"] > 0
-    assert 0 < tree["max_awake_share"] <= 1 and tree["awake_s_per_admission"] > 0
+    # The clients can be called: no holder of the tree is awake while work waits (every beat runs on
+    # the alarm); one holder waits in memory for a round due within a second.
+    assert tree["max_awake_share"] < 0.1 < single["max_awake_share"] <= 1
     assert plot.stat().st_size > 10_000
 
 

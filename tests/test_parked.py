@@ -156,3 +156,28 @@ def test_an_answer_to_a_call_whose_reports_are_refused_changes_nothing(refused):
     asyncio.run(parked._on_reply("a", version, request("a", ("g", 5, 100))))
     kept = parked.line.get("a").request.demand[0].count
     assert (kept, news) == ((1, []) if refused else (5, [(True, False)]))
+
+
+def test_a_round_calls_the_client_whose_sync_started_it_only_once_its_entry_is_used_up():
+    # A sync's reply lists what the round grants its client; but a sync says
+    # nothing of the client's demand, and items its queue gained since its
+    # last word are in no entry: once the round used the entry up, only the
+    # call's answer puts them in line (else they wait for the fallback).
+    from durability.semaphore.allocation import ClientOutcome
+
+    async def on_news(more, gave_back):
+        pass
+
+    parked = ParkedRequests(None, "k", None, "p", news=on_news, take_reports=lambda answer: False,
+                            wake_after_ms=60_000, listing=lambda client: {}, first_listing=lambda ids: set())
+    parked.park(request("a", ("g", 3, 100)))
+    parked.park(request("b", ("g", 3, 100)))
+
+    def granted(client_id, permits):
+        return ClientOutcome(new_grants=[Grant(f"{client_id}-{permits}", client_id, "g", permits, permits, 0, 9_000.0)])
+
+    calls = parked.served({"a": granted("a", 2), "b": granted("b", 3)}, asked=set(), synced="a")
+    assert [call[0] for call in calls] == ["b"]  # a keeps an entry: its reply said it all
+    calls = parked.served({"a": granted("a", 1)}, asked=set(), synced="a")
+    assert [call[0] for call in calls] == ["a"]  # a's entry is used up: called, its answer says what waits
+    assert parked.served({"c": granted("c", 1)}, asked={"c"}) == []  # not in line

@@ -31,7 +31,7 @@ from durability.semaphore.messages import (
     Request,
 )
 from durability.semaphore.queue_identity import wire_identity
-from durability.semaphore.store import GRANT_ROWS
+from durability.semaphore.store import CLIENTS, GRANT_ROWS
 from durability.semaphore.tree import (
     Borrowed,
     beat_phase,
@@ -197,7 +197,7 @@ class _Timers:
         pass
 
     def schedule(self, participant, key, at):
-        self.timers[(participant, key)] = at
+        self.timers[(participant, key)] = SimpleNamespace(key=key, due_at=at)
 
     def timer(self, participant, key):
         return self.timers.get((participant, key))
@@ -207,6 +207,42 @@ class _Timers:
 
     async def sync(self):
         pass
+
+
+class _FiringTimers(_Timers):
+    """As the scheduler's alarm runs timers: each at its time (on the real
+    clock), forgotten once its handler ran unless the handler set it anew."""
+
+    def __init__(self):
+        super().__init__()
+        self.handlers, self.handles = {}, {}
+
+    def register(self, participant, handler, durable=True):
+        self.handlers[participant] = handler
+
+    def schedule(self, participant, key, at):
+        super().schedule(participant, key, at)
+        timer = self.timers[(participant, key)]
+        if (participant, key) in self.handles:
+            self.handles.pop((participant, key)).cancel()
+        delay = max(0.0, (at - now_ms()) / 1000)
+        self.handles[(participant, key)] = asyncio.get_running_loop().call_later(
+            delay, lambda: asyncio.ensure_future(self._fire(participant, timer)))
+
+    async def _fire(self, participant, timer):
+        self.handles.pop((participant, timer.key), None)
+        await self.handlers[participant](timer)
+        if self.timers.get((participant, timer.key)) is timer:
+            del self.timers[(participant, timer.key)]
+
+    def cancel(self, participant, key):
+        super().cancel(participant, key)
+        if (participant, key) in self.handles:
+            self.handles.pop((participant, key)).cancel()
+
+    def stop(self):
+        for handle in self.handles.values():
+            handle.cancel()
 
 
 class _NoLoans:
@@ -282,12 +318,9 @@ class _RunningTimers(_Timers):
 
     async def fire(self, handler, participant, key):
         version = self.timers[(participant, key)]
-        await handler(None)
+        await handler(version)
         if self.timers.get((participant, key)) is version:
             del self.timers[(participant, key)]
-
-    def schedule(self, participant, key, at):
-        self.timers[(participant, key)] = [at]  # a new object: a new version
 
 
 def _link(timers=None):
@@ -303,7 +336,7 @@ def test_a_childs_give_back_timer_is_set_again_each_time_it_fires_while_unconfir
     async def scenario():
         timers = _RunningTimers()
         link = _link(timers)
-        link._give_at = lambda at: asyncio.sleep(3_600)  # the parent never answers
+        link._given = lambda: asyncio.sleep(3_600)  # the parent never answers
         link.borrowed.take([entry("a", "g", 4)], [])
         link.borrowed.give_back("g", 1)
         link.keep_alarm()
@@ -342,10 +375,10 @@ def test_a_child_whose_request_failed_asks_until_it_hears_though_nothing_waits_a
     # holds, and nothing else may start the parent to call it (the runtime
     # may have given up on its alarm). So the child asks, under the backoff,
     # and keeps a timer for it, until a request gets through.
-    from durability.semaphore.holder_tree import GIVE, GIVER
+    from durability.semaphore.holder_tree import ASK, GIVE, GIVER
 
     async def scenario():
-        timers = _Timers()
+        timers = _FiringTimers()
         parent = _Parent(entry("lost", "g", 2))
         link = ParentLink(parent, "acct", "acct~child-0", 100.0, lambda: True, lambda: {}, _Flushed(), timers)
         link._persist = lambda: None  # no rows here
@@ -356,13 +389,14 @@ def test_a_child_whose_request_failed_asks_until_it_hears_though_nothing_waits_a
         link.after_round({})  # the demand went: the child's clients were answered
         await _until(lambda: link._failures == 2)  # the request made for it failed too
         assert parent.requests[-1] == []
-        assert link._asking is not None and timers.timer(GIVER, GIVE) is not None  # it asks again
+        assert timers.timer(GIVER, ASK) is not None and timers.timer(GIVER, GIVE) is not None  # it asks again
         parent.lose = False
         await _until(lambda: parent.given_back)
         assert len(parent.requests) == 3 and link._failures == 0
         assert parent.given_back == [("lost", 2)]  # it heard of the loan, and gave it back
         assert not link._unheard and link._ask_due() is None  # and asks nothing more
         link._giving.cancel()
+        timers.stop()
 
     asyncio.run(scenario())
 
@@ -394,8 +428,11 @@ def test_demand_that_comes_while_a_refresh_is_put_off_is_asked_for_within_a_peri
     # refresh, half of ``fresh_for_ms`` away); demand left by a later round
     # brings it forward, instead of waiting there while its clients do.
 
+    from durability.semaphore.holder_tree import ASK, GIVER
+
     async def scenario():
-        link = _link()
+        timers = _FiringTimers()
+        link = _link(timers)
         sent = []
 
         async def exchange(message, kind, timeout_ms):
@@ -404,17 +441,19 @@ def test_demand_that_comes_while_a_refresh_is_put_off_is_asked_for_within_a_peri
         link._exchange = exchange
         link.borrowed.take([entry("a", "g", 4)], [])
         link._heard_at = link._last_ask_at = now_ms()
-        link.after_round({})  # nothing left waiting: only a refresh, far off
-        refresh = link._asking
+        link.after_round({})  # nothing left waiting: only a refresh, far off, on the alarm
         assert link._ask_leaves_at == pytest.approx(now_ms() + link.fresh_for_ms / 2, abs=50)
+        assert timers.timer(GIVER, ASK).due_at == link._ask_leaves_at
         link.after_round({"g": Demand("g", 3, now_ms())})
-        assert refresh.cancelled() or refresh.cancelling()
         # The next beat at least half a period after the last request (see ``_next_at``).
         assert link._ask_leaves_at <= link._last_ask_at + 1.5 * link.period_ms + AFTER_BEAT_MS
-        await asyncio.sleep((link._ask_leaves_at - now_ms()) / 1000 + 0.05)
+        # No timer: the child's round on that beat sends it (a round runs each beat its clients wait).
+        assert timers.timer(GIVER, ASK) is None
+        await asyncio.sleep((link._ask_leaves_at - now_ms()) / 1000)
+        link.after_round({"g": Demand("g", 3, now_ms())})  # that round
+        await asyncio.sleep(0.05)
         assert len(sent) == 1  # the request for the demand left, and the refresh did not
-        if link._asking is not None:
-            link._asking.cancel()
+        timers.stop()
 
     asyncio.run(scenario())
 
@@ -423,6 +462,7 @@ def test_a_give_back_goes_with_the_request_leaving_at_the_same_beat_and_alone_ot
     # A child asking every period gives back in its request, which reports
     # every loan's count: one exchange per beat, not a request and a sync.
     # With no request due, or one that left before the give-back, a sync goes.
+    from durability.semaphore.holder_tree import ASK, GIVER
 
     async def scenario():
         link = _link()
@@ -444,8 +484,9 @@ def test_a_give_back_goes_with_the_request_leaving_at_the_same_beat_and_alone_ot
         assert {kind for kind, _ in sent} == {"grants"}  # and no sync went
         assert not link.borrowed.unconfirmed() and link._giving is None
 
-        link._asking.cancel()
-        link._asking = link._ask_leaves_at = None
+        assert link._ask_leaves_at is not None  # the next request waits for the next beat, on the alarm
+        link.scheduler.cancel(GIVER, ASK)
+        link._ask_leaves_at = None
         sent.clear()
         link.unmet = {}
         link.charged = lambda: {"g": 5}
@@ -608,7 +649,7 @@ def test_a_new_instance_of_a_parent_wakes_at_once_the_quiet_children_that_hold_i
         waker = Waker(Children(), "acct", 1_000.0, timers)
         waker.heard_from("acct~child-0")  # asked since the instance started: not woken
         waker.watch(lambda: ["acct~child-0", "acct~child-1"])
-        assert min(timers.timers.values()) <= now_ms()
+        assert min(timer.due_at for timer in timers.timers.values()) <= now_ms()
         waker.wake_quiet(["acct~child-0", "acct~child-1"])
         await asyncio.sleep(0)
         assert woken == ["acct~child-1"]
@@ -738,3 +779,80 @@ def test_a_group_ceiling_the_root_cannot_read_stops_the_children_handing_out_in_
         starts = [at for at, _ in module.WORLD["starts"]]
         assert any(at < failing_from[0] for at in starts)
         assert not [at for at in starts if failing_from[0] + window_ms < at < failing_from[0] + 20_000]
+
+
+@pytest.mark.parametrize("woken", [True, False])
+def test_a_trees_objects_sleep_while_work_waits_when_its_leaves_can_call_their_shards(woken):
+    # Woken: each leaf parks its shards' requests and calls them back; the
+    # root parks its children's, and calls a child it lends to; every beat
+    # runs on the alarm. Nothing is held open and nothing waits in memory,
+    # so no holder is awake while the work waits (the runtime's clock
+    # charges an event no time: only waits count). Shards that cannot be
+    # called hold their requests open at their leaf, which stays awake.
+    module, runtime = tree_runtime(limit=4, fan_out=2, woken=woken)
+
+    lines = {}
+
+    async def scenario():
+        await submit_all(runtime, shards=6, per_shard=4, ms=20_000)
+        await asyncio.sleep(10)  # a backlog: shards wait at the leaves, the leaves at the root
+        for name in ("acct", "acct~child-0", "acct~child-1"):
+            host = runtime.host_of(runtime.env.HOLDER.getByName(name))
+            lines[name] = host.db.inspect(f"SELECT client_id FROM {CLIENTS} WHERE waiting IS NOT NULL")
+        await until_done(module, runtime, 24)
+
+    with runtime:
+        started = runtime.now_ms()
+        runtime.run(scenario())
+        span_s = (runtime.now_ms() - started) / 1000
+        assert len(module.WORLD["done"]) == 24 and not module.WORLD["violations"] and not runtime.errors
+        assert module.WORLD["max_running"] == 4
+        holders = [h for h in runtime.hosts() if h.class_name == "TreeHolder"]
+        awake = {h.name: h.awake_s() / span_s for h in holders}
+        assert span_s > 100  # six limits' worth of 20 s work
+        if woken:
+            assert all(share < 0.01 for share in awake.values()), awake
+            # A leaf keeps its parked shards' line in rows (a new instance
+            # serves them oldest first at once); the root keeps none of its
+            # children's: each asks again every beat while its shards wait.
+            assert not lines["acct"] and lines["acct~child-0"] + lines["acct~child-1"], lines
+        else:
+            assert max(awake.values()) > 0.5, awake  # a leaf holding its shards' requests
+
+
+def test_a_parents_call_to_its_child_lists_no_loan_and_the_child_asks_at_once_to_hear_them():
+    # A copy of a call can reach a later instance of the child, which keeps
+    # no memory of the loans its old one gave back and saw settle: taken
+    # from a call, such a loan would be handed out again while the parent no
+    # longer counts it. So a call says only "ask now"; the child's request's
+    # reply, which only the instance that asked reads, lists what it holds.
+    from durability.semaphore.holder_calls import ClientCalls
+
+    sent = []
+
+    class Children:
+        async def sync(self, name, message):
+            sent.append((name, message))
+
+    async def scenario():
+        async def nothing(*_):
+            return None
+
+        calls = ClientCalls(None, "acct", schedule=nothing, cancel=lambda key: None, on_reply=nothing,
+                            on_failed=lambda client: None, listing=lambda client: {},
+                            first_listing=lambda ids: set(ids), children=Children())
+        loan = Reply("grants", (), (), (), True, grants=(entry("loan", "g", 2),)).to_wire()
+        assert calls.can_reach("acct~child-1") and not calls.can_reach("other~child-1")
+        calls.send("acct~child-1", loan, 0, None)
+        await asyncio.sleep(0.01)
+        assert sent[0][0] == "acct~child-1" and sent[0][1]["grants"] == []
+
+        link = _link()
+        asked = []
+        link._ask = lambda: asked.append(now_ms())
+        link.borrowed.take([entry("a", "g", 4)], [])
+        link._heard_at = link._last_ask_at = now_ms()
+        assert link.called(loan) is None
+        assert asked and link.borrowed.total() == 4  # it asked at once, and took nothing from the call
+
+    asyncio.run(scenario())

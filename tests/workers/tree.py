@@ -12,13 +12,13 @@ from durability import DurabilityScheduler
 from durability.semaphore import DurabilitySemaphore, DurabilitySemaphoreQueue
 
 CONFIG = {"limit": 4, "fan_out": 4, "depth": 1, "round_wait_ms": 200, "round_period_ms": 1_000, "cut": set(),
-          "group_limit": None, "fair_share": None}
+          "group_limit": None, "fair_share": None, "woken": False}
 WORLD = {"running": set(), "max_running": 0, "violations": [], "admitted": {}, "done": set(), "starts": []}
 
 
 def reset(**config):
     CONFIG.update({"limit": 4, "fan_out": 4, "depth": 1, "round_wait_ms": 200, "round_period_ms": 1_000,
-                   "cut": set(), "group_limit": None, "fair_share": None}, **config)
+                   "cut": set(), "group_limit": None, "fair_share": None, "woken": False}, **config)
     WORLD.update(running=set(), max_running=0, violations=[], admitted={}, done=set(), starts=[])
 
 
@@ -31,6 +31,8 @@ class TreeHolder(DurableObject):
             round_wait_ms=CONFIG["round_wait_ms"], round_period_ms=CONFIG["round_period_ms"],
             parent=DurabilitySemaphore.client(binding="HOLDER").with_(self._unless_cut).bind(env),
             fair_share=CONFIG["fair_share"],
+            # With "woken", the leaves call their shards back (the shards' queues are woken=True).
+            clients=env.SHARD if CONFIG["woken"] else None,
         )
 
     @staticmethod
@@ -63,7 +65,10 @@ class Shard(DurableObject):
         self.scheduler.register("work", self._work_ends)
         server = DurabilitySemaphore.client(binding="HOLDER", fan_out=CONFIG["fan_out"], depth=CONFIG["depth"])
         self.queue = DurabilitySemaphoreQueue(self.scheduler, client_id=ctx.id.name, admit=self._admit,
-                                              server=server.bind(env))
+                                              server=server.bind(env), woken=CONFIG["woken"])
+
+    async def semaphore_reply(self, key, reply):
+        return await self.queue.hear(key, reply)
 
     async def submit(self, items):
         await self.queue.enqueue(items)

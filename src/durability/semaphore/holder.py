@@ -150,7 +150,12 @@ class DurabilitySemaphore:
             from its parent instead of having ``limit`` and ``group_limit``
             of its own (the root applies those; ``can_grant`` applies at the
             child, which knows the clients); the object named ``<key>`` is
-            the root. A tree hands out grants only (no ``leases``).
+            the root. A tree hands out grants only (no ``leases``). A parent
+            parks its children's requests and calls a child it lends to
+            through this client (the call reaches the child's holder
+            method, which reads it in ``handle``); every round of a tree
+            runs on its beat, on the scheduler's alarm, so that no holder
+            of a tree is awake while work waits.
         fair_share: None (oldest first across the key), or how keys share
             the limit: ``{"key": group -> key, "weight": key -> number,
             "floor": key -> int, "priority": key -> int}``, each a constant
@@ -166,7 +171,9 @@ class DurabilitySemaphore:
             requests run when something changes (a release, a reclaim, new
             demand), at most one per ``round_period_ms``, on the
             scheduler's alarm when not at once. Without it, or for a
-            client that cannot be called, requests are held as before.
+            client that cannot be called, requests are held as before. In a
+            budget tree, give it to every holder: the leaves call the
+            queues, and the clients are theirs.
         wake_after_ms: with ``clients``, a client holding permits on a grant
             this old that has not spoken for as long is called (and again
             each time as long passes): an object whose alarm the runtime
@@ -213,35 +220,21 @@ class DurabilitySemaphore:
         #: a tree's holder runs its rounds on a beat (``tree.on_beat``); None outside a tree
         self._beat_phase_ms = None if parent is None else beat_phase(_object_name(scheduler.ctx),
                                                                      self.round_period_ms)
-        self._link, self._waker = _tree_parts(self, parent, can_grant)
-        # A tree's holders keep their clients' requests held: their rounds
-        # tell the parent what waits, and must go on while it does.
-        self._parked = None if clients is None or parent is not None else ParkedRequests(
+        #: a parent of a tree: the oldest items its last round left waiting, per
+        #: child (what a reply between rounds tells a child), and when it ran
+        self._oldest: tuple[OldestWaiting, float] | None = None
+        # A tree's parent reaches its children through the tree's client
+        # (``parent``): it parks their requests as other holders park queues'.
+        self._parked = None if clients is None and parent is None else ParkedRequests(
             clients, _object_name(scheduler.ctx), scheduler, PARTICIPANT, news=self._line_changed,
             take_reports=lambda answer: _take_answer_reports(self, answer),
             wake_after_ms=_positive_ms(wake_after_ms, "wake_after_ms"),
-            listing=lambda client_id: _listing(self, client_id), first_listing=self.books.first_listing)
+            listing=lambda client_id: _listing(self, client_id), first_listing=self.books.first_listing,
+            children=parent)
+        self._link, self._waker = _tree_parts(self, parent, can_grant)
         if self._parked is not None:  # a new instance's line, as its rows left it
             self._parked.restore(self.books.rows.waiting(), self.books.rows.names(), self.books.grants().values())
             self._parked.watch(holdings(self.books.grants().values(), self.books.leases().values()))
-
-    def _ensure_round_if_waiting(self) -> bool:
-        """In a tree, permits released where requests wait: a round on the
-        next beat (a root made without ``parent=`` keeps no beat: one
-        ``round_wait_ms`` after its last round)."""
-        if self._waiting:
-            self._ensure_round(soon=self._beat_phase_ms is None, spacing=self.round_wait_ms)
-        return bool(self._waiting)
-
-    def _round_for_lent(self) -> bool:
-        """A child its parent just lent more, where requests wait: a round as
-        soon as ``round_wait_ms`` after the last, off the beat. The parent
-        lends half a period after the child's beat: those permits would idle
-        that long (a point of the busy share at ``bench_tree.py``, for a
-        round and its grants more where the parent lent)."""
-        if self._waiting:
-            self._ensure_round(soon=True, spacing=self.round_wait_ms)
-        return bool(self._waiting)
 
     def _tell_parent(self, requests: list[Request], outcomes: dict[str, ClientOutcome] | None,
                      synced_by: str | None = None) -> None:
@@ -268,8 +261,13 @@ class DurabilitySemaphore:
             self._parked.watch(holdings(self.books.grants().values(), self.books.leases().values()))
 
     # -- messages ---------------------------------------------------------------
-    async def handle(self, message: Any) -> dict[str, Any]:
-        """Answer one client message; the holder class's RPC method returns this."""
+    async def handle(self, message: Any) -> dict[str, Any] | None:
+        """Answer one client message; the holder class's RPC method returns this.
+        In a budget tree it also takes a parent's call to its child (a
+        ``grants`` reply: what the parent's round had for it; answered with
+        None, see ``ParentLink.called``)."""
+        if isinstance(message, dict) and message.get("type") == "grants":
+            return await _called_by_parent(self, message)
         try:
             parsed = parse(message)
         except ProtocolError as error:
@@ -299,15 +297,18 @@ class DurabilitySemaphore:
         unreachable = self._parked.calls.failing(request.client_id)
         self._parked.park(request)
         waiting = _Waiting(request, asyncio.get_running_loop().create_future(), now_ms())
-        at = _round_time(self, soon=True, spacing=None)
+        at = _parked_round_at(self)
         if at <= now_ms():
             self._round_now([waiting])
         elif unreachable:  # calls to it fail: it hears what that round has for it in this reply
             self._waiting.append(replace(waiting, hold_until=at))
-            self._ensure_round(soon=True)
+            self._ensure_round(soon=self._beat_phase_ms is None)
         else:
             _reports_only(self, waiting)
-            if not self._full:  # (a full limit waits for permits to come back, which start a round)
+            # A full limit waits for permits to come back, which start a
+            # round; a tree's child runs it all the same: it tells its
+            # parent what waits, and is lent more.
+            if not self._full or self._link is not None:
                 self._round_later(at)
         await self.scheduler.sync()
         return await waiting.reply
@@ -329,7 +330,7 @@ class DurabilitySemaphore:
         whose reply to its own message lists what the round grants it."""
         if self._parked is None or not self._parked.line:
             return
-        at = _round_time(self, soon=True, spacing=None)
+        at = _parked_round_at(self)
         if at <= now_ms():
             self._round_now([], answered)
         else:
@@ -342,8 +343,10 @@ class DurabilitySemaphore:
         (a tenth of a second in the example: $0.16 per million such
         waits), where the alarm would cost a row to set it, another to set
         it back, and the run ($2.15 per million). A later one waits on the
-        alarm, and the holder sleeps."""
-        if at - now_ms() <= MEMORY_ROUND_MS:
+        alarm, and the holder sleeps. In a tree every round waits on the
+        alarm: its holders run one each beat while work waits, and one
+        waiting in memory would keep each awake half of every period."""
+        if at - now_ms() <= MEMORY_ROUND_MS and self._beat_phase_ms is None:
             self._ensure_round(soon=True)
         else:
             self.scheduler.schedule(PARTICIPANT, ROUND, at)
@@ -374,7 +377,7 @@ class DurabilitySemaphore:
             await self.scheduler.sync()
         self._tell_parent([], None, sync.client_id)  # a child gives back what its clients released, or wakes
         if working.changes and (self._link is not None or parent_of(sync.client_id) is not None):
-            self._ensure_round_if_waiting()
+            _round_if_waiting(self)
         if self._waker is not None:
             self._waker.watch(lambda: _holding(self.books.grants()))
         if self._parked is not None:
@@ -414,7 +417,7 @@ class DurabilitySemaphore:
         asked = {request.client_id for request in requests}
         parked = self._parked.requests(asked) if self._parked is not None else []
         if self._link is not None:
-            self._link.decide(_demands_by_group(requests))
+            self._link.decide(_demands_by_group(requests + parked))
         limits = self._resolve_limits(requests + parked)
         result: RoundResult = run_round(
             self.books.grants(), requests + parked, limits, now, self.grant_timeout_ms, _new_grant_id,
@@ -423,23 +426,30 @@ class DurabilitySemaphore:
             + list(range(len(requests), len(requests) + len(parked))),
             fair=_fair_policy(self.fair_share, requests + parked, self.books.grants()),
         )
-        calls = _commit_round(self, result, asked | {answered} if answered else asked)
+        calls = _commit_round(self, result, asked, answered)
         self._contended = result.contended
         self._full = any(reason == BlockedReason.LIMIT for outcome in result.outcomes.values()
                          for reason, _ in outcome.blocked.values())
         _note_blocked(self._blocked, now, result.outcomes)
-        self._tell_parent(requests, result.outcomes)
+        self._tell_parent(requests + parked, result.outcomes)
+        if any(parent_of(request.client_id) is not None for request in requests + parked):
+            self._oldest = (OldestWaiting(requests + parked, result.outcomes), now)
         if self._waker is not None:
             if result.contended:
                 self._waker.wake_quiet(_holding(self.books.grants()))
             self._waker.watch(lambda: _holding(self.books.grants()))
         if self._parked is not None and calls:
             ttl_ms = self.lease_policy.ttl_ms if self.lease_policy is not None else 0
-            self._parked.call(calls, lambda client_id, outcome: _grants_reply(
-                outcome, _parked_until(self, client_id, now) or now, result.contended, ttl_ms).to_wire())
+            self._parked.call(calls, lambda client_id, outcome: replace(_grants_reply(
+                outcome, _parked_until(self, client_id, now) or now, result.contended, ttl_ms),
+                **_tree_fields(self, client_id, limits.groups)).to_wire())
         held, replies = _hold_or_answer(batch, result, now + self.round_period_ms)
-        _answer(self, replies, held, result, limits, now, requests)
+        _answer(self, replies, held, result, limits, now)
         self._waiting = held + self._waiting
+        if self._beat_phase_ms is not None and self._parked is not None and self._parked.line:
+            # A tree's holder runs a round each beat while work waits in its
+            # line: a child's tells its parent what is left, a parent's lends.
+            self._round_later(_parked_round_at(self))
 
     def _resolve_limits(self, requests: list[Request]) -> Limits:
         """The user's callbacks, once per round: for every group in demand, and
@@ -481,45 +491,92 @@ class DurabilitySemaphore:
         """The limit, permits outstanding (grants and lease footprint), and
         per-group usage, as the holder's books say."""
         self.scheduler.resume_if_overdue()  # a read resumes an object whose alarm was lost
-        # Settled grants and leases kept only to answer late reports charge nothing.
-        grants = [grant for grant in self.books.grants().values() if not grant.settled]
-        leases = [lease for lease in self.books.leases().values() if not lease.settled]
-        granted, leased = usage(grants)[0], lease_usage(leases)[0]
-        limit = self.limits.total()
-        policy = self.lease_policy
-        resolved = None if isinstance(limit, ResolutionFailed) else limit
-        return Usage(
-            limit=resolved,
-            ceiling=resolved if policy is None or resolved is None else policy.budgets(resolved).ceiling,
-            outstanding=granted + leased,
-            lease_footprint=leased,
-            # Past its ttl a lease is retired at the next round or report; say so already.
-            retired_footprint=sum(lease.footprint for lease in leases if lease.retired or lease.expires_at <= now_ms()),
-            grants=len(grants),
-            leases=len(leases),
-            groups=_group_usages(grants, leases, self.limits),
-            waiting=_waiting_by_reason(self._blocked, now_ms()),
-            **_sharing(self.fair_share, grants, self._blocked),
-        )
+        return _usage_info(self)
+
+
+
+def _usage_info(holder: DurabilitySemaphore) -> Usage:
+    """``usage_info()``'s figures. Settled grants and leases kept only to
+    answer late reports charge nothing."""
+    grants = [grant for grant in holder.books.grants().values() if not grant.settled]
+    leases = [lease for lease in holder.books.leases().values() if not lease.settled]
+    granted, leased = usage(grants)[0], lease_usage(leases)[0]
+    limit = holder.limits.total()
+    policy = holder.lease_policy
+    resolved = None if isinstance(limit, ResolutionFailed) else limit
+    return Usage(
+        limit=resolved,
+        ceiling=resolved if policy is None or resolved is None else policy.budgets(resolved).ceiling,
+        outstanding=granted + leased,
+        lease_footprint=leased,
+        # Past its ttl a lease is retired at the next round or report; say so already.
+        retired_footprint=sum(lease.footprint for lease in leases if lease.retired or lease.expires_at <= now_ms()),
+        grants=len(grants),
+        leases=len(leases),
+        groups=_group_usages(grants, leases, holder.limits),
+        waiting=_waiting_by_reason(holder._blocked, now_ms()),
+        **_sharing(holder.fair_share, grants, holder._blocked),
+    )
+
+
+def _parked_round_at(holder: DurabilitySemaphore, off_beat: bool = False, spacing: float | None = None) -> float:
+    """When a round for the parked line runs: at once, a period after the
+    last (or ``spacing``); in a tree, on the holder's beat unless ``off_beat``."""
+    return _round_time(holder, soon=off_beat or holder._beat_phase_ms is None, spacing=spacing)
+
+
+async def _parked_round(holder: DurabilitySemaphore, off_beat: bool = False, spacing: float | None = None) -> None:
+    """A round for the parked line as soon as ``_parked_round_at`` allows."""
+    at = _parked_round_at(holder, off_beat, spacing)
+    if at <= now_ms():
+        holder._round_now([])
+    else:
+        holder._round_later(at)
+    await holder.scheduler.sync()
+
+
+async def _called_by_parent(holder: DurabilitySemaphore, message: dict[str, Any]) -> dict[str, Any] | None:
+    """A tree's parent calls its child with what its round had for it."""
+    if holder._link is None:
+        return ProtocolError("invalid_message", "only a budget tree's child takes its parent's replies").reply()
+    answer = holder._link.called(message)
+    await holder.scheduler.sync()
+    return answer
+
+
+def _round_if_waiting(holder: DurabilitySemaphore) -> bool:
+    """In a tree, permits released where requests wait: a round on the
+    next beat (a root made without ``parent=`` keeps no beat: one
+    ``round_wait_ms`` after its last round)."""
+    if holder._waiting:
+        holder._ensure_round(soon=holder._beat_phase_ms is None, spacing=holder.round_wait_ms)
+    return bool(holder._waiting)
+
+
+def _round_for_lent(holder: DurabilitySemaphore) -> bool:
+    """A child its parent just lent more, where requests wait: a round as
+    soon as ``round_wait_ms`` after the last, off the beat. The parent
+    lends half a period after the child's beat: those permits would idle
+    that long (a point of the busy share at ``bench_tree.py``, for a
+    round and its grants more where the parent lent)."""
+    if holder._waiting:
+        holder._ensure_round(soon=True, spacing=holder.round_wait_ms)
+    parked = holder._parked is not None and bool(holder._parked.line)
+    if parked:  # (out of the exchange that lent: it is still reading the reply)
+        asyncio.ensure_future(_parked_round(holder, off_beat=True, spacing=holder.round_wait_ms))
+    return bool(holder._waiting) or parked
 
 
 def _answer(holder: DurabilitySemaphore, answered: list[tuple[_Waiting, ClientOutcome]], held: list[_Waiting],
-            result: RoundResult, limits: Limits, now: float, requests: list[Request]) -> None:
+            result: RoundResult, limits: Limits, now: float) -> None:
     """A round's replies: each with the line ahead of its client and, to a
     tree's child, the parent's limits and who else waits (a function of
     the holder, kept out of its class for size)."""
     ttl_ms = holder.lease_policy.ttl_ms if holder.lease_policy is not None else 0
     line: Line | None = None
-    oldest: OldestWaiting | None = None
-    tree_limits: dict[str, Any] | None = None
     for waiting, outcome in answered:
         request = waiting.request
-        tree: dict[str, Any] = {}
-        if parent_of(request.client_id) is not None:  # a child of a tree: who else waits, and since when
-            oldest = oldest or OldestWaiting(requests, result.outcomes)
-            tree_limits = tree_limits or _tree_limits(holder.limits, holder.books.grants(), holder._link, limits.groups)
-            tree = {**tree_limits, "waiting_since": oldest.others(request.client_id,
-                                                                  (d.group for d in request.demand))}
+        tree = _tree_fields(holder, request.client_id, limits.groups, request)
         # A client handed permits may ask again at once: its request is
         # held for the next round anyway, and is then present in it,
         # instead of arriving just after it and waiting a period more.
@@ -554,9 +611,9 @@ def _reports_only(holder: DurabilitySemaphore, waiting: _Waiting) -> None:
     if last is not None:
         outcome.blocked.update(last[1])
     ttl_ms = holder.lease_policy.ttl_ms if holder.lease_policy is not None else 0
-    waiting.reply.set_result(_grants_reply(_uncarried(holder, request.client_id, outcome),
-                                           _parked_until(holder, request.client_id, now) or now,
-                                           holder._contended, ttl_ms, first=holder.books.first_listing).to_wire())
+    reply = _grants_reply(_uncarried(holder, request.client_id, outcome), _parked_until(holder, request.client_id, now)
+                          or now, holder._contended, ttl_ms, first=holder.books.first_listing)
+    waiting.reply.set_result(replace(reply, **_tree_fields(holder, request.client_id, request=request)).to_wire())
 
 
 def _listing(holder: DurabilitySemaphore, client_id: str) -> dict[str, Any]:
@@ -569,11 +626,12 @@ def _listing(holder: DurabilitySemaphore, client_id: str) -> dict[str, Any]:
                                             if lease.client_id == client_id and not lease.settled])
     ttl_ms = holder.lease_policy.ttl_ms if holder.lease_policy is not None else 0
     now = now_ms()
-    return _grants_reply(outcome, _parked_until(holder, client_id, now) or now, holder._contended, ttl_ms).to_wire()
+    return replace(_grants_reply(outcome, _parked_until(holder, client_id, now) or now, holder._contended, ttl_ms),
+                   **_tree_fields(holder, client_id)).to_wire()
 
 
-def _commit_round(holder: DurabilitySemaphore, result: RoundResult,
-                  answered: set[str]) -> list[Call]:
+def _commit_round(holder: DurabilitySemaphore, result: RoundResult, asked: set[str],
+                  synced: str | None) -> list[Call]:
     """Write a round's rows, with what it took off the parked line (the same
     rows carry both); the calls to make now that they are written. If the
     write fails, the line is as it was."""
@@ -581,7 +639,7 @@ def _commit_round(holder: DurabilitySemaphore, result: RoundResult,
         holder._commit(result.changes)
         return []
     before = holder._parked.line.snapshot()
-    calls = holder._parked.served(result.outcomes, answered)
+    calls = holder._parked.served(result.outcomes, asked, synced)
     try:
         holder._commit(result.changes)
     except BaseException:
@@ -805,7 +863,7 @@ def _tree_parts(holder: DurabilitySemaphore, parent: SemaphoreClient | None,
     if parent is None:
         return None, None
     ctx = holder.scheduler.ctx
-    link = child_link(parent, holder.scheduler, holder.round_period_ms, holder._round_for_lent,
+    link = child_link(parent, holder.scheduler, holder.round_period_ms, lambda: _round_for_lent(holder),
                       lambda: usage(holder.books.grants().values())[1], holder.store)
     if link is not None:  # a child borrows its limit: every group's ceiling is what it holds there
         holder.limits = UserLimits(link.borrowed.total, link.ceiling, can_grant)
@@ -834,6 +892,24 @@ def _tree_limits(limits: UserLimits, grants: dict[str, Grant], link: ParentLink 
     known = resolved or {}
     return {"over_limit": over_limit(limits.total(), total),
             "closed_groups": closed_groups(by_group, lambda g: known[g] if g in known else limits.ceiling(g))}
+
+
+def _tree_fields(holder: DurabilitySemaphore, client_id: str, resolved: dict[str, Any] | None = None,
+                 request: Request | None = None) -> dict[str, Any]:
+    """What a reply tells a tree's child beyond what other clients hear: the
+    parent's limits, and, per group it waits in (``request``'s, else its
+    parked demand's), the oldest items the parent's last round left waiting
+    at other children, with when that round ran. Nothing for other clients."""
+    if parent_of(client_id) is None:
+        return {}
+    fields = _tree_limits(holder.limits, holder.books.grants(), holder._link, resolved)
+    if request is None and holder._parked is not None:
+        request = entry.request if (entry := holder._parked.line.get(client_id)) is not None else None
+    if holder._oldest is not None and request is not None:
+        oldest, seen_at = holder._oldest
+        fields.update(waiting_since=oldest.others(client_id, (d.group for d in request.demand)),
+                      waiting_since_at=seen_at)
+    return fields
 
 
 def _retire_leases(holder: DurabilitySemaphore, working: Working, now: float) -> None:

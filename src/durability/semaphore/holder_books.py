@@ -19,7 +19,7 @@ from .._clock import now_ms
 from ..scheduler import DurabilityScheduler
 from .allocation import Changes, Grant, merged, merged_leases, next_reclaim_at
 from .leases import DEFAULT_TTL_MS, Lease, LeaseIds, LeasePolicy, needs_row
-from .parked import ParkedLine
+from .parked import ParkedLine, Waiting
 from .store import ClientRows, HolderStore
 from .tree import parent_of
 
@@ -85,7 +85,7 @@ class HolderBooks:
         to_write.issued = self._reserve_lease_ids(changes.issued)
         changed = line.take_changed() if line is not None else set()
         rows = self.rows.to_write(to_write.written.values(), [self.grants()[g] for g in to_write.deleted],
-                                  changed, line.waiting if line is not None else None, name_of)
+                                  changed, _kept_line(line), name_of)
 
         def write() -> None:
             self.store.write_clients(rows)
@@ -202,3 +202,13 @@ def release_needs_row(before: Grant, after: Grant, parent_key: str | None) -> bo
 
 def ttl_of(policy: LeasePolicy | None) -> float:
     return policy.ttl_ms if policy is not None else DEFAULT_TTL_MS
+
+
+def _kept_line(line: ParkedLine | None) -> Callable[[str], list[Waiting]] | None:
+    """The line entries rows keep: not a tree's children's. A child waiting
+    asks again each beat (a round period), so a new instance hears its
+    demand within one; a row per child per beat would cost more than the
+    period it saves (a row written per child's request)."""
+    if line is None:
+        return None
+    return lambda client_id: [] if parent_of(client_id) is not None else line.waiting(client_id)

@@ -27,7 +27,7 @@ from typing import Any
 from .._clock import now_ms
 from .messages import ProtocolError, Request
 from .queue_identity import SEPARATOR
-from .tree import parent_of
+from .tree import key_of, parent_of
 
 log = logging.getLogger("durability.semaphore")
 #: the client object's RPC method a holder calls: ``semaphore_reply(key, reply)``
@@ -56,10 +56,10 @@ class _Call:
 class ClientCalls:
     """The calls a holder makes to its clients' objects."""
 
-    def __init__(self, namespace: Any, key: str, *, schedule: Callable[[str, float], Awaitable[None]],
+    def __init__(self, namespace: Any, name: str, *, schedule: Callable[[str, float], Awaitable[None]],
                  cancel: Callable[[str], None], on_reply: Callable[[str, int, Request | None], Awaitable[None]],
                  on_failed: Callable[[str], None], listing: Callable[[str], dict[str, Any]],
-                 first_listing: Callable[[Iterable[str]], set[str]]) -> None:
+                 first_listing: Callable[[Iterable[str]], set[str]], children: Any = None) -> None:
         """``listing(client_id)``: what a call tried again carries, read from the
         books when it leaves: a reply built for an earlier try may list a
         grant or lease settled since, which the client must never take up.
@@ -68,8 +68,12 @@ class ClientCalls:
         (``HolderBooks.first_listing``): a call built by a round may leave
         after the client's own reply named them, and a try after a failed
         one may follow a call that arrived."""
-        self.namespace = namespace  #: the clients' Durable Object namespace
-        self.key = key  #: the key this holder serves, as its clients know it
+        self.namespace = namespace  #: the clients' Durable Object namespace (None: they cannot be called)
+        self.name = name  #: this holder's object's name (a tree's leaf's is not the key)
+        #: a budget tree's parent: the ``SemaphoreClient`` of its holder class, which reaches its
+        #: children (holders named ``<key>~child-<n>``) by name; None outside a tree
+        self.children = children
+        self.key = key_of(name)  #: the key this holder serves, as its clients know it
         self._schedule, self._cancel, self._listing = schedule, cancel, listing
         self._first_listing = first_listing
         self._on_reply, self._on_failed = on_reply, on_failed
@@ -82,10 +86,8 @@ class ClientCalls:
 
     def can_call(self, request: Request) -> bool:
         """A request that may be parked: its client can be called, and asks to
-        wait (its fallback: it asks again when the wait is over). A tree's
-        child keeps its request held: its rounds tell its parent what waits."""
-        return (request.wake and request.wait_ms > 0 and parent_of(request.client_id) is None
-                and object_id_of(request.client_id) is not None)
+        wait (its fallback: it asks again when the wait is over)."""
+        return request.wake and request.wait_ms > 0 and self.can_reach(request.client_id)
 
     def send(self, client_id: str, wire: dict[str, Any], version: int, name: str | None) -> None:
         """Call the client with ``wire`` (now, or after the call in flight to it)."""
@@ -95,8 +97,12 @@ class ClientCalls:
             self._start(client_id)
 
     def can_reach(self, client_id: str) -> bool:
-        """Can this client be called at all (its queue speaks as its object's id)?"""
-        return parent_of(client_id) is None and object_id_of(client_id) is not None
+        """Can this client be called at all? A queue that speaks as its object's
+        id, given the clients' namespace; a tree's child of this holder, by
+        its name, through the tree's client."""
+        if parent_of(client_id) is not None:
+            return self.children is not None and parent_of(client_id) == self.name
+        return self.namespace is not None and object_id_of(client_id) is not None
 
     def carried(self, client_id: str) -> frozenset[str]:
         """The ids of the grants and leases a call on its way to the client
@@ -156,13 +162,20 @@ class ClientCalls:
             self._sending.discard(client_id)
 
     async def _call(self, client_id: str, call: _Call) -> Any:
-        wire = _marked_new(call.wire, self._first_listing)
+        wire = call.wire
+        if parent_of(client_id) is not None:
+            # A tree's child hears of its loans only in replies to its own
+            # requests: the call asks it to ask now. A copy of a call can
+            # reach a later instance of the child, which keeps no memory of
+            # the loans its old one gave back and saw settle: it would take
+            # one up again, and hand out permits its parent no longer counts.
+            wire = {**wire, "grants": []}
+        wire = _marked_new(wire, self._first_listing)
         self._in_flight[client_id] = frozenset(
             [entry["grantId"] for entry in wire.get("grants", [])]
             + [entry["leaseId"] for entry in wire.get("leases", [])])
         try:
-            stub = self._stub(client_id, call.name)
-            answer = await getattr(stub, REPLY_METHOD)(self.key, wire)
+            answer = await self._deliver(client_id, call.name, wire)
         except Exception as error:  # tried again later; the client's own wait is the last resort
             log.info("semaphore %s: a call to %s failed (%d before): %r", self.key, client_id, call.failures, error)
             return _FAILED
@@ -177,6 +190,14 @@ class ClientCalls:
             return None
         return request if request.client_id == client_id else None
 
+
+    async def _deliver(self, client_id: str, name: str | None, wire: dict[str, Any]) -> Any:
+        """Send the client ``wire``; its answer. A tree's child is a holder: the
+        call goes to the RPC method its own clients use (it reads the
+        round's reply there), by the child's name, which is its client id."""
+        if parent_of(client_id) is not None:
+            return await self.children.sync(client_id, wire)
+        return await getattr(self._stub(client_id, name), REPLY_METHOD)(self.key, wire)
 
     def _stub(self, client_id: str, name: str | None) -> Any:
         """The client's object: by its name if it gave one (an object reached

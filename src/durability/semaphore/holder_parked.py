@@ -52,14 +52,15 @@ class ParkedRequests:
                  news: Callable[[bool, bool], Awaitable[None]],
                  take_reports: Callable[[Request], bool | None], wake_after_ms: float,
                  listing: Callable[[str], dict[str, Any]],
-                 first_listing: Callable[[Iterable[str]], set[str]]) -> None:
+                 first_listing: Callable[[Iterable[str]], set[str]], children: Any = None) -> None:
         """``take_reports(answer)``: apply the lease reports of a client's
         answer to a call; True if permits came back, None if they were
         refused (the answer then changes nothing, its demand included).
         ``news(more, gave_back)``: an answer changed the line or gave
         permits back (``more``: it asks for more than before, which a round
-        may serve). ``first_listing``: ``HolderBooks.first_listing`` (see
-        ``ClientCalls``)."""
+        may serve). ``first_listing``: ``HolderBooks.first_listing``;
+        ``children``: a tree's parent's client, which reaches its children
+        (see ``ClientCalls``)."""
         self.line = ParkedLine()
         self._scheduler, self._participant = scheduler, participant
         self._news = news
@@ -70,7 +71,7 @@ class ParkedRequests:
         self._names: dict[str, str] = {}  #: per client, the name of its object, as its requests gave it
         self.calls = ClientCalls(namespace, key, schedule=self._schedule, cancel=self._cancel,
                                  on_reply=self._on_reply, on_failed=self.line.suspend, listing=listing,
-                                 first_listing=first_listing)
+                                 first_listing=first_listing, children=children)
         self._listing = listing
 
     def can_park(self, request: Request) -> bool:
@@ -102,11 +103,17 @@ class ParkedRequests:
         """Is the client still in line (demand left after the round)?"""
         return client_id in self.line
 
-    def served(self, outcomes: dict[str, ClientOutcome], answered: set[str]) -> list[Call]:
+    def served(self, outcomes: dict[str, ClientOutcome], asked: set[str], synced: str | None = None) -> list[Call]:
         """What a round handed out comes off each parked client's demand (before
         the round's rows are written: they carry it). Returns the calls to make
-        once they are: a client it served or has news for, unless ``answered``
-        directly, with the version of its request the call answers."""
+        once they are: a client it served or has news for, with the version of
+        its request the call answers; not one that ``asked`` in the round (the
+        reply to its request says it all), nor the client whose sync
+        started it (``synced``: the sync's reply lists its grants), unless
+        the round used up that client's entry. A sync says nothing of the
+        client's demand: items its queue gained since its last word are in no
+        entry, and would wait for its fallback; the call's answer says them."""
+        answered = asked | ({synced} if synced else set())
         calls = []
         for client_id, outcome in outcomes.items():
             entry = self.line.get(client_id)
@@ -118,7 +125,7 @@ class ParkedRequests:
             elif client_id in answered or not _news(entry, outcome):
                 continue
             self.line.told(client_id, ((lease.lease_id, lease.retired) for lease in outcome.listed_leases))
-            if client_id not in answered:
+            if client_id not in answered or (client_id == synced and client_id not in self.line):
                 calls.append((client_id, entry.version, entry.request.name, outcome))
         return calls
 

@@ -448,6 +448,9 @@ class Reply:
     #: of the oldest items (at most ``MAX_DEMAND_TIMES``, oldest first) of
     #: other clients the round left waiting for capacity (``tree``)
     waiting_since: dict[str, tuple[float, ...]] = field(default_factory=dict)
+    #: when the parent's round that saw ``waiting_since`` ran (None: the
+    #: round this reply answers, from a parent that holds its children's requests)
+    waiting_since_at: float | None = None
     #: to a child of a budget tree: the parent's permits out exceed its limit
     #: (it was lowered): hand out nothing of what it lent, give it back
     over_limit: bool = False
@@ -480,7 +483,9 @@ class Reply:
     def _tree_fields(self, grants: bool) -> dict[str, Any]:
         """What only a tree's child is told (none of it to other clients)."""
         waiting = {group: list(times) for group, times in self.waiting_since.items()}
+        seen_at = self.waiting_since_at if grants and waiting else None
         return {**({"waitingSince": waiting} if grants and waiting else {}),
+                **({"waitingSinceAt": seen_at} if seen_at is not None else {}),
                 **({"overLimit": True} if self.over_limit else {}),
                 **({"closedGroups": list(self.closed_groups)} if self.closed_groups else {})}
 
@@ -591,14 +596,18 @@ def parse_reply(reply: Any, kind: str) -> Reply:
     for name in ("grants", "blocked"):
         if not isinstance(reply.get(name), list):
             raise ProtocolError("malformed_reply", f"a grants reply needs a {name} list")
-    next_at = reply.get("nextRequestAt")
-    if next_at is not None and not number_in(next_at, 0, MAX_SAFE_INTEGER):
-        raise ProtocolError("malformed_reply", "nextRequestAt must be an epoch time in ms")
     return replace(parsed, grants=_entries(reply, "grants", _grant_entry), blocked=_entries(reply, "blocked", _blocked),
-                   next_request_at=None if next_at is None else float(next_at),
+                   next_request_at=_epoch_or_none(reply.get("nextRequestAt"), "nextRequestAt"),
                    all_leases_listed=_flag(reply, "allLeasesListed", "reply"),
                    line=_times_by_group(reply.get("line", {}), "line"),
-                   waiting_since=_waiting_since(reply.get("waitingSince", {})))
+                   waiting_since=_waiting_since(reply.get("waitingSince", {})),
+                   waiting_since_at=_epoch_or_none(reply.get("waitingSinceAt"), "waitingSinceAt"))
+
+
+def _epoch_or_none(value: Any, name: str) -> float | None:
+    if value is not None and not number_in(value, 0, MAX_SAFE_INTEGER):
+        raise ProtocolError("malformed_reply", f"{name} must be an epoch time in ms")
+    return None if value is None else float(value)
 
 
 def _groups(groups: Any) -> tuple[str, ...]:

@@ -77,6 +77,16 @@ def parent_of(name: str) -> str | None:
     return parent
 
 
+def key_of(name: str) -> str:
+    """The key a tree's holder ``name`` serves, as its clients know it: its root's name."""
+    for _ in range(MAX_DEPTH):
+        parent = parent_of(name)
+        if parent is None:
+            break
+        name = parent
+    return name
+
+
 def depth_of(name: str) -> int:
     """How many levels below its root the holder ``name`` is (0: the root)."""
     depth = 0
