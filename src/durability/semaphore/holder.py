@@ -235,6 +235,8 @@ class DurabilitySemaphore:
         if self._parked is not None:  # a new instance's line, as its rows left it
             self._parked.restore(self.books.rows.waiting(), self.books.rows.names(), self.books.grants().values())
             self._parked.watch(holdings(self.books.grants().values(), self.books.leases().values()))
+            if self._beat_phase_ms is not None and self._parked.line:  # its beat, which tells its parent
+                self._round_later(_parked_round_at(self))
 
     def _tell_parent(self, requests: list[Request], outcomes: dict[str, ClientOutcome] | None,
                      synced_by: str | None = None) -> None:
@@ -308,7 +310,7 @@ class DurabilitySemaphore:
             # A full limit waits for permits to come back, which start a
             # round; a tree's child runs it all the same: it tells its
             # parent what waits, and is lent more.
-            if not self._full or self._link is not None:
+            if self._parked.line and (not self._full or self._link is not None):
                 self._round_later(at)
         await self.scheduler.sync()
         return await waiting.reply
@@ -317,7 +319,7 @@ class DurabilitySemaphore:
         """A client's answer to a call (its lease reports applied already):
         its line entry's row if that matters to a new instance, and a round
         if it asks for more or gave permits back."""
-        if gave_back or (more and not self._full):
+        if gave_back or (more and (not self._full or self._link is not None)):
             await self._news()
         else:
             self._commit(Changes())
@@ -432,23 +434,25 @@ class DurabilitySemaphore:
                          for reason, _ in outcome.blocked.values())
         _note_blocked(self._blocked, now, result.outcomes)
         self._tell_parent(requests + parked, result.outcomes)
-        if any(parent_of(request.client_id) is not None for request in requests + parked):
-            self._oldest = (OldestWaiting(requests + parked, result.outcomes), now)
+        self._oldest = (OldestWaiting(requests + parked, result.outcomes), now) if any(
+            parent_of(request.client_id) is not None for request in requests + parked) else None
         if self._waker is not None:
             if result.contended:
                 self._waker.wake_quiet(_holding(self.books.grants()))
             self._waker.watch(lambda: _holding(self.books.grants()))
         if self._parked is not None and calls:
             ttl_ms = self.lease_policy.ttl_ms if self.lease_policy is not None else 0
-            self._parked.call(calls, lambda client_id, outcome: replace(_grants_reply(
-                outcome, _parked_until(self, client_id, now) or now, result.contended, ttl_ms),
-                **_tree_fields(self, client_id, limits.groups)).to_wire())
+            self._parked.call(calls, lambda client_id, outcome: _grants_reply(
+                outcome, _parked_until(self, client_id, now) or now, result.contended, ttl_ms).to_wire())
         held, replies = _hold_or_answer(batch, result, now + self.round_period_ms)
         _answer(self, replies, held, result, limits, now)
         self._waiting = held + self._waiting
-        if self._beat_phase_ms is not None and self._parked is not None and self._parked.line:
+        if self._beat_phase_ms is not None and self._parked is not None and result.contended and (
+                self._parked.requests(set())):
             # A tree's holder runs a round each beat while work waits in its
-            # line: a child's tells its parent what is left, a parent's lends.
+            # line for capacity: a child's tells its parent what is left, a
+            # parent's lends. (Not for a client whose calls fail, nor for
+            # demand its rules refuse: no beat would serve those.)
             self._round_later(_parked_round_at(self))
 
     def _resolve_limits(self, requests: list[Request]) -> Limits:
@@ -559,11 +563,11 @@ def _round_for_lent(holder: DurabilitySemaphore) -> bool:
     lends half a period after the child's beat: those permits would idle
     that long (a point of the busy share at ``bench_tree.py``, for a
     round and its grants more where the parent lent)."""
-    if holder._waiting:
-        holder._ensure_round(soon=True, spacing=holder.round_wait_ms)
     parked = holder._parked is not None and bool(holder._parked.line)
-    if parked:  # (out of the exchange that lent: it is still reading the reply)
+    if parked:  # a round over both (out of the exchange that lent: it is still reading the reply)
         asyncio.ensure_future(_parked_round(holder, off_beat=True, spacing=holder.round_wait_ms))
+    elif holder._waiting:
+        holder._ensure_round(soon=True, spacing=holder.round_wait_ms)
     return bool(holder._waiting) or parked
 
 
@@ -626,8 +630,7 @@ def _listing(holder: DurabilitySemaphore, client_id: str) -> dict[str, Any]:
                                             if lease.client_id == client_id and not lease.settled])
     ttl_ms = holder.lease_policy.ttl_ms if holder.lease_policy is not None else 0
     now = now_ms()
-    return replace(_grants_reply(outcome, _parked_until(holder, client_id, now) or now, holder._contended, ttl_ms),
-                   **_tree_fields(holder, client_id)).to_wire()
+    return _grants_reply(outcome, _parked_until(holder, client_id, now) or now, holder._contended, ttl_ms).to_wire()
 
 
 def _commit_round(holder: DurabilitySemaphore, result: RoundResult, asked: set[str],

@@ -111,6 +111,7 @@ class ParentLink:
         self._failures = 0
         self._woken = False  #: the parent woke the child: ask it, even with nothing to ask for
         self._called = False  #: the parent called: it lent more, which the child's next request hears of
+        self._asked_for = False  #: the last request asked for something: the parent keeps it in line
         #: a request failed whose lost reply may have lent permits: ask until a
         #: request gets through, even with nothing to ask for (see ``keep_alarm``)
         self._unheard = False
@@ -253,8 +254,8 @@ class ParentLink:
     def _send_or_wait(self, key: str, due: float | None, send: Callable[[], Any]) -> float | None:
         """Start ``send`` if ``due`` is now (within ``AFTER_BEAT_MS``), else keep
         the timer ``key`` for ``due`` (none for None). Returns the time it waits
-        for, or None. A refresh asked for later does not hold back demand
-        that came since: the timer moves to the sooner time."""
+        for, or None. The timer moves with ``due``: a refresh asked for later
+        does not hold back demand that came since."""
         if due is not None and due <= now_ms() + AFTER_BEAT_MS:
             self.scheduler.cancel(GIVER, key)
             send()
@@ -276,7 +277,9 @@ class ParentLink:
         child)."""
         if self._called:  # the parent lent more: at once, but for a backoff
             return self._next_at(self._last_ask_at) if self._failures else now_ms()
-        if self.unmet or not self.borrowed.heard or self._woken or self._unheard:
+        # (Demand gone since the last request also asks: the parent would
+        # keep it in line, and lend to it first, its items being the oldest.)
+        if self.unmet or self._asked_for or not self.borrowed.heard or self._woken or self._unheard:
             return self._next_at(self._last_ask_at)
         if self.borrowed.total() > 0 and self._heard_at is not None:
             return max(self._heard_at + self.fresh_for_ms / 2, self._next_at(self._last_ask_at))
@@ -334,15 +337,18 @@ class ParentLink:
         beat = on_beat(last + self.period_ms / 2, self.period_ms, beat_phase(self.child_id, self.period_ms))
         return max(now_ms(), beat + AFTER_BEAT_MS)
 
-    def request(self, reports: bool = True) -> Request:
+    def request(self) -> Request:
         """What the child asks its parent for: what its last round left
         waiting (nothing once it holds all it may), with every loan's count
         (``reports``). It asks to be called: a parent that can parks it
         (answers at once, and its round calls the child with what it lends),
         and neither object is awake while the child waits. The wait is its
-        fallback only: it asks again each beat its clients wait anyway."""
+        fallback only (it asks again each beat its clients wait anyway), and
+        short: a parent that cannot call it (one made without ``parent=``, or
+        an older one) holds the request as long, and answers it at its next
+        round, as it answered a request that asked for no wait."""
         demand = () if self.borrowed.full() else tuple(self.unmet.values())
-        return Request(self.child_id, demand, self.borrowed.reports() if reports else (), self.fresh_for_ms,
+        return Request(self.child_id, demand, self.borrowed.reports(), self.period_ms / 2,
                        claims=True, heard_up_to=self.borrowed.heard_up_to, wake=True, name=self.child_id)
 
     def called(self, message: dict[str, Any]) -> dict[str, Any] | None:
@@ -364,7 +370,9 @@ class ParentLink:
         self._called = False
         self._last_ask_at = now_ms()  # on the beat, requests are spaced from when they leave
         self._asked_after = self._gave_back
-        self._asking = asyncio.ensure_future(self._asked(self.request().to_wire()))
+        request = self.request()
+        self._asked_for = bool(request.demand)
+        self._asking = asyncio.ensure_future(self._asked(request.to_wire()))
 
     async def _asked(self, message: dict[str, Any]) -> None:
         try:
@@ -424,7 +432,7 @@ class ParentLink:
         self._heard(reply, kind, sent_at)
 
     def _heard(self, reply: Reply, kind: str, sent_at: float) -> None:
-        """A reply of the parent's (to an exchange sent at ``sent_at``, or its call, made now)."""
+        """A reply of the parent's to an exchange sent at ``sent_at``."""
         # The reply says what held at the parent some time after it was sent.
         self._heard_at = max(self._heard_at or sent_at, sent_at)
         if kind == "grants":  # its reply listed every loan the child holds
@@ -436,8 +444,8 @@ class ParentLink:
         self.yielding |= self.closed
         if kind == "grants":
             # The head elsewhere moves on from when the parent's round saw
-            # it (a parent that held the request answered at that round:
-            # counted from when it was sent, as before). Counted from half a
+            # it (an older parent does not say: counted from when the
+            # request was sent, which it answered at its round). From half a
             # period before that round instead, 3.8% of admissions were out
             # of order by a round at ``bench_tree.py --quick``'s 1,000
             # clients, against 0.7%.

@@ -448,8 +448,8 @@ class Reply:
     #: of the oldest items (at most ``MAX_DEMAND_TIMES``, oldest first) of
     #: other clients the round left waiting for capacity (``tree``)
     waiting_since: dict[str, tuple[float, ...]] = field(default_factory=dict)
-    #: when the parent's round that saw ``waiting_since`` ran (None: the
-    #: round this reply answers, from a parent that holds its children's requests)
+    #: when the parent's round that saw ``waiting_since`` ran (None: from an
+    #: older parent, which answered a child's request at that round)
     waiting_since_at: float | None = None
     #: to a child of a budget tree: the parent's permits out exceed its limit
     #: (it was lowered): hand out nothing of what it lent, give it back
