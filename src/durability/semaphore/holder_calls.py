@@ -1,7 +1,9 @@
 """How a holder reaches its clients: a round's news for a parked request, sent by a short call.
 
 Lives here: ``ClientCalls``: whether a request may be parked (its client
-said it can be called, and the holder was given its clients' namespace),
+said it can be called, and the holder was given its clients' namespace,
+or, for a budget tree's child, the tree's client: a call to a child says
+only "ask now"),
 sending a client the latest reply a round made for it (one call at a
 time per client, the newest reply replacing one not sent yet), what the
 client sends back (its demand now, which the holder parks in place of
