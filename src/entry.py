@@ -486,8 +486,12 @@ class JobShard(DurableObject):
 
     async def _admit(self, items):
         # Idempotent: a job id already known to the runner is not run again.
+        # The admitted item is the job's record until it ends (the queue keeps
+        # it until its release, and hands it in again from a new instance), so
+        # the runner writes the job's row only when an attempt settles: one
+        # row written per job, not two (docs/jobs.md).
         for item in items:  # the job keeps how it was admitted: its item is not kept once released
-            await self.jobs.run(id=item.id, payload={**item.body, "via": item.via})
+            await self.jobs.run.kept(item.id, {**item.body, "via": item.via}, resumed=item.resumed)
 
     async def _on_job_event(self, event):
         # The fast path only, once per job: a failed attempt that will be

@@ -10,6 +10,7 @@ checks that those stay within their bounds whatever the number of jobs.
 
 import asyncio
 
+from durability.semaphore import AdmittedItem
 from support import example_runtime
 
 DAY_S = 86_400
@@ -94,8 +95,9 @@ def test_a_finished_job_whose_queue_item_is_still_kept_is_not_purged_and_never_r
             await instance.scheduler.sync()
             await asyncio.sleep(60)
             row = instance.jobs._row("job-3")
-            [admitted] = instance.permits.store.admitted()
-            await instance._admit([admitted])  # the queue's admit(), once more
+            [item_row] = instance.permits.store.admitted()
+            admitted = AdmittedItem(item_row.id, item_row.key, item_row.group, item_row.body, item_row.via, True)
+            await instance._admit([admitted])  # the queue's admit(), once more, as from a new instance
             await asyncio.sleep(5)
             return item, row, await real_get_result("job-3"), instance.jobs._row("job-3")
 

@@ -372,3 +372,99 @@ def test_a_retry_costs_three_rows_written(runtime):
 
 def test_the_job_runner_keeps_its_first_name():
     assert durability.Durability is durability.DurabilityJobs
+
+
+def test_a_kept_job_runs_as_any_job_and_writes_its_row_only_when_it_settles(runtime):
+    stub = runtime.env.JOBS.getByName("j")
+
+    async def scenario():
+        await stub.submit_kept("job-1", {"job": "job-1", "sleep": 2})
+        await asyncio.sleep(1)
+        running = await stub.result("job-1"), await stub.stored()
+        again = await stub.submit_kept("job-1", {"job": "job-1"})  # handed in twice: run once
+        await asyncio.sleep(5)
+        return running, again, await stub.result("job-1"), await stub.calls("job-1"), await stub.events("job-1")
+
+    (result, stored), again, done, calls, events = runtime.run(scenario())
+    assert result == again == {"status": "pending"}
+    assert stored["jobs"] == 0  # the caller's record stands for it while it runs
+    assert done == {"status": "completed", "result": {"job": "job-1", "calls": 1}} and calls == 1
+    assert kinds(events) == [("attempt_started", 1, None), ("attempt_settled", 1, "completed"),
+                             ("terminal", 1, "completed")]
+
+
+def test_a_kept_job_handed_in_again_by_a_new_instance_is_recorded_and_counts_attempts_cut_short(runtime):
+    stub = runtime.env.JOBS.getByName("j")
+
+    async def hand_in_again():  # as its queue does from a new instance
+        runtime.evict(runtime.env.JOBS.getByName("j"))
+        await runtime.env.JOBS.getByName("j").submit_kept("job-1", {"job": "job-1", "sleep": 5}, True)
+
+    async def scenario():
+        await stub.submit_kept("job-1", {"job": "job-1", "sleep": 5})
+        await asyncio.sleep(1)
+        await hand_in_again()  # the first attempt, cut short, left no row: it starts over
+        await asyncio.sleep(1)
+        stored = await runtime.env.JOBS.getByName("j").stored()
+        await hand_in_again()  # its row counts this one
+        await asyncio.sleep(30)
+        stub2 = runtime.env.JOBS.getByName("j")
+        after = await stub2.submit_kept("job-1", {"job": "job-1"}, True)  # once more: settled, left as it is
+        return (stored, await stub2.events("job-1"), await stub2.result("job-1"), await stub2.calls("job-1"), after)
+
+    stored, events, result, calls, after = runtime.run(scenario())
+    assert stored["jobs"] == 1
+    assert result == after == {"status": "completed", "result": {"job": "job-1", "calls": 3}}
+    assert calls == 3
+    assert kinds(events) == [
+        ("attempt_started", 1, None), ("attempt_started", 1, None), ("attempt_settled", 1, "failed"),
+        ("attempt_started", 2, None), ("attempt_settled", 2, "completed"), ("terminal", 2, "completed"),
+    ]
+    assert "interrupted" in events[2]["error"]
+
+
+def test_a_kept_job_whose_first_attempt_fails_is_retried_from_its_row(runtime):
+    stub = runtime.env.JOBS.getByName("j")
+
+    async def scenario():
+        start = runtime.now_ms()
+        await stub.submit_kept("job-1", {"job": "job-1", "fail_times": 1})
+        await asyncio.sleep(0.5)
+        between = await stub.stored(), await stub.result("job-1")
+        await asyncio.sleep(5)
+        return start, between, await stub.events("job-1"), await stub.result("job-1")
+
+    start, (stored, pending), events, result = runtime.run(scenario())
+    assert stored["jobs"] == 1 and pending == {"status": "pending"}  # its row holds the retry
+    assert started_at(events, start) == [(1, 0), (2, 1_000)]
+    assert result == {"status": "completed", "result": {"job": "job-1", "calls": 2}}
+
+
+def test_a_kept_job_costs_one_row_written_less_than_a_run_one(runtime):
+    stub = runtime.env.PLAIN.getByName("p")
+
+    async def scenario():
+        rows = await warmed_up(runtime, stub)
+        written = []
+        for job_id, submit in (("run", stub.submit), ("kept", stub.submit_kept)):
+            before = rows()[0]
+            await submit(job_id, {"n": 1}, "echo")
+            await asyncio.sleep(1)
+            written.append(rows()[0] - before)
+        return written, await stub.result("kept")
+
+    written, result = runtime.run(scenario())
+    assert result == {"status": "completed", "result": {"n": 1}}
+    # run: the job with its first attempt, then its outcome; kept: the outcome
+    # alone (each also moves the alarm to now and back for the purge).
+    assert written == [4, 3]
+
+
+@pytest.mark.parametrize("args", [("", {"job": "x"}), ("x", {"job": "x", "not json": {1, 2}})])
+def test_a_kept_job_with_bad_input_is_refused_and_stores_nothing(runtime, args):
+    async def scenario():
+        with pytest.raises(JsException, match="ValueError"):
+            await runtime.env.JOBS.getByName("j").submit_kept(*args)
+        return await runtime.env.JOBS.getByName("j").stored()
+
+    assert runtime.run(scenario()) == {"jobs": 0, "timers": 0, "alarm": None}

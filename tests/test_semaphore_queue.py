@@ -341,6 +341,10 @@ def test_a_crash_between_admission_and_admit_runs_admit_again_and_registers_once
     assert world["starts"] == {"j0": 1, "j1": 1}
     assert set(states.values()) == {"released"}
     assert runtime.host_of(shard(runtime)).stats.evictions == 1
+    # The new instance hands in again what the old one admitted, saying so
+    # (a job runner counts the attempt that instance may have begun).
+    first, again = world["resumed"][0], world["resumed"][1]
+    assert {resumed for _, resumed in first} == {False} and again and {resumed for _, resumed in again} == {True}
 
 
 def test_lost_claim_replies_are_repaired_by_cumulative_counts():

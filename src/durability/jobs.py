@@ -213,28 +213,42 @@ class RunCall:
         nothing is stored then.
         """
         d = self._durability
-        if not isinstance(id, str) or not id or len(id) > MAX_ID_LENGTH:
-            raise ValueError(f"a job id must be a string of 1 to {MAX_ID_LENGTH} characters, not {id!r}")
-        name = d._handler_name(handler)
-        text = compact_json(payload, "job payload")
-
-        def record() -> dict[str, Any] | None:
-            existing = d._row(id)
-            if existing is not None:
-                return _state(existing)
-            # Written with its first attempt counted (see the module's docstring).
-            d.sql.exec(
-                "INSERT INTO durability_jobs (id, handler, payload, status, attempt, created_at, due_at) "
-                "VALUES (?, ?, ?, 'running', 1, ?, ?)",
-                id, name, text, now_ms(), now_ms(),
-            )
-            d.scheduler.schedule(PARTICIPANT, id, now_ms())
-            return None
-
-        existing = d.sql.transaction(record)
+        name, text = _checked(d, id, payload, handler)
+        existing = d.sql.transaction(lambda: d._record(id, name, text))
         if existing is not None:
             return existing
         d._first_attempt_due.add(id)  # before any await: its timer cannot fire sooner
+        await d.scheduler.sync()
+        return {"status": JobStatus.PENDING}
+
+    async def kept(self, id: str, payload: Any = None, handler: str | None = None, *,
+                   resumed: bool = False) -> dict[str, Any]:
+        """Run job ``id`` whose record the caller keeps until the job's
+        terminal event: a semaphore queue's admitted item, say. No row is
+        written for it until its first attempt settles (one row written per
+        job, where ``run`` writes two). Idempotent on ``id`` as ``run`` is.
+
+        The caller's record stands for the job while its first attempt
+        runs, so the caller hands the job in again from every new instance
+        for as long as it keeps that record, with ``resumed=True``. A job
+        handed in again with no row here is recorded then, as ``run``
+        records one, and starts over: a first attempt the old instance had
+        begun left no row to count it by, so it is not counted, but every
+        attempt cut short from then on is (at most one run more than
+        ``retries`` allows, for a job that brings its instance down each time).
+        """
+        d = self._durability
+        name, text = _checked(d, id, payload, handler)
+        if id in d._kept or id in d._in_flight:
+            return {"status": JobStatus.PENDING}  # this instance runs it already
+        if resumed:
+            return await self(id, payload, handler)
+        existing = d._row(id)
+        if existing is not None:
+            return _state(existing)
+        d._kept[id] = (name, text, now_ms())
+        d._first_attempt_due.add(id)
+        d.scheduler.schedule(PARTICIPANT, id, now_ms())  # (kept in memory: no row)
         await d.scheduler.sync()
         return {"status": JobStatus.PENDING}
 
@@ -244,9 +258,19 @@ class RunCall:
         or ``{"status": "not_found"}``: no job has this id, either because
         none was run under it or because it finished and ``retention``
         purged it (a purged job leaves no row to tell the two apart)."""
-        self._durability.scheduler.resume_if_overdue()  # a read resumes an object whose alarm was lost
-        row = self._durability._row(id) if isinstance(id, str) else None
-        return {"status": JobStatus.NOT_FOUND} if row is None else _state(row)
+        d = self._durability
+        d.scheduler.resume_if_overdue()  # a read resumes an object whose alarm was lost
+        row = d._row(id) if isinstance(id, str) else None
+        if row is None:
+            return {"status": JobStatus.PENDING if id in d._kept else JobStatus.NOT_FOUND}
+        return _state(row)
+
+
+def _checked(d: DurabilityJobs, id: Any, payload: Any, handler: str | None) -> tuple[str, str]:
+    """The handler's name and the payload's JSON text, or ValueError (nothing is stored)."""
+    if not isinstance(id, str) or not id or len(id) > MAX_ID_LENGTH:
+        raise ValueError(f"a job id must be a string of 1 to {MAX_ID_LENGTH} characters, not {id!r}")
+    return d._handler_name(handler), compact_json(payload, "job payload")
 
 
 def _state(row: dict[str, Any]) -> dict[str, Any]:
@@ -306,6 +330,9 @@ class DurabilityJobs:
         # Jobs recorded here with attempt 1 counted, that attempt not begun:
         # ``running`` in their row, but not interrupted.
         self._first_attempt_due: set[str] = set()
+        # Jobs whose caller keeps their record (``run.kept``) and that have no
+        # row yet: id -> (handler name, payload's JSON text, when handed in).
+        self._kept: dict[str, tuple[str, str, float]] = {}
         migrate(self.sql, "jobs", _SCHEMA)
         scheduler.register(PARTICIPANT, self._on_timer, durable=False)
         self._derive_timers()
@@ -338,12 +365,54 @@ class DurabilityJobs:
             job_id,
         )
 
+    def _record(self, job_id: str, name: str, text: str) -> dict[str, Any] | None:
+        """Inside a transaction: the state of the job kept under ``job_id``,
+        or None once its row is written with its first attempt counted (see
+        the module's docstring) and its timer set for now."""
+        existing = self._row(job_id)
+        if existing is not None:
+            return _state(existing)
+        self.sql.exec(
+            "INSERT INTO durability_jobs (id, handler, payload, status, attempt, created_at, due_at) "
+            "VALUES (?, ?, ?, 'running', 1, ?, ?)",
+            job_id, name, text, now_ms(), now_ms(),
+        )
+        self.scheduler.schedule(PARTICIPANT, job_id, now_ms())
+        return None
+
+    def _row_or_kept(self, job_id: str) -> dict[str, Any] | None:
+        """The job's row, or for a job its caller keeps, the row it would
+        have: running its first attempt."""
+        row = self._row(job_id)
+        if row is None and job_id in self._kept:
+            name, text, _ = self._kept[job_id]
+            row = {"handler": name, "payload": text, "status": JobStatus.RUNNING, "attempt": 1}
+        return row
+
+    def _settle(self, job_id: str, status: str, *, error: str | None = None, result: str | None = None,
+                due_at: float | None = None, done_at: float | None = None) -> None:
+        """Write an attempt's outcome: into the job's row, or, for a job its
+        caller keeps, as its first row (one row written either way)."""
+        kept = self._kept.get(job_id)
+        if kept is None:
+            self.sql.exec(
+                "UPDATE durability_jobs SET status = ?, result = ?, error = ?, due_at = ?, done_at = ? "
+                "WHERE id = ?", status, result, error, due_at, done_at, job_id,
+            )
+            return
+        name, text, created_at = kept
+        self.sql.exec(
+            "INSERT INTO durability_jobs (id, handler, payload, status, attempt, result, error, created_at, "
+            "due_at, done_at) VALUES (?, ?, ?, ?, 1, ?, ?, ?, ?, ?)",
+            job_id, name, text, status, result, error, created_at, due_at, done_at,
+        )
+
     # -- one attempt per timer firing ---------------------------------------
     async def _on_timer(self, timer: Timer) -> None:
         job_id = timer.key
         if job_id in self._in_flight:
             return  # its attempt, still running here, settles and reschedules itself
-        row = self._row(job_id)
+        row = self._row_or_kept(job_id)
         if row is None or row["status"] in _TERMINAL:
             return  # a repeated firing, or a job removed under its timer
         attempt = int(row["attempt"])
@@ -393,10 +462,8 @@ class DurabilityJobs:
 
     def _complete(self, job_id: str, attempt: int, text: str, result: Any) -> list[JobEvent]:
         done_at = now_ms()
-        self.sql.exec(
-            "UPDATE durability_jobs SET status = 'completed', result = ?, error = NULL, done_at = ? WHERE id = ?",
-            text, done_at, job_id,
-        )
+        self._settle(job_id, JobStatus.COMPLETED, result=text, done_at=done_at)
+        self._kept.pop(job_id, None)  # its row is its record now
         self._purge.finished(done_at)
         return [
             JobEvent(JobEventType.ATTEMPT_SETTLED, job_id, attempt, JobStatus.COMPLETED, result=result),
@@ -415,21 +482,18 @@ class DurabilityJobs:
             assert at_ms is not None  # a decision to retry always says when
 
             def retry() -> None:
-                self.sql.exec(
-                    "UPDATE durability_jobs SET status = 'pending', error = ?, due_at = ? WHERE id = ?",
-                    error, at_ms, job_id,
-                )
+                self._settle(job_id, JobStatus.PENDING, error=error, due_at=at_ms)
                 # The timer is running, so this always moves it and the
                 # scheduler keeps it; its alarm() re-arms afterwards.
                 self.scheduler.schedule(PARTICIPANT, job_id, at_ms)
 
             self.sql.transaction(retry)
+            self._kept.pop(job_id, None)
             return [settled]
         log.error("job %s: attempt %d failed: %s; giving up", job_id, attempt, error)
         done_at = now_ms()
-        self.sql.exec(
-            "UPDATE durability_jobs SET status = 'failed', error = ?, done_at = ? WHERE id = ?", error, done_at, job_id
-        )
+        self._settle(job_id, JobStatus.FAILED, error=error, done_at=done_at)
+        self._kept.pop(job_id, None)
         self._purge.finished(done_at)
         return [settled, JobEvent(JobEventType.TERMINAL, job_id, attempt, JobStatus.FAILED, error=error)]
 

@@ -52,7 +52,7 @@ CONFIG = {
 }
 WORLD = {"running": {}, "violations": [], "max_running": 0, "completed": set(), "admit_calls": 0,
          "started": {}, "starts": {}, "events": [], "requests": [], "syncs": [], "finished_asks": [], "messages": [],
-         "speakers": set(), "calls": [], "call_replies": []}
+         "speakers": set(), "calls": [], "call_replies": [], "resumed": []}
 
 
 def _label(client_id):
@@ -354,6 +354,7 @@ class Shard(DurableObject):
 
     async def _admit(self, items):
         WORLD["admit_calls"] += 1
+        WORLD["resumed"].append(sorted((item.id, item.resumed) for item in items))
         if CONFIG["abort_in_admit"] > 0:
             CONFIG["abort_in_admit"] -= 1
             self.ctx.abort("crashed between the admission and admit()")

@@ -75,6 +75,10 @@ class Jobs(DurableObject):
     async def submit_default(self, job_id, payload):
         return await self.jobs.run(id=job_id, payload=payload)
 
+    async def submit_kept(self, job_id, payload=None, resumed=False):
+        """As a queue hands in an admitted item: the caller keeps its record."""
+        return await self.jobs.run.kept(job_id, payload, resumed=resumed)
+
     async def result(self, job_id):
         return await self.jobs.run.get_result(job_id)
 
@@ -142,6 +146,9 @@ class Plain(DurableObject):
 
     async def submit(self, job_id, payload=None, handler=None):
         return await self.jobs.run(job_id, payload, handler)
+
+    async def submit_kept(self, job_id, payload=None, handler=None):
+        return await self.jobs.run.kept(job_id, payload, handler)
 
     async def result(self, job_id):
         return await self.jobs.run.get_result(job_id)

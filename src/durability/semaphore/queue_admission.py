@@ -33,6 +33,10 @@ class AdmittedItem:
     group: str
     body: Any
     via: str  #: a ``Via``: "grant" (a claim the holder confirmed) or "lease" (drawn with no round trip)
+    #: admitted by an earlier instance of the object: admit() may have been
+    #: handed it before, and work it started then was cut short with that
+    #: instance (``DurabilityJobs``'s ``run.kept`` counts that attempt)
+    resumed: bool = False
 
 
 class Admission:
@@ -74,7 +78,9 @@ class Admission:
             items = [item for item in before if item.id in still]
             if not items:
                 return
-            result = self.admit([AdmittedItem(i.id, i.key, i.group, i.body, i.via or Via.GRANT) for i in items])
+            here = ctx.store.admitted_here
+            result = self.admit([AdmittedItem(i.id, i.key, i.group, i.body, i.via or Via.GRANT, i.id not in here)
+                                 for i in items])
             if inspect.isawaitable(result):
                 await result
             await ctx.update(lambda: self._returned(items))

@@ -186,6 +186,10 @@ class QueueStore:
         # back (counts read inside it may include what it undid).
         self._changes = 0
         self._memo: tuple[tuple[int, int], dict[str, dict[str, Counts]]] | None = None
+        #: items this instance moved to admitted and not on since (a move
+        #: rolled back may leave an id here: that item is not admitted, so
+        #: nothing asks about it; if it is admitted later, it is by this instance)
+        self.admitted_here: set[str] = set()
 
     # -- how the queue speaks to its holders ---------------------------------------
     def label(self, given: str | None) -> str | None:
@@ -319,6 +323,10 @@ class QueueStore:
         cycle allows; else ValueError, and nothing is written."""
         move(item.state, to)
         self._changes += 1
+        if to == ADMITTED:
+            self.admitted_here.add(item.id)
+        else:
+            self.admitted_here.discard(item.id)
         if to == GONE:
             self.sql.exec(f"DELETE FROM {ITEMS} WHERE id = ?", item.id)
             return
