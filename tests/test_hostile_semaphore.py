@@ -162,10 +162,15 @@ def test_a_hostile_message_fails_only_its_sender(case, hostile_first):
         return
     Tally.count("semaphore holder", "accepted")
     assert isinstance(hostile_reply, dict) and hostile_reply.get("type") in ("grants", "synced")
-    # Counts only move forward, and h's grants and leases stay h's.
+    # Counts only move forward, and h's grants and leases stay h's. (A message
+    # sent as h, which the holder cannot tell from h, may settle one of them:
+    # released in full, its row goes.)
+    as_h = isinstance(hostile, dict) and hostile.get("clientId") == "h"
     grants = {row["grant_id"]: row for row in after["grants"]}
     for grant_id, claimed, _ in held["h"]["grants"]:
         row = grants.get(grant_id)
+        if row is None and as_h:
+            continue
         assert row is not None and row["client_id"] == "h" and row["claimed"] >= claimed
     leases = {row["lease_id"]: row for row in after["durability_semaphore_leases"]}
     for lease_id, *_ in held["h"]["leases"]:

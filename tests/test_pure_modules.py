@@ -17,15 +17,22 @@ PURE = [
     "durability.semaphore.messages", "durability.semaphore.allocation", "durability.semaphore.leases",
     "durability.semaphore.queue_states", "durability.semaphore.queue_core", "durability.semaphore.queue_lease_rules",
     "durability.semaphore.holder_line", "durability.semaphore.tree", "durability.semaphore.fairness",
-    "durability.semaphore.parked",
+    "durability.semaphore.parked", "durability.semaphore.lease_entry",
+    "durability.semaphore.allocation_records", "durability.semaphore.allocation_reclaim",
+    "durability.semaphore.allocation_replies", "durability.semaphore.allocation_terms",
+    "durability.semaphore.allocation_shares", "durability.semaphore.allocation_round",
+    "durability.semaphore.wire_checks", "durability.semaphore.wire_requests", "durability.semaphore.wire_replies",
+    "durability.semaphore.wire_usage",
     "durability.retention",
 ]
 #: the standard library a pure module may use: nothing that waits, reads a clock, or touches the outside
 PURE_STDLIB = {"__future__", "bisect", "collections", "collections.abc", "dataclasses", "enum", "functools",
                "hashlib", "heapq", "itertools", "json", "math", "operator", "typing"}
 #: modules that keep rows: they must not know the protocol or its decisions
-STORAGE = ["durability.semaphore.queue_store", "durability.semaphore.grant_book", "durability.semaphore.lease_book"]
-PROTOCOL = {"durability.semaphore.messages", "durability.semaphore.queue_core",
+STORAGE = ["durability.semaphore.queue_store", "durability.semaphore.queue_schema", "durability.semaphore.grant_book",
+           "durability.semaphore.lease_book"]
+PROTOCOL = {"durability.semaphore.messages", "durability.semaphore.wire_checks", "durability.semaphore.wire_requests",
+            "durability.semaphore.wire_replies", "durability.semaphore.wire_usage", "durability.semaphore.queue_core",
             "durability.semaphore.queue_lease_rules", "durability.semaphore.allocation"}
 
 

@@ -1,10 +1,12 @@
 """DurabilityJobs: durable jobs, each run to completion or final failure, retried with backoff.
 
-Lives here: the job table, ``run(id=..., payload=...)`` that records a job
+Lives here: ``run(id=..., payload=...)`` that records a job
 idempotently on its id together with the scheduler timer that will run it,
 running one attempt per timer firing, retrying failed attempts under a
 ``retry.Backoff``, results and errors, and best-effort lifecycle events.
-Finished jobs are purged under a ``JobRetention`` by ``_job_purge``.
+The jobs' table, a job's statuses and events, and ``current_job()`` live
+in ``_job_records``; finished jobs are purged under a ``JobRetention`` by
+``_job_purge``.
 Must not know: what a handler does with its payload, or what a listener
 does with an event.
 
@@ -50,9 +52,6 @@ answers ``not_found`` for it from then on, and ``run`` under its id starts
 a new job. Idempotency on the id therefore holds within the retention
 window; an owner that could run an id again later (a queue admitting an
 item again) holds it back with ``keep``.
-
-A handler is called with the payload alone; ``current_job()``, called from
-the handler (or a task it starts), says which job and attempt it runs for.
 """
 
 from __future__ import annotations
@@ -61,140 +60,41 @@ import inspect
 import json
 import logging
 import random
-from collections.abc import Callable, Mapping
-from contextvars import ContextVar
-from dataclasses import dataclass
-from enum import StrEnum
+from collections.abc import Mapping
 from typing import Any
 
 from ._checks import compact_json
 from ._clock import now_ms
 from ._job_purge import JobPurge, Keep
+from ._job_records import (
+    _SCHEMA,
+    _TABLES,
+    _TERMINAL,
+    MAX_ERROR_LENGTH as MAX_ERROR_LENGTH,
+    MAX_ID_LENGTH as MAX_ID_LENGTH,
+    Handler,
+    JobContext as JobContext,
+    JobEvent as JobEvent,
+    JobEventType as JobEventType,
+    JobStatus as JobStatus,
+    Listener,
+    NonRetryableError as NonRetryableError,
+    _checked,
+    _current_job,
+    _error_text,
+    _state,
+    current_job as current_job,
+)
 from ._listeners import notify
-from ._schema import Step, migrate, public_migrate
+from ._schema import migrate, public_migrate
 from ._sql import Sql
 from .retention import JobRetention
 from .retry import Backoff, RetryDecision, decide_retry
 from .scheduler import DurabilityScheduler, Timer
 
 PARTICIPANT = "durability.jobs"
-MAX_ID_LENGTH = 256
-MAX_ERROR_LENGTH = 4_000
 
 log = logging.getLogger("durability.jobs")
-
-
-def _stamp_finished(sql: Sql, _version: int) -> None:
-    sql.exec("UPDATE durability_jobs SET done_at = ? WHERE status IN ('completed', 'failed')", now_ms())
-
-
-# One WITHOUT ROWID table keyed by id, with no other index: recording a job,
-# starting an attempt and settling it each write one row. ``status`` is
-# pending (waiting for its timer), running (an attempt started and has not
-# settled), completed or failed (terminal). ``error`` keeps the last failure.
-# ``due_at`` is when a pending job's next attempt is due (version 2; NULL,
-# as in rows written before it, means at once). ``done_at`` is when a job
-# finished (version 3), written with its outcome (no row more) and read by
-# the purge (``_job_purge``); jobs that had finished before version 3 are
-# given the time of the upgrade, one write each, once, so that they are kept
-# a full ``max_age_ms`` from then.
-_SCHEMA: dict[int, list[Step]] = {
-    1: [
-        """
-        CREATE TABLE IF NOT EXISTS durability_jobs (
-          id TEXT NOT NULL PRIMARY KEY,
-          handler TEXT NOT NULL,
-          payload TEXT NOT NULL,
-          status TEXT NOT NULL,
-          attempt INTEGER NOT NULL DEFAULT 0,
-          result TEXT,
-          error TEXT,
-          created_at REAL NOT NULL
-        ) WITHOUT ROWID
-        """
-    ],
-    2: ["ALTER TABLE durability_jobs ADD COLUMN due_at REAL"],
-    3: ["ALTER TABLE durability_jobs ADD COLUMN done_at REAL", _stamp_finished],
-}
-_TABLES = ["durability_jobs"]
-
-
-class JobStatus(StrEnum):
-    """A job's status, as ``get_result`` reports it and its row keeps it."""
-
-    PENDING = "pending"  #: waiting for its first or next attempt
-    RUNNING = "running"  #: an attempt started (reported as pending)
-    COMPLETED = "completed"
-    FAILED = "failed"
-    NOT_FOUND = "not_found"  #: no such job: never run here, or purged by retention (reported only)
-
-
-class JobEventType(StrEnum):
-    ATTEMPT_STARTED = "attempt_started"
-    ATTEMPT_SETTLED = "attempt_settled"
-    TERMINAL = "terminal"
-
-
-_TERMINAL = (JobStatus.COMPLETED, JobStatus.FAILED)
-
-
-@dataclass(frozen=True)
-class JobEvent:
-    """A lifecycle event as ``on_lifecycle_event`` receives it.
-
-    ``type`` is ``attempt_started``, ``attempt_settled`` (with ``outcome``
-    ``completed`` or ``failed``, also for a failure that will be retried) or
-    ``terminal`` (once per job, with the final ``outcome``).
-    """
-
-    type: str
-    id: str
-    attempt: int  #: the attempt it concerns, from 1
-    outcome: str | None = None
-    result: Any = None  #: the handler's result, on completion
-    error: str | None = None  #: what failed, on failure
-
-
-@dataclass(frozen=True)
-class JobContext:
-    """The job a handler runs for, as ``current_job()`` returns it."""
-
-    id: str
-    attempt: int  #: from 1; a retry's attempt is one more than the last
-    handler: str  #: the handler's name
-
-
-Handler = Callable[[Any], Any]  # payload -> result, or an awaitable of it
-Listener = Callable[[JobEvent], Any]
-
-# Set around each handler call, in the timer's own task: concurrent jobs
-# never see each other's, and tasks a handler starts inherit it.
-_current_job: ContextVar[JobContext | None] = ContextVar("durability.jobs.current_job", default=None)
-
-
-def current_job() -> JobContext:
-    """The job whose handler is running: its id, attempt and handler name.
-
-    A handler receives its payload alone; this is how it learns its job id,
-    to make its effects idempotent on it. Raises ``LookupError`` outside a
-    handler.
-    """
-    job = _current_job.get()
-    if job is None:
-        raise LookupError("current_job() is called from a job handler (or a task it starts) only")
-    return job
-
-
-class NonRetryableError(Exception):
-    """Raised by a handler whose job must fail now, with no further attempt:
-    the failure is final (a request the receiver refuses, say), so a retry
-    would only fail again. Any other exception fails the attempt, and
-    ``retries`` decides whether another follows."""
-
-
-def _error_text(error: BaseException) -> str:
-    text = f"{type(error).__name__}: {error}"
-    return text if len(text) <= MAX_ERROR_LENGTH else text[: MAX_ERROR_LENGTH - 1] + "…"
 
 
 class RunCall:
@@ -264,21 +164,6 @@ class RunCall:
         if row is None:
             return {"status": JobStatus.PENDING if id in d._kept else JobStatus.NOT_FOUND}
         return _state(row)
-
-
-def _checked(d: DurabilityJobs, id: Any, payload: Any, handler: str | None) -> tuple[str, str]:
-    """The handler's name and the payload's JSON text, or ValueError (nothing is stored)."""
-    if not isinstance(id, str) or not id or len(id) > MAX_ID_LENGTH:
-        raise ValueError(f"a job id must be a string of 1 to {MAX_ID_LENGTH} characters, not {id!r}")
-    return d._handler_name(handler), compact_json(payload, "job payload")
-
-
-def _state(row: dict[str, Any]) -> dict[str, Any]:
-    if row["status"] == JobStatus.COMPLETED:
-        return {"status": JobStatus.COMPLETED, "result": json.loads(row["result"])}
-    if row["status"] == JobStatus.FAILED:
-        return {"status": JobStatus.FAILED, "error": row["error"]}
-    return {"status": JobStatus.PENDING}
 
 
 class DurabilityJobs:

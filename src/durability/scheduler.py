@@ -1,9 +1,10 @@
 """DurabilityScheduler: named durable timers sharing the object's one alarm.
 
 Lives here: the timer table, registration of participants (the outbox, the
-semaphore's holder and queue, user code), running due timers from
-``alarm()`` with retries, and keeping the physical alarm on the earliest
-timer. Must not know: what any participant does when its timer fires.
+semaphore's holder and queue, user code), ``alarm()``, which runs due
+timers with retries (by ``_alarm_dispatch``) and then re-arms, and keeping
+the physical alarm on the earliest timer. Must not know: what any
+participant does when its timer fires.
 
 A Durable Object has one alarm. Every helper in the object that needs to
 wake up later registers as a participant and keeps named timers here; the
@@ -33,17 +34,16 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-import random
-from collections.abc import Awaitable, Callable, Container
-from dataclasses import dataclass
+from collections.abc import Callable
 from typing import Any, TypeVar
 
+from ._alarm_dispatch import BUDGET_SPREAD as BUDGET_SPREAD, AlarmDispatch, Timer as Timer, TimerHandler
 from ._checks import is_number
-from ._clock import now_ms, wait_s
+from ._clock import now_ms
 from ._schema import migrate, public_migrate
 from ._sql import Sql
 from ._timer_stores import MemoryTimers, SqlTimers
-from .retry import Backoff, decide_retry
+from .retry import Backoff
 
 T = TypeVar("T")
 log = logging.getLogger("durability.scheduler")
@@ -75,21 +75,6 @@ BACKSTOP_MS = 60_000
 #: than the runtime's own retries take to start (6, from 2 s doubling: 2.1
 #: to 2.6 min with jitter), so an alarm still being retried is left alone.
 OVERDUE_MS = 180_000
-#: an alarm's budget is drawn from [1 - BUDGET_SPREAD, 1] x alarm_budget_ms
-BUDGET_SPREAD = 0.25
-
-
-@dataclass(frozen=True)
-class Timer:
-    """A due timer as its participant's handler receives it."""
-
-    participant: str
-    key: str
-    due_at: float  #: epoch milliseconds it was due at
-    attempt: int  #: how many times it already failed
-
-
-TimerHandler = Callable[[Timer], Awaitable[None]]
 
 
 def _name(value: Any, what: str) -> str:
@@ -104,7 +89,7 @@ def _time(value: Any) -> float:
     return float(value)
 
 
-class DurabilityScheduler:
+class DurabilityScheduler(AlarmDispatch):
     """The single owner of a Durable Object's alarm. Create one per object.
 
     Args:
@@ -365,93 +350,3 @@ class DurabilityScheduler:
             self._dispatching = False
             self._starts_until = None
         await self.sync()
-
-    async def _dispatch(self, started: float) -> None:
-        """Run due timers, up to ``max_concurrency`` at once, starting those
-        that come due meanwhile, until none runs or this alarm's budget ends."""
-        running: dict[tuple[str, str], asyncio.Task[None]] = {}
-        self._starts_until = started + self.alarm_budget_ms * (1 - BUDGET_SPREAD * random.random())
-        try:
-            while True:
-                room = self.max_concurrency - len(running)
-                if room > 0 and now_ms() < self._starts_until:
-                    for row in self._due(now_ms(), running, room):
-                        key = (row["participant"], row["key"])
-                        running[key] = asyncio.ensure_future(self._run_timer(row))
-                if not running:
-                    return
-                self._wake.clear()
-                waker = asyncio.ensure_future(self._wake.wait())
-                can_start = len(running) < self.max_concurrency and now_ms() < self._starts_until
-                next_due = self._next_due(running) if can_start else None
-                # Never less than a few ms: a shorter wait returns with the clock unmoved and spins.
-                timeout = None if next_due is None else wait_s(next_due)
-                await asyncio.wait([*running.values(), waker], timeout=timeout,
-                                   return_when=asyncio.FIRST_COMPLETED)
-                waker.cancel()
-                for key, task in list(running.items()):
-                    if task.done():
-                        del running[key]
-                        task.result()  # _run_timer keeps handler errors to itself
-        finally:
-            for task in running.values():
-                task.cancel()
-
-    def starts_left_ms(self) -> float | None:
-        """How much longer the alarm running now starts timers (None when none
-        runs). A timer that would leave work waiting for a timer started
-        after that (a request for permits, say) can hold off: the work would
-        idle until the alarm's running timers end and a fresh one starts."""
-        if self._starts_until is None:
-            return None
-        return max(0.0, self._starts_until - now_ms())
-
-    def _due(self, now: float, running: Container[tuple[str, str]], limit: int) -> list[dict[str, Any]]:
-        # A row of a participant now kept in memory (written by an older
-        # deployment) still runs once, and is then deleted.
-        rows = self._rows.due(now) + self._memory.due(now)
-        rows.sort(key=lambda r: r["due_at"])
-        chosen: dict[tuple[str, str], dict[str, Any]] = {}
-        for row in rows:
-            key = (row["participant"], row["key"])
-            if key not in running and key not in chosen:
-                chosen[key] = row
-        return list(chosen.values())[:limit]
-
-    def _next_due(self, running: Container[tuple[str, str]]) -> float | None:
-        due = self._rows.next_due(running) + self._memory.next_due(running)
-        return min(due) if due else None
-
-    async def _run_timer(self, row: dict[str, Any]) -> None:
-        participant, key, version = row["participant"], row["key"], row["version"]
-        store = self._memory if row.get("memory") else self._rows  # where the row came from
-        if store.version(participant, key) != version:
-            return  # cancelled or moved by another timer of this alarm
-        timer = Timer(participant, key, row["due_at"], row["attempt"])
-        entry = self._participants.get(participant)
-        backoff = entry[1] if entry else self.backoff
-        self._running[(participant, key)] = None
-        try:
-            if entry is None:
-                raise LookupError(f"no participant {participant!r} is registered")
-            await entry[0](timer)
-        except Exception as error:
-            self._after_failure(timer, version, store, backoff, error)
-            return
-        finally:
-            self._running.pop((participant, key), None)
-        store.forget(participant, key, version)  # done, unless the handler moved it meanwhile
-
-    def _after_failure(self, timer: Timer, version: int, store: SqlTimers | MemoryTimers, backoff: Backoff,
-                       error: Exception) -> None:
-        failures = timer.attempt + 1
-        decision = decide_retry(backoff, failures, now_ms(), random.random())
-        if not decision.retry:
-            log.error("timer %s/%s failed %d times: %r; giving up",
-                      timer.participant, timer.key, failures, error)
-            store.forget(timer.participant, timer.key, version)
-            return
-        log.warning("timer %s/%s failed (attempt %d): %r; retrying",
-                    timer.participant, timer.key, failures, error)
-        assert decision.at_ms is not None  # a retry has its time
-        store.retry(timer.participant, timer.key, version, decision.at_ms, failures)

@@ -1,18 +1,15 @@
 """The queue's storage: items, the keys' pacing rows, and every query on them.
 
-Lives here: the schema and SQL of ``DurabilitySemaphoreQueue``, and the one
-writer of item states (``move_item``, which refuses any move
-``queue_states.TRANSITIONS`` does not allow, a delete included). Must not
-know: the protocol with the holder, timers, or when anything happens.
+Lives here: the SQL of ``DurabilitySemaphoreQueue`` (its tables and
+their versions are ``queue_schema``'s), and the one writer of item states
+(``move_item``, which refuses any move ``queue_states.TRANSITIONS`` does
+not allow, a delete included). Must not know: the protocol with the
+holder, timers, or when anything happens.
 
 Items are a WITHOUT ROWID table keyed by id with no secondary index: each
 state change of an item writes one row (a draw from a lease writes only
 its item). Finding the oldest queued items scans the
-table; reads cost a thousandth of writes. Version 2 added the lease table;
-version 3 the pacing table: per key, the interval the holder asks between
-requests, written only when that interval changes (about once per key), so
-that a new instance paces its first request as the holder asked; version 4
-the items' ``done_at``.
+table; reads cost a thousandth of writes.
 
 A released or cancelled item is kept ``keep_done_ms`` (so that enqueueing
 its id again is a no-op and ``status`` still answers), then deleted. That
@@ -44,8 +41,20 @@ import json
 from collections.abc import Set as AbstractSet
 from typing import Any
 
-from .._schema import Step, migrate
+from .._schema import migrate
 from .._sql import GrowingCounter, Sql
+from .queue_schema import (
+    _SCHEMA,
+    COMPONENT as COMPONENT,
+    GRANTS,
+    ITEMS,
+    LABEL,
+    LEASES,
+    PACING,
+    SPOKEN,
+    TABLES as TABLES,
+    _holds_anything,
+)
 from .queue_states import (
     ADMITTED,
     CLAIMING,
@@ -60,96 +69,6 @@ from .queue_states import (
     Via,
     move,
 )
-
-COMPONENT = "semaphore-queue"
-ITEMS = "durability_queue_items"
-GRANTS = "durability_queue_grants"
-LEASES = "durability_queue_leases"
-PACING = "durability_queue_pacing"
-SPOKEN = "durability_queue_spoken_as_given"
-LABEL = "durability_queue_label"
-TABLES = (ITEMS, GRANTS, LEASES, PACING, SPOKEN, LABEL)
-_HELD_TABLES = (ITEMS, PACING, GRANTS, LEASES)
-
-
-def _holds_anything(sql: Sql) -> bool:
-    """A row in any table that stands for something a holder may charge to the queue."""
-    return any(sql.one(f"SELECT 1 AS held FROM {table} LIMIT 1") for table in _HELD_TABLES)
-
-
-def _spoken_since(sql: Sql, before: int) -> None:
-    """Version 6, for a queue of an older version that holds anything: it spoke as given (a new one holds nothing)."""
-    if before > 0 and _holds_anything(sql):
-        sql.exec(f"INSERT INTO {SPOKEN} (since) VALUES (?)", before)
-
-
-_SCHEMA: dict[int, list[Step]] = {
-    1: [
-        f"""
-        CREATE TABLE IF NOT EXISTS {ITEMS} (
-          id TEXT PRIMARY KEY,
-          key TEXT NOT NULL,
-          grp TEXT NOT NULL,
-          body TEXT NOT NULL,
-          seq INTEGER NOT NULL,
-          enqueued_at REAL NOT NULL,
-          state TEXT NOT NULL,
-          grant_id TEXT,
-          via TEXT,
-          admitted_at REAL  -- when admit() returned; written before version 3, unused since
-        ) WITHOUT ROWID
-        """,
-        f"""
-        CREATE TABLE IF NOT EXISTS {GRANTS} (
-          grant_id TEXT PRIMARY KEY,
-          key TEXT NOT NULL,
-          grp TEXT NOT NULL,
-          permits INTEGER NOT NULL,
-          claimed INTEGER NOT NULL,
-          confirmed INTEGER NOT NULL,
-          released INTEGER NOT NULL,
-          claim_deadline REAL NOT NULL
-        ) WITHOUT ROWID
-        """,
-    ],
-    2: [
-        f"""
-        CREATE TABLE IF NOT EXISTS {LEASES} (
-          lease_id TEXT PRIMARY KEY,
-          key TEXT NOT NULL,
-          grp TEXT NOT NULL,
-          permits INTEGER NOT NULL,
-          drawn INTEGER NOT NULL,
-          released INTEGER NOT NULL,
-          stopped INTEGER NOT NULL,
-          ttl_ms REAL NOT NULL,
-          renew_at REAL NOT NULL,
-          settled_at REAL
-        ) WITHOUT ROWID
-        """,
-    ],
-    3: [
-        f"""
-        CREATE TABLE IF NOT EXISTS {PACING} (
-          key TEXT PRIMARY KEY,
-          interval_ms REAL NOT NULL
-        ) WITHOUT ROWID
-        """,
-    ],
-    4: [f"ALTER TABLE {ITEMS} ADD COLUMN done_at REAL"],  # when released or cancelled (see purge_done)
-    # A draw's number in its lease (1, 2, ...), written with the draw itself:
-    # no row more (see lease_book).
-    5: [f"ALTER TABLE {ITEMS} ADD COLUMN draw INTEGER"],
-    # Before version 6 a queue spoke to its holders as the client_id it was
-    # given; since, as its object's id (queue_identity). A queue that holds
-    # anything from before keeps speaking as given until it holds nothing
-    # (see QueueStore.spoken_as_given): its holders charge what it holds to that id.
-    6: [f"CREATE TABLE IF NOT EXISTS {SPOKEN} (since INTEGER PRIMARY KEY)", _spoken_since],
-    # The label a queue was given, for an instance given none: an object
-    # reached through its id alone (a holder calling back a client it knows
-    # by id) may not know the name its label was made from (see label).
-    7: [f"CREATE TABLE IF NOT EXISTS {LABEL} (label TEXT NOT NULL)"],
-}
 
 _LEASE_COLUMNS = "lease_id, key, grp, permits, drawn, released, stopped, ttl_ms, renew_at, settled_at"
 _ITEM_COLUMNS = "id, key, grp, body, seq, enqueued_at, state, grant_id, via, admitted_at, draw"

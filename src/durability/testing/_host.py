@@ -1,13 +1,14 @@
 """One Durable Object in the embedded runtime: durable storage, live instance, events.
 
 Lives here: the object's life (instance created on the first event, dropped
-on eviction or hibernation while its storage stays), the input gate, the
-implicit write batch and the output gate, the one alarm and its retries, its
-limits (an alarm's 15 minutes, the CPU left since the last request), when
-it is awake (its tasks and its code's timers, counted by ``_meters``), and
-how an event (an RPC call, an alarm) runs against the live instance. ``HostServices``
-lists all a host needs from around it; ``ObjectFaultPolicy`` is the part of
-fault injection it asks about.
+on eviction or hibernation while its storage stays), its limits (the CPU
+left since the last request, the requests it takes per second), when it is
+awake (its tasks and its code's timers, counted by ``_meters``), and how an
+event (an RPC call, an alarm) runs against the live instance. Its gates and
+write batch are in ``_gates``, its alarm in ``_alarms``, what it is billed
+for in ``_stats`` and the errors its callers see in ``_errors``.
+``HostServices`` lists all a host needs from around it;
+``ObjectFaultPolicy`` is the part of fault injection it asks about.
 Must not know: the runtime itself, how calls travel between objects or how
 faults are chosen; the host asks ``HostServices`` for what it needs, and the
 runtime asks the host to act.
@@ -16,35 +17,31 @@ runtime asks the host to act.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import contextvars
 import inspect
 import random
-import traceback
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any, Protocol
 
+from ._alarms import (
+    _UNSET,
+    ALARM_MAX_RETRIES as ALARM_MAX_RETRIES,
+    ObjectAlarm,
+)
 from ._clock import RuntimeLoop
+from ._errors import (
+    RESET_MESSAGE as RESET_MESSAGE,
+    overloaded_error,
+    python_error as python_error,
+    reset_error as reset_error,
+)
+from ._gates import ObjectGates
 from ._meters import AwakeMeter, LoadMeter
 from ._sql import SqlDatabase
+from ._stats import OBJECT_GB as OBJECT_GB, ObjectStats as ObjectStats
 from ._storage import DurableObjectAbort, DurableObjectId, DurableObjectState
-from ._values import JsDict, JsException, rpc_copy
-
-# Production's alarm retries: 6 after the first attempt, from 2 s doubling,
-# with up to 25% jitter (workerd's alarm scheduler).
-ALARM_MAX_RETRIES = 6
-ALARM_FIRST_BACKOFF_MS = 2_000
-ALARM_JITTER = 0.25
-
-# What a caller sees when the object it called was reset under it.
-RESET_MESSAGE = "Network connection lost."
-
-# An alarm's run ends after 15 minutes of wall time, as production ends it;
-# the run counts as failed and is retried. Production aborts the object's
-# context, and so the instance, with it (inferred from workerd's source).
-ALARM_WALL_LIMIT_MS = 15 * 60_000
-ALARM_TIME_LIMIT_MESSAGE = "Durable Object alarm exceeded its 15-minute wall-time limit and was reset."
+from ._values import JsException, rpc_copy
 
 # Production's CPU limit: every request (an RPC call or an alarm) tops the
 # object's CPU time up to the limit, and an object whose code runs past it
@@ -52,16 +49,11 @@ ALARM_TIME_LIMIT_MESSAGE = "Durable Object alarm exceeded its 15-minute wall-tim
 DEFAULT_CPU_LIMIT_MS = 30_000
 CPU_LIMIT_MESSAGE = "Durable Object exceeded its CPU time limit and was reset."
 
-# Duration is billed per GB-s at 128 MB an object, whatever it uses.
-OBJECT_GB = 0.128
-
 # Production removes an object from memory after 10 s with nothing pending but
 # its alarm (Cloudflare's Durable Object lifecycle page: "hibernateable").
 HIBERNATE_AFTER_MS = 10_000
 HIBERNATED_MESSAGE = "Durable Object hibernated: nothing was pending for 10 s."
 
-# What a caller sees when the object it called takes no more requests for now.
-OVERLOADED_MESSAGE = "Durable Object is overloaded. Too many requests queued."
 # The soft limit on one object's requests (RPC calls and alarms), per second.
 DEFAULT_MAX_REQUESTS_PER_S = 1_000
 
@@ -75,62 +67,11 @@ current_generation: contextvars.ContextVar[int] = contextvars.ContextVar(
     "durability_current_generation", default=-1
 )
 
-_UNSET = object()
-
 
 def current_object() -> ObjectHost | None:
     """The object whose code is running now (None outside every object): for
     tests and benchmarks that attribute what happens to the object it happens in."""
     return current_host.get()
-
-
-def reset_error(reason: str = RESET_MESSAGE) -> JsException:
-    error = JsException(reason)
-    error.durableObjectReset = True  # as workerd marks it
-    error.retryable = True
-    return error
-
-
-def overloaded_error() -> JsException:
-    error = JsException(OVERLOADED_MESSAGE)
-    error.overloaded = True  # as workerd marks it: retrying would only add to the load
-    error.retryable = False
-    return error
-
-
-def python_error(error: BaseException) -> JsException:
-    """A Python exception as a remote caller receives it: a PythonError whose
-    message is the formatted traceback (the stack itself does not travel)."""
-    text = "".join(traceback.format_exception(type(error), error, error.__traceback__))
-    return JsException(text, name="PythonError")
-
-
-@dataclass
-class ObjectStats:
-    """What this object would be billed for, counted as production bills it."""
-
-    requests: int = 0
-    alarm_invocations: int = 0
-    alarm_writes: int = 0
-    evictions: int = 0
-    hibernations: int = 0  #: instances dropped for having nothing pending (``hibernate_after_ms``)
-    instances_created: int = 0
-    overloaded: int = 0  #: calls refused as overloaded (not billed, never run)
-    peak_requests_per_s: int = 0  #: the most requests taken within any one second
-    #: requests taken per second of the runtime's clock (second since it started -> count)
-    requests_by_second: dict[int, int] = field(default_factory=dict)
-    cpu_s: float = 0.0  #: CPU seconds the object's code ran for (every step of its tasks)
-    #: seconds of the clock the object was awake, as duration is billed: while
-    #: an event runs, a task of its instance is pending (awaiting a call, a
-    #: fetch, a sleep) or a timer its code set is pending; periods still open
-    #: are added by ``ObjectHost.awake_s()``
-    awake_s: float = 0.0
-    #: those periods, as (start, end) in seconds of the loop's clock
-    awake_periods: list[tuple[float, float]] = field(default_factory=list)
-
-    @property
-    def cpu_ms_per_request(self) -> float:
-        return 1000 * self.cpu_s / self.requests if self.requests else 0.0
 
 
 class ObjectFaultPolicy(Protocol):
@@ -166,7 +107,7 @@ class HostServices:
     report_background_error: Callable[[ObjectHost, BaseException], None]
 
 
-class ObjectHost:
+class ObjectHost(ObjectGates, ObjectAlarm):
     """One Durable Object: its storage, its live instance and the events it runs."""
 
     def __init__(self, services: HostServices, cls: type, class_name: str,
@@ -340,180 +281,6 @@ class ObjectHost:
         self._gate_depth = 0
         self._wake_gate_waiters()
 
-    # -- input gate -----------------------------------------------------
-    async def wait_gate_open(self) -> None:
-        while self._gate_depth > 0:
-            waiter = self.loop.create_future()
-            self._gate_waiters.append(waiter)
-            await waiter
-
-    def close_gate(self) -> None:
-        self._gate_depth += 1
-
-    def open_gate(self, generation: int) -> None:
-        if generation == self.generation and self._gate_depth > 0:
-            self._gate_depth -= 1
-            if self._gate_depth == 0:
-                self._wake_gate_waiters()
-
-    def _wake_gate_waiters(self) -> None:
-        waiters, self._gate_waiters = self._gate_waiters, []
-        for waiter in waiters:
-            if not waiter.done():
-                waiter.set_result(None)
-
-    @contextlib.asynccontextmanager
-    async def input_gate_closed(self) -> AsyncIterator[None]:
-        """A storage operation: no other event is delivered until it is done."""
-        generation = self.generation
-        self.close_gate()
-        try:
-            await asyncio.sleep(0)
-            yield
-        finally:
-            self.open_gate(generation)
-
-    async def storage_round_trip(self) -> None:
-        async with self.input_gate_closed():
-            pass
-
-    def run_transaction_sync(self, fn: Callable[[], Any]) -> Any:
-        """``transactionSync``: SQL and the staged alarm roll back together."""
-        staged = self._staged_alarm
-        try:
-            return self.db.run_in_savepoint(fn)
-        except BaseException:
-            self._staged_alarm = staged
-            raise
-
-    async def run_transaction(self, fn: Callable[[Any], Awaitable[Any]], txn: Any) -> Any:
-        """``storage.transaction(fn)``: the savepoint stays open across fn's awaits,
-        and the batch does not commit before it closes."""
-        staged = self._staged_alarm
-        name = self.db.begin_savepoint()
-        try:
-            result = fn(txn)
-            if inspect.isawaitable(result):
-                result = await result
-        except BaseException:
-            if self.db.in_batch:
-                self.db.end_savepoint(name, rollback=True)
-                self._staged_alarm = staged
-            raise
-        self.db.end_savepoint(name, rollback=False)
-        return result
-
-    # -- implicit write batch and output gate ---------------------------
-    def _batch_opened(self) -> None:
-        self._batches_opened += 1
-        # Production commits the implicit transaction on the next turn of
-        # the event loop: every await that suspends ends the batch.
-        self._commit_handle = self.loop.call_soon(self._commit)
-
-    def _commit(self) -> None:
-        self._commit_handle = None
-        if not self.db.in_batch:
-            return
-        if self._services.faults.crash_before_commit(self.class_name):
-            self.evict("Durable Object reset: the instance crashed before its writes committed.")
-            return
-        self.db.commit_batch()
-        if self.db.in_batch:  # a savepoint is still open: try again next turn
-            self._commit_handle = self.loop.call_soon(self._commit)
-            return
-        if self._staged_alarm is not _UNSET:
-            self.alarm_at, self._staged_alarm = self._staged_alarm, _UNSET
-            self._alarm_retry = 0
-            self._arm_alarm_timer()
-        waiters, self._commit_waiters = self._commit_waiters, []
-        for waiter in waiters:
-            if not waiter.done():
-                waiter.set_result(None)
-
-    def batch_mark(self) -> int:
-        return self._batches_opened
-
-    async def flushed(self, since: int | None = None) -> None:
-        """Wait until every write made so far is durable (the output gate).
-
-        With ``since`` (a ``batch_mark()`` taken before an event ran), fail
-        if any write batch opened after it was lost: the event's effects are
-        gone, so its reply must not be seen.
-        """
-        if self.db.in_batch:
-            waiter = self.loop.create_future()
-            self._commit_waiters.append(waiter)
-            await waiter
-        if since is not None and self._last_lost_batch > since:
-            raise reset_error(self.reset_reason)
-
-    # -- the one alarm ----------------------------------------------------
-    def stage_alarm(self, at_ms: float | None) -> None:
-        self.db.open_batch()
-        self._staged_alarm = at_ms
-        self.stats.alarm_writes += 1  # each setAlarm is billed as a row written
-
-    def alarm_for_reading(self) -> float | None:
-        return self.alarm_at if self._staged_alarm is _UNSET else self._staged_alarm
-
-    def _arm_alarm_timer(self) -> None:
-        if self._alarm_timer is not None:
-            self._alarm_timer.cancel()
-            self._alarm_timer = None
-        if self.alarm_at is not None and not self._alarm_running:
-            when = max(self.loop.time(), self.loop.loop_time_for(self.alarm_at))
-            self._alarm_timer = self.loop.call_at_exact(when, self._alarm_due)
-
-    def _alarm_due(self) -> None:
-        self._alarm_timer = None
-        if self.alarm_at is None or self._alarm_running:
-            return
-        self._services.spawn_system(self._deliver_alarm())
-
-    async def _deliver_alarm(self, duplicate: bool = False) -> None:
-        retry = self._alarm_retry
-        scheduled = self.alarm_at
-        if not duplicate:
-            self.alarm_at = None  # getAlarm() is None while the handler runs
-        self._alarm_running = True
-        self.stats.alarm_invocations += 1
-        self._load.count_request()
-        self._services.log_event(self, "alarm", f"retry {retry}" if retry else "")
-        succeeded = False
-        evict_after = self._services.faults.alarm_eviction(self.class_name)
-        if evict_after is not None:
-            self.loop.call_later_exact(evict_after / 1000, self.evict_if_current, self.generation)
-        try:
-            if self._services.faults.out_of_order(self.class_name, self.name, "alarms"):
-                raise JsException("the alarm's run failed before its handler ran (an outage)")
-            info = JsDict(retryCount=retry, isRetry=retry > 0, scheduledTime=scheduled)
-            mark = self.batch_mark()
-            await _alarm_within_limit(self, info)
-            await self.flushed(since=mark)
-            succeeded = not self._services.faults.alarm_fails(self.class_name)
-        except (Exception, DurableObjectAbort) as error:  # the handler threw, or the instance was reset
-            self._services.log_event(self, "alarm failed", repr(error))
-        finally:
-            self._alarm_running = False
-        if succeeded:
-            if not duplicate and self._services.faults.duplicate_alarm(self.class_name):
-                self._services.spawn_system(self._deliver_alarm(duplicate=True))
-        elif not duplicate and retry < ALARM_MAX_RETRIES:
-            backoff = ALARM_FIRST_BACKOFF_MS * 2**retry
-            retry_at = self.loop.now_ms() + backoff * (1 + ALARM_JITTER * self.rng.random())
-            if self.alarm_at is None or retry_at <= self.alarm_at:
-                self.alarm_at = retry_at
-                self._alarm_retry = retry + 1
-        elif not duplicate:
-            self._services.log_event(self, "alarm abandoned", f"after {retry} retries")
-        self._arm_alarm_timer()
-
-    async def _alarm_event(self, info: JsDict) -> None:
-        instance = await self.admit_event()
-        handler = getattr(instance, "alarm", None)
-        if handler is None:
-            raise TypeError(f"{self.class_name} has no alarm() handler")
-        await _call_alarm(handler, info)
 
     # -- an RPC call --------------------------------------------------------
     async def call(self, method: str, args: list[Any], named: bool = True) -> Any:
@@ -575,35 +342,8 @@ def _hibernate_if_asleep(host: ObjectHost, generation: int, since: float | None)
         host.evict(HIBERNATED_MESSAGE, counted=False)
 
 
-async def _alarm_within_limit(host: ObjectHost, info: JsDict) -> None:
-    """The alarm's handler, cut off with its instance past the wall-time limit."""
-    generation = host.generation
-    limit = asyncio.timeout(ALARM_WALL_LIMIT_MS / 1000)
-    try:
-        async with limit:
-            await host.run_event(host._alarm_event(info))
-    except TimeoutError:
-        if not limit.expired():
-            raise  # the handler's own timeout, not the limit's
-        if generation == host.generation:
-            host.evict(ALARM_TIME_LIMIT_MESSAGE)
-        raise reset_error(ALARM_TIME_LIMIT_MESSAGE) from None
-
-
 async def _as_coroutine(awaitable: Awaitable[Any]) -> Any:
     return await awaitable
-
-
-async def _call_alarm(handler: Callable[..., Any], info: JsDict) -> None:
-    # workerd calls alarm() with relaxed arity: ``def alarm(self)`` works too.
-    parameters: Mapping[str, object]
-    try:
-        parameters = inspect.signature(handler).parameters
-    except (TypeError, ValueError):
-        parameters = {"info": None}
-    result = handler(info) if parameters else handler()
-    if inspect.isawaitable(result):
-        await result
 
 
 def _silence(task: asyncio.Task[Any]) -> None:

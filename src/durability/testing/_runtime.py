@@ -1,10 +1,12 @@
 """The embedded runtime: a Worker module's Durable Objects, run on CPython.
 
 Lives here: loading the Worker from ``wrangler.toml``, ``env`` with its
-namespaces and vars, stubs and the journey of an RPC call (copies, latency,
-faults), calls into the ``Default`` entrypoint, the loop that runs it all
-(on virtual time, or real time to serve), and the services each
-``ObjectHost`` is given.
+namespaces and vars, the journey of an RPC call (copies, latency, faults),
+calls into the ``Default`` entrypoint, the loop that runs it all (on
+virtual time, or real time to serve), and the services each
+``ObjectHost`` is given. ``env``'s classes and the stubs are in
+``_bindings``, the loop's hooks in ``_loop_hooks``, the import of the
+Worker's module in ``_worker_module``.
 Must not know: what happens inside an object; ``ObjectHost`` owns that.
 """
 
@@ -13,17 +15,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
-import importlib.util
 import inspect
 import os
 import random
-import sys
 import tomllib
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import Awaitable, Iterator, Sequence
 from pathlib import Path
 from types import ModuleType
 from typing import Any, Literal
 
+from ._bindings import DurableObjectNamespace, DurableObjectStub, Env
 from ._clock import DEFAULT_EPOCH_MS, RealClockLoop, RuntimeLoop, VirtualClockLoop, patched_wall_clock
 from ._cron import CronSchedule
 from ._faults import FaultPlanner, Faults
@@ -39,82 +40,10 @@ from ._host import (
     python_error,
     reset_error,
 )
+from ._loop_hooks import _cpu_meter, _task_factory, _timer_owner
 from ._storage import DurableObjectId, ExecutionContext
 from ._values import JsDict, JsException, rpc_copy
-from ._workers_standin import install_workers_standin
-
-_HEX_DIGITS = set("0123456789abcdef")
-
-
-class DurableObjectNamespace:
-    """``env.BINDING`` for a Durable Object class."""
-
-    def __init__(self, runtime: Runtime, class_name: str, cls: type) -> None:
-        self._runtime = runtime
-        self.class_name = class_name
-        self.cls = cls
-
-    def idFromName(self, name: str) -> DurableObjectId:
-        if not isinstance(name, str):
-            raise JsException("idFromName() takes a string", name="TypeError")
-        return DurableObjectId(self.class_name, name)
-
-    def idFromString(self, hex_id: str) -> DurableObjectId:
-        if not (isinstance(hex_id, str) and len(hex_id) == 64 and set(hex_id) <= _HEX_DIGITS):
-            raise JsException("Invalid Durable Object ID: must be 64 hex digits", name="TypeError")
-        return DurableObjectId(self.class_name, None, hex_id)
-
-    def newUniqueId(self, options: Any = None) -> DurableObjectId:
-        hex_id = f"{self._runtime.rng.getrandbits(256):064x}"
-        return DurableObjectId(self.class_name, None, hex_id)
-
-    def get(self, object_id: DurableObjectId, options: Any = None) -> DurableObjectStub:
-        if not isinstance(object_id, DurableObjectId):
-            raise JsException("get() takes a DurableObjectId", name="TypeError")
-        return DurableObjectStub(self._runtime, self, object_id)
-
-    def getByName(self, name: str, options: Any = None) -> DurableObjectStub:
-        return self.get(self.idFromName(name))
-
-
-class DurableObjectStub:
-    """A stub: each public method call travels as RPC, copying both ways.
-
-    A call that fails breaks the stub, whatever failed: later calls fail the
-    same way until a new stub is made with ``get`` or ``getByName``. Some
-    errors leave a production stub usable, but code that recreates its
-    stub after every error is right in every case.
-    """
-
-    def __init__(self, runtime: Runtime, namespace: DurableObjectNamespace,
-                 object_id: DurableObjectId) -> None:
-        self._runtime = runtime
-        self._namespace = namespace
-        self.id = object_id
-        self.name = object_id.name
-        self._broken: JsException | None = None
-
-    def __getattr__(self, method: str) -> Callable[..., Awaitable[Any]]:
-        if method.startswith("_"):
-            raise AttributeError(method)
-
-        def call(*args: Any, **kwargs: Any) -> Awaitable[Any]:
-            if kwargs:  # the SDK sends keyword arguments as one trailing object
-                args = (*args, kwargs)
-            sent = [rpc_copy(arg) for arg in args]  # refusals raise here, at the call
-            return self._runtime._send(self, method, sent)
-
-        return call
-
-
-class Env:
-    """``env``: bindings and vars as attributes."""
-
-    def __init__(self, values: dict[str, Any]) -> None:
-        self.__dict__.update(values)
-
-    def __repr__(self) -> str:
-        return f"Env({', '.join(sorted(self.__dict__))})"
+from ._worker_module import load_worker_module
 
 
 class Runtime:
@@ -429,12 +358,6 @@ class Runtime:
         return await instance.fetch(request)
 
 
-def _cpu_meter(context: contextvars.Context) -> Callable[[float], None] | None:
-    """Each step run in an object's context is charged to that object."""
-    host = context.get(current_host)
-    return host.charge_cpu if host is not None else None
-
-
 def _hibernation(given: float | None) -> float | None:
     if given is not None:
         return given
@@ -442,45 +365,8 @@ def _hibernation(given: float | None) -> float | None:
     return float(from_env) if from_env else None
 
 
-def _timer_owner(context: contextvars.Context | None) -> ObjectHost | None:
-    """A timer set by an object's live instance keeps that object awake."""
-    host = current_host.get() if context is None else context.get(current_host)
-    generation = current_generation.get() if context is None else context.get(current_generation, -1)
-    return host if host is not None and generation == host.generation else None
-
-
-def _task_factory(loop: asyncio.AbstractEventLoop, coroutine: Any,
-                  context: contextvars.Context | None = None) -> asyncio.Task[Any]:
-    """Every task an object's code starts belongs to that object's instance,
-    so that eviction stops it, as it stops everything in production."""
-    task = asyncio.Task(coroutine, loop=loop, context=context)
-    source = context if context is not None else contextvars.copy_context()
-    host = source.get(current_host)
-    if host is not None:
-        # Context.get ignores the variable's own default; that default, -1, is no instance's.
-        host.adopt(task, source.get(current_generation, -1))
-    return task
-
-
 async def _await(awaitable: Awaitable[Any]) -> Any:
     return await awaitable
-
-
-def load_worker_module(path: Path) -> ModuleType:
-    """Import a Worker module afresh, with the CPython stand-in for ``workers``."""
-    path = Path(path).resolve()
-    if not path.is_file():
-        raise FileNotFoundError(f"Worker module {path} not found")
-    install_workers_standin()
-    source_dir = str(path.parent)
-    if source_dir not in sys.path:
-        sys.path.insert(0, source_dir)
-    spec = importlib.util.spec_from_file_location(path.stem, path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[path.stem] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 __all__ = ["Runtime", "DurableObjectNamespace", "DurableObjectStub", "Env", "JsDict",
