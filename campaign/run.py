@@ -19,10 +19,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from durability.semaphore import allocation
-from durability.semaphore.queue_identity import client_label, wire_identity
-from durability.semaphore.store import GRANT_ROWS
-from durability.semaphore.tree import holder_for
+from durability.semaphore.holder.pure import allocation
+from durability.semaphore.holder.store import GRANT_ROWS
+from durability.semaphore.identity import client_label, wire_identity
+from durability.semaphore.tree.pure.rules import holder_for
 from durability.testing import HIBERNATE_AFTER_MS, Faults, Outage, Runtime, load_worker_module
 
 from .checks import SWEEP_CRON, Truth, Violations, liveness_bound_ms, overlaps_beyond_limits

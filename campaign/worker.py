@@ -20,9 +20,9 @@ from workers import DurableObject, WorkerEntrypoint
 from campaign.scenario import FINISHED_CHECK_MS, GRANT_TIMEOUT_MS, KEEP_DONE_MS, RETRY_MAX_MS, WAKE_AFTER_MS
 from durability import Backoff, DurabilityScheduler
 from durability.semaphore import DurabilitySemaphore, DurabilitySemaphoreQueue
-from durability.semaphore.allocation import usage
-from durability.semaphore.leases import lease_usage
-from durability.semaphore.queue_identity import client_label
+from durability.semaphore.holder.pure.allocation import usage
+from durability.semaphore.holder.pure.leases import lease_usage
+from durability.semaphore.identity import client_label
 from durability.testing import JsException
 
 CONFIG = {

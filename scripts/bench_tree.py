@@ -60,8 +60,8 @@ sys.path[:0] = [str(ROOT / "src"), str(ROOT)]
 
 from bench import measure  # noqa: E402
 from durability.semaphore import DurabilitySemaphore  # noqa: E402
+from durability.semaphore.identity import SEPARATOR  # noqa: E402
 from durability.semaphore.messages import MAX_DEMAND_TIMES  # noqa: E402
-from durability.semaphore.queue_identity import SEPARATOR  # noqa: E402
 from durability.testing import JsException, Runtime, load_worker_module  # noqa: E402
 
 WORKER = Path(__file__).resolve().parent / "bench_workers" / "tree_bench.py"

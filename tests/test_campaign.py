@@ -14,7 +14,7 @@ import pytest
 from campaign.run import run
 from campaign.scenario import MODES, Change, Job, Outage, Partition, Restart, Scenario, generate, smaller, with_plant
 from campaign.shrink import as_pytest_case, shrink
-from durability._sql import GrowingCounter
+from durability._common.sql import GrowingCounter
 from support import ROOT
 
 SAMPLE = 50

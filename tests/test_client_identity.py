@@ -11,9 +11,9 @@ import asyncio
 
 import pytest
 
-import durability.semaphore.queue as queue_module
+import durability.semaphore.queue.shell as queue_module
+from durability.semaphore.identity import client_label, wire_identity
 from durability.semaphore.messages import MAX_ID_LENGTH
-from durability.semaphore.queue_identity import client_label, wire_identity
 from support import holders_runtime, queue_jobs as jobs
 
 OBJECT_ID = "ab" * 32  # 64 hex digits, as Cloudflare's ids

@@ -7,14 +7,14 @@ import pytest
 import durability.experimental.semaphore as experimental
 import durability.semaphore as stable
 from durability import DurabilityOutbox
-from durability._schema import migrate
-from durability._sql import Sql
+from durability._common.schema import migrate
+from durability._common.sql import Sql
 from durability.locks.holder import PlaceKeeper
 from durability.locks.store import PlaceStore
 from durability.outbox import _SCHEMA as outbox_schema
 from durability.semaphore import DurabilitySemaphore, DurabilitySemaphoreQueue
-from durability.semaphore.queue_store import QueueStore
-from durability.semaphore.store import HolderStore
+from durability.semaphore.holder.store import HolderStore
+from durability.semaphore.queue.store import QueueStore
 from durability.testing._sql import SqlDatabase
 
 

@@ -14,9 +14,9 @@ import re
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from durability.semaphore.allocation import Grant, Limits, run_round
-from durability.semaphore.fairness import Claimant, FairPolicy, Share, allot, checked_share
-from durability.semaphore.holder_fairness import UserFairShare
+from durability.semaphore.holder.fair_options import UserFairShare
+from durability.semaphore.holder.pure.allocation import Grant, Limits, run_round
+from durability.semaphore.holder.pure.fairness import Claimant, FairPolicy, Share, allot, checked_share
 from durability.semaphore.messages import Demand, ProtocolError, Report, Request, ShareUsage, Usage
 
 T0 = 1_700_000_000_000.0

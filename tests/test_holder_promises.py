@@ -12,7 +12,7 @@ import asyncio
 import pytest
 
 from durability.locks import semaphore
-from durability.semaphore.store import GRANT_ROWS
+from durability.semaphore.holder.store import GRANT_ROWS
 from support import holders_runtime, locks_runtime
 
 TTL = 60_000

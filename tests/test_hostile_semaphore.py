@@ -20,8 +20,8 @@ import os
 
 from hypothesis import HealthCheck, given, settings, strategies as st
 
+from durability.semaphore.holder.store import GRANT_ROWS
 from durability.semaphore.messages import parse_reply
-from durability.semaphore.store import GRANT_ROWS
 from hostile import Tally, arbitrary, mutated
 from support import holders_runtime
 

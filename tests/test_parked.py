@@ -7,12 +7,12 @@ import math
 import pytest
 from hypothesis import given, strategies as st
 
-from durability.semaphore.allocation import Grant
-from durability.semaphore.holder_parked import ParkedRequests, holdings, next_wake_at, silent_holders
-from durability.semaphore.leases import Lease
+from durability.semaphore.holder.parked import ParkedRequests, holdings, next_wake_at, silent_holders
+from durability.semaphore.holder.pure.allocation import Grant
+from durability.semaphore.holder.pure.leases import Lease
+from durability.semaphore.holder.pure.line import ParkedLine
 from durability.semaphore.messages import Demand, LeaseReport, Report, Request
-from durability.semaphore.parked import ParkedLine
-from durability.semaphore.queue_core import FALLBACK_SLACK_MS, fallback_at
+from durability.semaphore.queue.pure.core import FALLBACK_SLACK_MS, fallback_at
 
 
 def request(client, *demand, wait=30_000, **extra):
@@ -163,7 +163,7 @@ def test_a_round_calls_the_client_whose_sync_started_it_only_once_its_entry_is_u
     # nothing of the client's demand, and items its queue gained since its
     # last word are in no entry: once the round used the entry up, only the
     # call's answer puts them in line (else they wait for the fallback).
-    from durability.semaphore.allocation import ClientOutcome
+    from durability.semaphore.holder.pure.allocation import ClientOutcome
 
     async def on_news(more, gave_back):
         pass

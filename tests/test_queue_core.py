@@ -4,8 +4,8 @@ import pytest
 from hypothesis import given, strategies as st
 
 from durability.semaphore.messages import NOT_FOUND, OK, GrantEntry, ReportOutcome
-from durability.semaphore.queue_core import may_leave_line, pacing_interval, report_due, settle, usable_claims
-from durability.semaphore.queue_states import (
+from durability.semaphore.queue.pure.core import may_leave_line, pacing_interval, report_due, settle, usable_claims
+from durability.semaphore.queue.pure.states import (
     ADMITTED,
     CANCELLED,
     CLAIMING,

@@ -3,7 +3,7 @@
 import pytest
 
 from durability import JobRetention
-from durability.retention import DAY_MS, HOUR_MS, MIN_AGE_MS
+from durability.jobs.retention import DAY_MS, HOUR_MS, MIN_AGE_MS
 
 NOW = 1_000 * DAY_MS
 

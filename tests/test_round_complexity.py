@@ -19,9 +19,9 @@ from collections.abc import Callable
 
 import pytest
 
-from durability.semaphore.allocation import ClientOutcome, Grant, Limits, news_for, run_round
-from durability.semaphore.fairness import FairPolicy, Share
-from durability.semaphore.holder_line import Line
+from durability.semaphore.holder.pure.allocation import ClientOutcome, Grant, Limits, news_for, run_round
+from durability.semaphore.holder.pure.fairness import FairPolicy, Share
+from durability.semaphore.holder.pure.line_mark import Line
 from durability.semaphore.messages import MAX_DEMAND_TIMES, Demand, Report, Request
 
 GROUPS = [f"g{i:02d}" for i in range(20)]

@@ -358,7 +358,7 @@ def test_a_live_instance_whose_alarm_was_lost_resumes_at_a_wake_a_read_or_a_writ
     # The instance lives on, and believes its alarm is set. A sweep's wake()
     # checks at once; a read through the library (resume_if_overdue) or a sync, once the
     # alarm is overdue.
-    from durability.scheduler import OVERDUE_MS
+    from durability.scheduler.alarm import OVERDUE_MS
 
     stub = runtime.env.TIMERS.getByName("t")
 
@@ -386,7 +386,7 @@ def test_an_object_whose_alarm_keeps_failing_sets_it_again_once_per_overdue_peri
     # Every alarm run fails for 20 minutes. Reads and writes keep coming, every
     # 10 s: each overdue alarm is set again once (the runtime then retries it
     # and gives up again), not once per call.
-    from durability.scheduler import OVERDUE_MS
+    from durability.scheduler.alarm import OVERDUE_MS
     from durability.testing import Outage
 
     with timers_runtime(faults=Faults(outages=(Outage("Timers:t", 0, 1_200_000),))) as runtime:
@@ -411,7 +411,7 @@ def test_a_failed_alarm_run_counts_as_an_alarm_owed_that_a_read_notices_once_giv
     # alarm() itself fails (its dispatch raises), then every retry fails
     # before its handler runs and the runtime gives up. A read three minutes
     # later still notices: the run that failed left an alarm owed.
-    from durability.scheduler import OVERDUE_MS
+    from durability.scheduler.alarm import OVERDUE_MS
     from durability.testing import Outage
 
     with timers_runtime(faults=Faults(outages=(Outage("Timers:t", 1_500, 300_000),))) as runtime:

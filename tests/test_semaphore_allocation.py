@@ -17,7 +17,7 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
-from durability.semaphore.allocation import (
+from durability.semaphore.holder.pure.allocation import (
     Changes,
     Grant,
     Limits,
@@ -29,8 +29,8 @@ from durability.semaphore.allocation import (
     run_round,
     usage,
 )
-from durability.semaphore.holder_line import Line, permits_at_once
-from durability.semaphore.leases import SETTLED_MEMORY_MS, Lease, LeaseIds, LeasePolicy
+from durability.semaphore.holder.pure.leases import SETTLED_MEMORY_MS, Lease, LeaseIds, LeasePolicy
+from durability.semaphore.holder.pure.line_mark import Line, permits_at_once
 from durability.semaphore.messages import (
     EXPIRED,
     GROUP_LIMIT,

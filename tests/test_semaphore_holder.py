@@ -4,8 +4,8 @@ import asyncio
 
 import pytest
 
+from durability.semaphore.holder.store import GRANT_ROWS
 from durability.semaphore.messages import MAX_WAIT_MS
-from durability.semaphore.store import GRANT_ROWS
 from durability.testing import Faults, JsException
 from support import holders_runtime
 
@@ -354,7 +354,7 @@ def test_a_fair_share_callback_that_raises_serves_the_round_oldest_first_and_usa
 
 
 def test_fair_share_and_leases_together_are_refused_at_construction():
-    from durability.semaphore.holder_fairness import fair_share_of
+    from durability.semaphore.holder.fair_options import fair_share_of
 
     with pytest.raises(ValueError, match="fair_share= or leases="):
         fair_share_of({"weight": 1}, {"provisioning": {"mode": "strict"}})

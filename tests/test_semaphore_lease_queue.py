@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from durability.semaphore.store import GRANT_ROWS
+from durability.semaphore.holder.store import GRANT_ROWS
 from durability.testing import Faults
 from support import (
     assert_back_in_line_with_the_release,

@@ -16,7 +16,7 @@ import pytest
 from hypothesis import HealthCheck, settings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
-from durability.semaphore.allocation import (
+from durability.semaphore.holder.pure.allocation import (
     Limits,
     Working,
     apply_all_reports,
@@ -27,7 +27,7 @@ from durability.semaphore.allocation import (
     run_round,
     usage,
 )
-from durability.semaphore.leases import (
+from durability.semaphore.holder.pure.leases import (
     Lease,
     LeaseIds,
     LeasePolicy,

@@ -11,7 +11,7 @@ import asyncio
 
 import pytest
 
-from durability.semaphore.queue_core import AT_ONCE_IN_A_ROW, REACHED_MS, ask_again_at_once
+from durability.semaphore.queue.pure.core import AT_ONCE_IN_A_ROW, REACHED_MS, ask_again_at_once
 from durability.testing import Faults
 from support import holders_runtime, queue_jobs as jobs
 

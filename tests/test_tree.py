@@ -15,10 +15,11 @@ from types import SimpleNamespace
 import pytest
 from hypothesis import given, strategies as st
 
-from durability._clock import now_ms
+from durability._common.clock import now_ms
 from durability.semaphore import DurabilitySemaphore
-from durability.semaphore.allocation import ClientOutcome, ResolutionFailed
-from durability.semaphore.holder_tree import AFTER_BEAT_MS, ParentLink
+from durability.semaphore.holder.pure.allocation import ClientOutcome, ResolutionFailed
+from durability.semaphore.holder.store import CLIENTS, GRANT_ROWS
+from durability.semaphore.identity import wire_identity
 from durability.semaphore.messages import (
     GROUP_LIMIT,
     LIMIT,
@@ -30,9 +31,8 @@ from durability.semaphore.messages import (
     ReportOutcome,
     Request,
 )
-from durability.semaphore.queue_identity import wire_identity
-from durability.semaphore.store import CLIENTS, GRANT_ROWS
-from durability.semaphore.tree import (
+from durability.semaphore.tree.link import AFTER_BEAT_MS, ParentLink
+from durability.semaphore.tree.pure.rules import (
     Borrowed,
     beat_phase,
     closed_groups,
@@ -86,7 +86,7 @@ def test_a_beat_is_the_first_at_or_after_a_time_and_a_period_from_the_next(at, p
 def test_a_tree_holders_rounds_keep_its_beat_and_a_loans_round_does_not_wait_for_it():
     from types import SimpleNamespace
 
-    from durability.semaphore.holder import _round_time
+    from durability.semaphore.holder.shell import _round_time
 
     beat = on_beat(now_ms(), 2_000.0, 0.0)
     holder = SimpleNamespace(_beat_phase_ms=0.0, round_wait_ms=1_000.0, round_period_ms=2_000.0,
@@ -331,7 +331,7 @@ def _link(timers=None):
 
 
 def test_a_childs_give_back_timer_is_set_again_each_time_it_fires_while_unconfirmed():
-    from durability.semaphore.holder_tree import GIVE, GIVER
+    from durability.semaphore.tree.link import GIVE, GIVER
 
     async def scenario():
         timers = _RunningTimers()
@@ -375,7 +375,7 @@ def test_a_child_whose_request_failed_asks_until_it_hears_though_nothing_waits_a
     # holds, and nothing else may start the parent to call it (the runtime
     # may have given up on its alarm). So the child asks, under the backoff,
     # and keeps a timer for it, until a request gets through.
-    from durability.semaphore.holder_tree import ASK, GIVE, GIVER
+    from durability.semaphore.tree.link import ASK, GIVE, GIVER
 
     async def scenario():
         timers = _FiringTimers()
@@ -402,8 +402,8 @@ def test_a_child_whose_request_failed_asks_until_it_hears_though_nothing_waits_a
 
 
 def test_a_refused_request_lent_nothing_and_the_child_does_not_ask_again_for_it():
-    from durability._wire import ProtocolError
-    from durability.semaphore.holder_tree import _may_have_lent
+    from durability._common.wire import ProtocolError
+    from durability.semaphore.tree.link import _may_have_lent
     from durability.testing import JsException
 
     overloaded = JsException("Durable Object is overloaded.")
@@ -428,7 +428,7 @@ def test_demand_that_comes_while_a_refresh_is_put_off_is_asked_for_within_a_peri
     # refresh, half of ``fresh_for_ms`` away); demand left by a later round
     # brings it forward, instead of waiting there while its clients do.
 
-    from durability.semaphore.holder_tree import ASK, GIVER
+    from durability.semaphore.tree.link import ASK, GIVER
 
     async def scenario():
         timers = _FiringTimers()
@@ -462,7 +462,7 @@ def test_a_give_back_goes_with_the_request_leaving_at_the_same_beat_and_alone_ot
     # A child asking every period gives back in its request, which reports
     # every loan's count: one exchange per beat, not a request and a sync.
     # With no request due, or one that left before the give-back, a sync goes.
-    from durability.semaphore.holder_tree import ASK, GIVER
+    from durability.semaphore.tree.link import ASK, GIVER
 
     async def scenario():
         link = _link()
@@ -512,9 +512,9 @@ def test_a_childs_requests_leave_just_after_its_beat_however_late_the_last_one_l
 
 
 def test_a_parent_in_the_middle_closes_no_group_for_what_it_owes():
-    from durability.semaphore.allocation import Grant
-    from durability.semaphore.holder import _tree_limits
-    from durability.semaphore.holder_limits import UserLimits
+    from durability.semaphore.holder.limits import UserLimits
+    from durability.semaphore.holder.pure.allocation import Grant
+    from durability.semaphore.holder.shell import _tree_limits
 
     async def scenario():
         link = _link()
@@ -622,8 +622,8 @@ def test_a_child_evicted_keeps_its_budget_counted_and_its_clients_are_served_onc
 
 
 def test_a_parent_writes_no_row_for_a_partial_give_back_of_a_loan_and_one_for_anything_else():
-    from durability.semaphore.allocation import Grant
-    from durability.semaphore.holder_books import release_needs_row
+    from durability.semaphore.holder.books import release_needs_row
+    from durability.semaphore.holder.pure.allocation import Grant
 
     loan = Grant("x", "acct~child-1", "g", 4, 4, 1, 0.0)
     assert not release_needs_row(loan, loan._replace(released=3), "acct")  # the child reports it again
@@ -637,7 +637,7 @@ def test_a_parent_writes_no_row_for_a_partial_give_back_of_a_loan_and_one_for_an
 def test_a_new_instance_of_a_parent_wakes_at_once_the_quiet_children_that_hold_its_permits():
     # Its rows may count permits a child gave back since (see above): the
     # child's report brings the count back, so it is asked for at once.
-    from durability.semaphore.holder_tree import Waker
+    from durability.semaphore.tree.link import Waker
 
     woken = []
 
@@ -827,7 +827,7 @@ def test_a_parents_call_to_its_child_lists_no_loan_and_the_child_asks_at_once_to
     # from a call, such a loan would be handed out again while the parent no
     # longer counts it. So a call says only "ask now"; the child's request's
     # reply, which only the instance that asked reads, lists what it holds.
-    from durability.semaphore.holder_calls import ClientCalls
+    from durability.semaphore.holder.calls import ClientCalls
 
     sent = []
 
@@ -890,7 +890,7 @@ def test_a_leaf_restarted_with_shards_in_its_line_runs_its_beat_and_tells_its_pa
 def test_a_client_whose_calls_fail_keeps_no_holder_of_the_tree_beating():
     # Its demand stays in the leaf's line (served no more until it is heard
     # from): no beat would serve it, so none runs, at the leaf or its parent.
-    from durability.semaphore import holder_calls
+    from durability.semaphore.holder import calls as holder_calls
     from durability.semaphore.messages import Demand, Request
 
     module, runtime = tree_runtime(limit=2, fan_out=2, woken=True)

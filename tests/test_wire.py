@@ -9,7 +9,7 @@ import json
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from durability import _wire
+from durability._common import wire as _wire
 from durability.locks import HolderRefused, messages as lock_messages, semaphore
 from durability.semaphore import messages as m
 from durability.semaphore.messages import (

@@ -12,8 +12,8 @@ a list nested 10,000 deep ends the interpreter too (measured).
 
 import json
 
-from durability._checks import compact_json
-from durability.semaphore.queue_input import checked_items
+from durability._common.checks import compact_json
+from durability.semaphore.queue.input import checked_items
 
 DEPTHS = (100, 1_000, 100_000)
 TOKEN = "t0ken"

@@ -5,11 +5,11 @@ only this package, the standard library and the ``workers`` SDK;
 ``durability.testing`` (the embedded runtime) is for tests and demos.
 """
 
-from .jobs import Durability, DurabilityJobs, JobContext, JobEvent, NonRetryableError, current_job
+from .jobs.retention import JobRetention
+from .jobs.runner import Durability, DurabilityJobs, JobContext, JobEvent, NonRetryableError, current_job
 from .outbox import DurabilityOutbox, OutboxChannel, OutboxMessage
-from .retention import JobRetention
 from .retry import Backoff
-from .scheduler import DurabilityScheduler, Timer
+from .scheduler.alarm import DurabilityScheduler, Timer
 
 __all__ = [
     "Backoff",

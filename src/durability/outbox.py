@@ -21,12 +21,12 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ._checks import compact_json
-from ._clock import now_ms
-from ._schema import migrate, public_migrate
-from ._sql import GrowingCounter, Sql
+from ._common.checks import compact_json
+from ._common.clock import now_ms
+from ._common.schema import migrate, public_migrate
+from ._common.sql import GrowingCounter, Sql
 from .retry import Backoff
-from .scheduler import DurabilityScheduler, Timer
+from .scheduler.alarm import DurabilityScheduler, Timer
 
 PARTICIPANT = "durability.outbox"
 

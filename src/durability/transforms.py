@@ -11,7 +11,7 @@ import math
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from ._checks import number_in
+from ._common.checks import number_in
 
 
 async def timeout(call: Callable[[], Awaitable[Any]], ms: float) -> Any:

@@ -17,8 +17,8 @@ from workers import DurableObject
 
 from durability import DurabilityScheduler
 from durability.semaphore import DurabilitySemaphore, DurabilitySemaphoreQueue, SemaphoreClient
+from durability.semaphore.identity import client_label
 from durability.semaphore.messages import LeaseEntry
-from durability.semaphore.queue_identity import client_label
 
 CONFIG = {
     "limit": 3,

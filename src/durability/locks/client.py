@@ -26,8 +26,8 @@ from dataclasses import replace
 from types import TracebackType
 from typing import Any, Literal, TypeVar, TypeVarTuple, Unpack, overload
 
-from .._calls import retryable
-from .._clock import now_ms
+from .._common.calls import retryable
+from .._common.clock import now_ms
 from . import messages as m
 from .options import (
     Duration,

@@ -15,9 +15,9 @@ import secrets
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
-from .._clock import now_ms, sleep_until
-from .._schema import public_migrate
-from .._sql import Sql
+from .._common.clock import now_ms, sleep_until
+from .._common.schema import public_migrate
+from .._common.sql import Sql
 from . import messages as m
 from .line import Line, NotHolder, Place
 from .store import COMPONENT, TABLES, PlaceStore

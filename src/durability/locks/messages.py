@@ -17,8 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from .._checks import MAX_SAFE_INTEGER, int_in, number_in, storable_text
-from .._wire import ErrorCode, ProtocolError as ProtocolError
+from .._common.checks import MAX_SAFE_INTEGER, int_in, number_in, storable_text
+from .._common.wire import ErrorCode, ProtocolError as ProtocolError
 from .options import MAX_DURATION_MS, MAX_LIMIT, MAX_TTL_MS, MIN_LIMIT, MIN_TTL_MS
 
 VERSION = 1

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from .._checks import is_int
+from .._common.checks import is_int
 
 #: What a duration may be written as: seconds (an int or a float), a string
 #: with a unit ("500ms", "30s", "2m", "1.5h", "1d") or a ``timedelta``.

@@ -14,7 +14,7 @@ import asyncio
 import logging
 from typing import TYPE_CHECKING, Literal
 
-from .._clock import now_ms, sleep_until
+from .._common.clock import now_ms, sleep_until
 from . import messages as m
 from .options import HoldOptions, PlaceLost
 from .timing import RETRY_MAX_MS

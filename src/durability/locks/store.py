@@ -12,8 +12,8 @@ object's restart either (its client calls again).
 
 from __future__ import annotations
 
-from .._schema import migrate
-from .._sql import Sql
+from .._common.schema import migrate
+from .._common.sql import Sql
 from .line import Place
 
 COMPONENT = "locks"

@@ -6,10 +6,11 @@ work, and reaches the holder through a ``SemaphoreClient`` (made by
 ``DurabilitySemaphore.client(...)``).
 """
 
-from .allocation import Grant
 from .client import SemaphoreClient, SemaphoreClientFactory
-from .holder import DurabilitySemaphore
-from .leases import Lease, LeasePolicy
+from .holder.pure.allocation import Grant
+from .holder.pure.leases import Lease, LeasePolicy
+from .holder.shell import DurabilitySemaphore
+from .identity import client_label
 from .messages import (
     EXPIRED,
     GROUP_LIMIT,
@@ -32,8 +33,7 @@ from .messages import (
     Usage,
     WaitingUsage,
 )
-from .queue import AdmittedItem, DurabilitySemaphoreQueue, QueueEvent
-from .queue_identity import client_label
+from .queue.shell import AdmittedItem, DurabilitySemaphoreQueue, QueueEvent
 
 __all__ = [
     "EXPIRED", "GROUP_LIMIT", "LIMIT", "LIMIT_RESOLUTION_ERROR", "NOT_FOUND", "NOT_PERMITTED", "OK",

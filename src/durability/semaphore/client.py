@@ -15,7 +15,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from .messages import pacing_in
-from .tree import check_shape, holder_for
+from .tree.pure.rules import check_shape, holder_for
 
 Message = dict[str, Any]  #: a message or a reply, as the wire format spells it
 Send = Callable[[str, Message], Awaitable[Message]]

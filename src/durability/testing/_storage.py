@@ -17,7 +17,7 @@ from collections.abc import Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
 from typing import Any, Protocol
 
-from .._checks import is_number
+from .._common.checks import is_number
 from ._sql import SqlCursor, SqlDatabase
 from ._values import JsException, number_from_js
 

@@ -1,0 +1,161 @@
+"""A durable job's record: its row, the states and events it is reported by, and the job a handler runs for.
+
+Lives here: the ``durability_jobs`` table and its upgrades, ``JobStatus``
+and how a row reads as ``get_result`` reports it, lifecycle events
+(``JobEvent``), ``NonRetryableError`` and the text a failure is kept as,
+the checks a job must pass before anything is stored, and
+``current_job()``. Must not know: when an attempt runs, how a failed one is
+retried, or who listens to the events.
+
+A handler is called with the payload alone; ``current_job()``, called from
+the handler (or a task it starts), says which job and attempt it runs for.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from contextvars import ContextVar
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import TYPE_CHECKING, Any
+
+from .._common.checks import compact_json
+from .._common.clock import now_ms
+from .._common.schema import Step
+from .._common.sql import Sql
+
+if TYPE_CHECKING:
+    from .runner import DurabilityJobs
+
+
+MAX_ID_LENGTH = 256
+MAX_ERROR_LENGTH = 4_000
+
+
+def _stamp_finished(sql: Sql, _version: int) -> None:
+    sql.exec("UPDATE durability_jobs SET done_at = ? WHERE status IN ('completed', 'failed')", now_ms())
+
+
+# One WITHOUT ROWID table keyed by id, with no other index: recording a job,
+# starting an attempt and settling it each write one row. ``status`` is
+# pending (waiting for its timer), running (an attempt started and has not
+# settled), completed or failed (terminal). ``error`` keeps the last failure.
+# ``due_at`` is when a pending job's next attempt is due (version 2; NULL,
+# as in rows written before it, means at once). ``done_at`` is when a job
+# finished (version 3), written with its outcome (no row more) and read by
+# the purge (``_job_purge``); jobs that had finished before version 3 are
+# given the time of the upgrade, one write each, once, so that they are kept
+# a full ``max_age_ms`` from then.
+_SCHEMA: dict[int, list[Step]] = {
+    1: [
+        """
+        CREATE TABLE IF NOT EXISTS durability_jobs (
+          id TEXT NOT NULL PRIMARY KEY,
+          handler TEXT NOT NULL,
+          payload TEXT NOT NULL,
+          status TEXT NOT NULL,
+          attempt INTEGER NOT NULL DEFAULT 0,
+          result TEXT,
+          error TEXT,
+          created_at REAL NOT NULL
+        ) WITHOUT ROWID
+        """
+    ],
+    2: ["ALTER TABLE durability_jobs ADD COLUMN due_at REAL"],
+    3: ["ALTER TABLE durability_jobs ADD COLUMN done_at REAL", _stamp_finished],
+}
+_TABLES = ["durability_jobs"]
+
+
+class JobStatus(StrEnum):
+    """A job's status, as ``get_result`` reports it and its row keeps it."""
+
+    PENDING = "pending"  #: waiting for its first or next attempt
+    RUNNING = "running"  #: an attempt started (reported as pending)
+    COMPLETED = "completed"
+    FAILED = "failed"
+    NOT_FOUND = "not_found"  #: no such job: never run here, or purged by retention (reported only)
+
+
+class JobEventType(StrEnum):
+    ATTEMPT_STARTED = "attempt_started"
+    ATTEMPT_SETTLED = "attempt_settled"
+    TERMINAL = "terminal"
+
+
+_TERMINAL = (JobStatus.COMPLETED, JobStatus.FAILED)
+
+
+@dataclass(frozen=True)
+class JobEvent:
+    """A lifecycle event as ``on_lifecycle_event`` receives it.
+
+    ``type`` is ``attempt_started``, ``attempt_settled`` (with ``outcome``
+    ``completed`` or ``failed``, also for a failure that will be retried) or
+    ``terminal`` (once per job, with the final ``outcome``).
+    """
+
+    type: str
+    id: str
+    attempt: int  #: the attempt it concerns, from 1
+    outcome: str | None = None
+    result: Any = None  #: the handler's result, on completion
+    error: str | None = None  #: what failed, on failure
+
+
+@dataclass(frozen=True)
+class JobContext:
+    """The job a handler runs for, as ``current_job()`` returns it."""
+
+    id: str
+    attempt: int  #: from 1; a retry's attempt is one more than the last
+    handler: str  #: the handler's name
+
+
+Handler = Callable[[Any], Any]  # payload -> result, or an awaitable of it
+Listener = Callable[[JobEvent], Any]
+
+# Set around each handler call, in the timer's own task: concurrent jobs
+# never see each other's, and tasks a handler starts inherit it.
+_current_job: ContextVar[JobContext | None] = ContextVar("durability.jobs.current_job", default=None)
+
+
+def current_job() -> JobContext:
+    """The job whose handler is running: its id, attempt and handler name.
+
+    A handler receives its payload alone; this is how it learns its job id,
+    to make its effects idempotent on it. Raises ``LookupError`` outside a
+    handler.
+    """
+    job = _current_job.get()
+    if job is None:
+        raise LookupError("current_job() is called from a job handler (or a task it starts) only")
+    return job
+
+
+class NonRetryableError(Exception):
+    """Raised by a handler whose job must fail now, with no further attempt:
+    the failure is final (a request the receiver refuses, say), so a retry
+    would only fail again. Any other exception fails the attempt, and
+    ``retries`` decides whether another follows."""
+
+
+def _error_text(error: BaseException) -> str:
+    text = f"{type(error).__name__}: {error}"
+    return text if len(text) <= MAX_ERROR_LENGTH else text[: MAX_ERROR_LENGTH - 1] + "…"
+
+
+def _checked(d: DurabilityJobs, id: Any, payload: Any, handler: str | None) -> tuple[str, str]:
+    """The handler's name and the payload's JSON text, or ValueError (nothing is stored)."""
+    if not isinstance(id, str) or not id or len(id) > MAX_ID_LENGTH:
+        raise ValueError(f"a job id must be a string of 1 to {MAX_ID_LENGTH} characters, not {id!r}")
+    return d._handler_name(handler), compact_json(payload, "job payload")
+
+
+def _state(row: dict[str, Any]) -> dict[str, Any]:
+    if row["status"] == JobStatus.COMPLETED:
+        return {"status": JobStatus.COMPLETED, "result": json.loads(row["result"])}
+    if row["status"] == JobStatus.FAILED:
+        return {"status": JobStatus.FAILED, "error": row["error"]}
+    return {"status": JobStatus.PENDING}

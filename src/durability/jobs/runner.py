@@ -1,0 +1,392 @@
+"""DurabilityJobs: durable jobs, each run to completion or final failure, retried with backoff.
+
+Lives here: ``run(id=..., payload=...)`` that records a job
+idempotently on its id together with the scheduler timer that will run it,
+running one attempt per timer firing, retrying failed attempts under a
+``retry.Backoff``, results and errors, and best-effort lifecycle events.
+The jobs' table, a job's statuses and events, and ``current_job()`` live
+in ``_job_records``; finished jobs are purged under a ``JobRetention`` by
+``_job_purge``.
+Must not know: what a handler does with its payload, or what a listener
+does with an event.
+
+A job is one row of ``durability_jobs``, and the row says when its next
+attempt is due (``due_at``); its timer (participant ``durability.jobs``,
+key = the job id) is kept in memory and derived from the rows again when
+the object starts, so an accepted job is never lost and its timer costs no
+row. Each firing of the timer runs one attempt:
+
+1. the attempt is marked started (``attempt + 1``, status ``running``)
+   before the handler is called, and that write commits at the first await
+   that follows (the listener's or the handler's), so an attempt
+   that a crash or an eviction cuts short is still counted: when the timer
+   fires again and finds the job ``running``, that attempt is settled as
+   failed (interrupted) and retried like any other failure. The first
+   attempt is counted by the row that records the job (written ``running``,
+   attempt 1): recording and starting cost one row, not two, and a crash
+   between the two costs that attempt, as a crash during it would;
+2. the handler runs; its exceptions are caught here, never left to the
+   scheduler (whose own backoff applies only when storage itself fails);
+3. the outcome is written: ``completed`` with the JSON result, or a failure,
+   which either moves ``due_at`` and the timer by ``retries`` (status back
+   to ``pending``) or, once the attempts are spent or the handler raised
+   ``NonRetryableError`` (another attempt would fail the same way), makes
+   the job ``failed``.
+
+Timers run at least once, so a firing for a job that is already completed
+or failed does nothing. An attempt cut short after its handler had
+effects is retried all the same, so handlers must be idempotent on the job
+id. A crash also delays the retry: the platform retries the failed alarm
+first, then ``retries`` adds its own delay.
+
+Lifecycle events (``attempt_started``, ``attempt_settled``, ``terminal``)
+are delivered after the write they report, awaited in line; anything a
+listener sends out is held by the output gate until that write commits. They
+are best effort: a crash between the commit and the listener loses the
+event, and a listener that raises is logged and ignored. Read
+``run.get_result(id)`` for the authoritative state.
+
+A finished job is kept under ``retention`` (by default 30 days, and the
+newest 100,000 of the object), then its row is deleted: ``get_result``
+answers ``not_found`` for it from then on, and ``run`` under its id starts
+a new job. Idempotency on the id therefore holds within the retention
+window; an owner that could run an id again later (a queue admitting an
+item again) holds it back with ``keep``.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import logging
+import random
+from collections.abc import Mapping
+from typing import Any
+
+from .._common.checks import compact_json
+from .._common.clock import now_ms
+from .._common.listeners import notify
+from .._common.schema import migrate, public_migrate
+from .._common.sql import Sql
+from ..retry import Backoff, RetryDecision, decide_retry
+from ..scheduler.alarm import DurabilityScheduler, Timer
+from .purge import JobPurge, Keep
+from .records import (
+    _SCHEMA,
+    _TABLES,
+    _TERMINAL,
+    MAX_ERROR_LENGTH as MAX_ERROR_LENGTH,
+    MAX_ID_LENGTH as MAX_ID_LENGTH,
+    Handler,
+    JobContext as JobContext,
+    JobEvent as JobEvent,
+    JobEventType as JobEventType,
+    JobStatus as JobStatus,
+    Listener,
+    NonRetryableError as NonRetryableError,
+    _checked,
+    _current_job,
+    _error_text,
+    _state,
+    current_job as current_job,
+)
+from .retention import JobRetention
+
+PARTICIPANT = "durability.jobs"
+
+log = logging.getLogger("durability.jobs")
+
+
+class RunCall:
+    """``jobs.run``: call it to start a job; ``get_result(id)`` reads one."""
+
+    def __init__(self, durability: DurabilityJobs) -> None:
+        self._durability = durability
+
+    async def __call__(self, id: str, payload: Any = None, handler: str | None = None) -> dict[str, Any]:
+        """Record job ``id`` and schedule its first attempt now; idempotent on ``id``.
+
+        A job already recorded under ``id`` is left as it is (whatever
+        payload or handler this call gives) and its state is returned, as
+        ``get_result`` reads it. Raises ``ValueError`` for an empty or
+        over-long id, an unknown handler or a payload that is not JSON;
+        nothing is stored then.
+        """
+        d = self._durability
+        name, text = _checked(d, id, payload, handler)
+        existing = d.sql.transaction(lambda: d._record(id, name, text))
+        if existing is not None:
+            return existing
+        d._first_attempt_due.add(id)  # before any await: its timer cannot fire sooner
+        await d.scheduler.sync()
+        return {"status": JobStatus.PENDING}
+
+    async def kept(self, id: str, payload: Any = None, handler: str | None = None, *,
+                   resumed: bool = False) -> dict[str, Any]:
+        """Run job ``id`` whose record the caller keeps until the job's
+        terminal event: a semaphore queue's admitted item, say. No row is
+        written for it until its first attempt settles (one row written per
+        job, where ``run`` writes two). Idempotent on ``id`` as ``run`` is.
+
+        The caller's record stands for the job while its first attempt
+        runs, so the caller hands the job in again from every new instance
+        for as long as it keeps that record, with ``resumed=True``. A job
+        handed in again with no row here is recorded then, as ``run``
+        records one, and starts over: a first attempt the old instance had
+        begun left no row to count it by, so it is not counted, but every
+        attempt cut short from then on is (at most one run more than
+        ``retries`` allows, for a job that brings its instance down each time).
+        """
+        d = self._durability
+        name, text = _checked(d, id, payload, handler)
+        if id in d._kept or id in d._in_flight:
+            return {"status": JobStatus.PENDING}  # this instance runs it already
+        if resumed:
+            return await self(id, payload, handler)
+        existing = d._row(id)
+        if existing is not None:
+            return _state(existing)
+        d._kept[id] = (name, text, now_ms())
+        d._first_attempt_due.add(id)
+        d.scheduler.schedule(PARTICIPANT, id, now_ms())  # (kept in memory: no row)
+        await d.scheduler.sync()
+        return {"status": JobStatus.PENDING}
+
+    async def get_result(self, id: str) -> dict[str, Any]:
+        """``{"status": "pending"}`` (also while an attempt runs), ``{"status":
+        "completed", "result": ...}``, ``{"status": "failed", "error": "..."}``
+        or ``{"status": "not_found"}``: no job has this id, either because
+        none was run under it or because it finished and ``retention``
+        purged it (a purged job leaves no row to tell the two apart)."""
+        d = self._durability
+        d.scheduler.resume_if_overdue()  # a read resumes an object whose alarm was lost
+        row = d._row(id) if isinstance(id, str) else None
+        if row is None:
+            return {"status": JobStatus.PENDING if id in d._kept else JobStatus.NOT_FOUND}
+        return _state(row)
+
+
+class DurabilityJobs:
+    """Durable jobs on a scheduler: each runs until it completes or its attempts are spent.
+
+    Args:
+        scheduler: the object's ``DurabilityScheduler``; jobs use its
+            participant ``durability.jobs`` (one ``DurabilityJobs`` per scheduler).
+        handlers: handler name -> ``handler(payload)``, sync or async,
+            returning a JSON value. Raising fails the attempt;
+            ``NonRetryableError`` fails the job, with no further attempt.
+        on_lifecycle_event: optional ``listener(JobEvent)``, sync or async;
+            best effort (see the module's docstring).
+        retries: backoff between failed attempts and the attempt limit
+            (default: 3 attempts, from 1 s). ``max_attempts=None`` retries forever.
+        retention: how long finished jobs are kept before their rows are
+            purged (default ``JobRetention()``: 30 days, and the newest
+            100,000; see ``durability.retention``).
+        keep: optional ``keep(ids) -> ids``, sync or async: of finished
+            jobs due to be purged, the ones the owner still needs (work a
+            queue could still admit again, say); they are kept and offered
+            again an hour later.
+    """
+
+    def __init__(self, scheduler: DurabilityScheduler, *, handlers: Mapping[str, Handler],
+                 on_lifecycle_event: Listener | None = None,
+                 retries: Backoff | None = None, retention: JobRetention | None = None,
+                 keep: Keep | None = None) -> None:
+        if not handlers:
+            raise ValueError("DurabilityJobs needs at least one handler")
+        for name, handler in handlers.items():
+            if not isinstance(name, str) or not name:
+                raise ValueError(f"a handler name must be a non-empty string, not {name!r}")
+            if not callable(handler):
+                raise ValueError(f"handler {name!r} is not callable")
+        if retention is not None and not isinstance(retention, JobRetention):
+            raise ValueError(f"retention must be a JobRetention, not {retention!r}")
+        if keep is not None and not callable(keep):
+            raise ValueError("keep must be callable: keep(ids) -> the ids still needed")
+        self.scheduler = scheduler
+        self.sql: Sql = scheduler.sql
+        self.handlers = dict(handlers)
+        self.on_lifecycle_event = on_lifecycle_event
+        self.retries = retries or Backoff(max_attempts=3)
+        self.run = RunCall(self)
+        # Jobs whose attempt runs in this instance now: a second firing of
+        # the timer meanwhile must not take it for an interrupted attempt.
+        self._in_flight: set[str] = set()
+        # Jobs recorded here with attempt 1 counted, that attempt not begun:
+        # ``running`` in their row, but not interrupted.
+        self._first_attempt_due: set[str] = set()
+        # Jobs whose caller keeps their record (``run.kept``) and that have no
+        # row yet: id -> (handler name, payload's JSON text, when handed in).
+        self._kept: dict[str, tuple[str, str, float]] = {}
+        migrate(self.sql, "jobs", _SCHEMA)
+        scheduler.register(PARTICIPANT, self._on_timer, durable=False)
+        self._derive_timers()
+        self.retention = retention or JobRetention()
+        self._purge = JobPurge(scheduler, self.retention, keep)
+
+    def _derive_timers(self) -> None:
+        """A new instance sets again the timer of every job not settled: a
+        pending one when its row says, a running one (cut short) at once."""
+        rows = self.sql.exec(
+            "SELECT id, status, due_at FROM durability_jobs WHERE status IN ('pending', 'running')")
+        for row in rows:
+            due = row["due_at"] if row["status"] == JobStatus.PENDING and row["due_at"] is not None else now_ms()
+            self.scheduler.schedule(PARTICIPANT, row["id"], due)
+
+    migrate = public_migrate("jobs", _TABLES, "the jobs' table")
+
+    def _handler_name(self, handler: str | None) -> str:
+        if handler is None:
+            if len(self.handlers) != 1:
+                raise ValueError(f"name a handler: there are {len(self.handlers)} ({', '.join(sorted(self.handlers))})")
+            return next(iter(self.handlers))
+        if handler not in self.handlers:
+            raise ValueError(f"no job handler named {handler!r}")
+        return handler
+
+    def _row(self, job_id: str) -> dict[str, Any] | None:
+        return self.sql.one(
+            "SELECT handler, payload, status, attempt, result, error FROM durability_jobs WHERE id = ?",
+            job_id,
+        )
+
+    def _record(self, job_id: str, name: str, text: str) -> dict[str, Any] | None:
+        """Inside a transaction: the state of the job kept under ``job_id``,
+        or None once its row is written with its first attempt counted (see
+        the module's docstring) and its timer set for now."""
+        existing = self._row(job_id)
+        if existing is not None:
+            return _state(existing)
+        self.sql.exec(
+            "INSERT INTO durability_jobs (id, handler, payload, status, attempt, created_at, due_at) "
+            "VALUES (?, ?, ?, 'running', 1, ?, ?)",
+            job_id, name, text, now_ms(), now_ms(),
+        )
+        self.scheduler.schedule(PARTICIPANT, job_id, now_ms())
+        return None
+
+    def _row_or_kept(self, job_id: str) -> dict[str, Any] | None:
+        """The job's row, or for a job its caller keeps, the row it would
+        have: running its first attempt."""
+        row = self._row(job_id)
+        if row is None and job_id in self._kept:
+            name, text, _ = self._kept[job_id]
+            row = {"handler": name, "payload": text, "status": JobStatus.RUNNING, "attempt": 1}
+        return row
+
+    def _settle(self, job_id: str, status: str, *, error: str | None = None, result: str | None = None,
+                due_at: float | None = None, done_at: float | None = None) -> None:
+        """Write an attempt's outcome: into the job's row, or, for a job its
+        caller keeps, as its first row (one row written either way)."""
+        kept = self._kept.get(job_id)
+        if kept is None:
+            self.sql.exec(
+                "UPDATE durability_jobs SET status = ?, result = ?, error = ?, due_at = ?, done_at = ? "
+                "WHERE id = ?", status, result, error, due_at, done_at, job_id,
+            )
+            return
+        name, text, created_at = kept
+        self.sql.exec(
+            "INSERT INTO durability_jobs (id, handler, payload, status, attempt, result, error, created_at, "
+            "due_at, done_at) VALUES (?, ?, ?, ?, 1, ?, ?, ?, ?, ?)",
+            job_id, name, text, status, result, error, created_at, due_at, done_at,
+        )
+
+    # -- one attempt per timer firing ---------------------------------------
+    async def _on_timer(self, timer: Timer) -> None:
+        job_id = timer.key
+        if job_id in self._in_flight:
+            return  # its attempt, still running here, settles and reschedules itself
+        row = self._row_or_kept(job_id)
+        if row is None or row["status"] in _TERMINAL:
+            return  # a repeated firing, or a job removed under its timer
+        attempt = int(row["attempt"])
+        if job_id in self._first_attempt_due:
+            self._first_attempt_due.discard(job_id)  # its row counts it already
+        elif row["status"] == JobStatus.RUNNING:
+            error = f"attempt {attempt} was interrupted before it settled (the object was evicted or crashed)"
+            await self._emit(self._fail(job_id, attempt, error))
+            return
+        else:
+            attempt += 1
+            self.sql.exec(
+                "UPDATE durability_jobs SET status = 'running', attempt = ? WHERE id = ?", attempt, job_id
+            )
+        self._in_flight.add(job_id)
+        try:
+            await self._emit([JobEvent(JobEventType.ATTEMPT_STARTED, job_id, attempt)])
+            try:
+                job = JobContext(job_id, attempt, row["handler"])
+                result, text = await self._call(job, json.loads(row["payload"]))
+            except Exception as error:
+                events = self._fail(job_id, attempt, _error_text(error),
+                                    final=isinstance(error, NonRetryableError))
+            else:
+                events = self._complete(job_id, attempt, text, result)
+        finally:
+            self._in_flight.discard(job_id)
+        await self._emit(events)
+
+    async def _call(self, job: JobContext, payload: Any) -> tuple[Any, str]:
+        """Run the handler; return its result and the result's JSON text."""
+        name = job.handler
+        handler = self.handlers.get(name)
+        if handler is None:
+            raise LookupError(f"no job handler named {name!r} in this object")
+        token = _current_job.set(job)
+        try:
+            result = handler(payload)
+            if inspect.isawaitable(result):
+                result = await result
+        finally:
+            _current_job.reset(token)
+        try:
+            return result, compact_json(result, "its result")
+        except ValueError as error:
+            raise TypeError(f"job handler {name!r} returned a result that is not JSON: {error}") from None
+
+    def _complete(self, job_id: str, attempt: int, text: str, result: Any) -> list[JobEvent]:
+        done_at = now_ms()
+        self._settle(job_id, JobStatus.COMPLETED, result=text, done_at=done_at)
+        self._kept.pop(job_id, None)  # its row is its record now
+        self._purge.finished(done_at)
+        return [
+            JobEvent(JobEventType.ATTEMPT_SETTLED, job_id, attempt, JobStatus.COMPLETED, result=result),
+            JobEvent(JobEventType.TERMINAL, job_id, attempt, JobStatus.COMPLETED, result=result),
+        ]
+
+    def _fail(self, job_id: str, attempt: int, error: str, final: bool = False) -> list[JobEvent]:
+        """Settle ``attempt`` as failed: retry by moving the timer, or give up
+        (at once when ``final``)."""
+        decision = RetryDecision(False, None) if final else decide_retry(
+            self.retries, attempt, now_ms(), random.random())
+        settled = JobEvent(JobEventType.ATTEMPT_SETTLED, job_id, attempt, JobStatus.FAILED, error=error)
+        if decision.retry:
+            log.warning("job %s: attempt %d failed: %s; retrying", job_id, attempt, error)
+            at_ms = decision.at_ms
+            assert at_ms is not None  # a decision to retry always says when
+
+            def retry() -> None:
+                self._settle(job_id, JobStatus.PENDING, error=error, due_at=at_ms)
+                # The timer is running, so this always moves it and the
+                # scheduler keeps it; its alarm() re-arms afterwards.
+                self.scheduler.schedule(PARTICIPANT, job_id, at_ms)
+
+            self.sql.transaction(retry)
+            self._kept.pop(job_id, None)
+            return [settled]
+        log.error("job %s: attempt %d failed: %s; giving up", job_id, attempt, error)
+        done_at = now_ms()
+        self._settle(job_id, JobStatus.FAILED, error=error, done_at=done_at)
+        self._kept.pop(job_id, None)
+        self._purge.finished(done_at)
+        return [settled, JobEvent(JobEventType.TERMINAL, job_id, attempt, JobStatus.FAILED, error=error)]
+
+    async def _emit(self, events: list[JobEvent]) -> None:
+        for event in events:
+            await notify(self.on_lifecycle_event, event, log, "job %s: lifecycle listener failed on %s", event.id,
+                         event.type)
+
+
+#: The name the job runner had first (and the spec's): kept, it is the same class.
+Durability = DurabilityJobs

@@ -1,0 +1,138 @@
+"""Where the scheduler keeps timers: rows in SQL, or memory, behind one interface.
+
+Lives here: ``SqlTimers`` (the ``durability_timers`` table: a durable
+participant's timers) and ``MemoryTimers`` (a ``durable=False``
+participant's, derived again by each new instance), each able to set,
+cancel, read, list and retry a timer and to say which are due. Must not
+know: participants, handlers, the alarm, or when anything runs.
+
+Each timer has a version, new at every write: a run that ends deletes its
+timer only if no write came since (``forget``).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Container
+from typing import Any
+
+from .._common.sql import GrowingCounter, Sql
+
+Row = dict[str, Any]  #: participant, key, due_at, attempt, version (and memory=True from MemoryTimers)
+Timer = tuple[str, str]  #: (participant, key)
+
+
+class SqlTimers:
+    """A durable participant's timers, one row each (the upsert writes a row, the delete another)."""
+
+    def __init__(self, sql: Sql) -> None:
+        self.sql = sql
+        # Versions come from a counter that only grows in this instance: a run
+        # that ends deletes its timer only if no write came since, even one
+        # that deleted the timer and wrote it again (a version restarting
+        # from zero would be taken for the one that ran).
+        self._versions = GrowingCounter(sql, "SELECT max(version) AS n FROM durability_timers")
+
+    def upsert(self, participant: str, key: str, at_ms: float, *, earlier_only: bool, always: bool) -> None:
+        when = "1" if always else (
+            "excluded.due_at < durability_timers.due_at" if earlier_only
+            else "durability_timers.due_at != excluded.due_at")
+        self.sql.exec(
+            "INSERT INTO durability_timers (participant, key, due_at, version) VALUES (?, ?, ?, ?) "
+            "ON CONFLICT (participant, key) DO UPDATE SET due_at = excluded.due_at, "
+            f"attempt = 0, version = excluded.version WHERE {when}",
+            participant, key, at_ms, self._versions.next(),
+        )
+
+    def cancel(self, participant: str, key: str) -> None:
+        self.sql.exec("DELETE FROM durability_timers WHERE participant = ? AND key = ?", participant, key)
+
+    def get(self, participant: str, key: str) -> Row | None:
+        return self.sql.one("SELECT due_at, attempt FROM durability_timers WHERE participant = ? AND key = ?",
+                            participant, key)
+
+    def of(self, participant: str) -> list[Row]:
+        return self.sql.exec("SELECT key, due_at, attempt FROM durability_timers WHERE participant = ?", participant)
+
+    def due(self, now: float) -> list[Row]:
+        return self.sql.exec(
+            "SELECT participant, key, due_at, attempt, version FROM durability_timers WHERE due_at <= ? "
+            "ORDER BY due_at", now)
+
+    def earliest(self) -> list[float]:
+        row = self.sql.one("SELECT min(due_at) AS due FROM durability_timers")
+        return [row["due"]] if row is not None and row["due"] is not None else []
+
+    def next_due(self, running: Container[Timer]) -> list[float]:
+        rows = self.sql.exec("SELECT participant, key, due_at FROM durability_timers ORDER BY due_at")
+        return [r["due_at"] for r in rows if (r["participant"], r["key"]) not in running][:1]
+
+    def version(self, participant: str, key: str) -> int | None:
+        row = self.sql.one("SELECT version FROM durability_timers WHERE participant = ? AND key = ?", participant, key)
+        return None if row is None else row["version"]
+
+    def forget(self, participant: str, key: str, version: int) -> None:
+        """Delete a timer that ran, unless it was written since."""
+        self.sql.exec("DELETE FROM durability_timers WHERE participant = ? AND key = ? AND version = ?",
+                      participant, key, version)
+
+    def retry(self, participant: str, key: str, version: int, at_ms: float, attempt: int) -> None:
+        """A run failed: the timer is due again at ``at_ms``, unless it was written since."""
+        self.sql.exec(
+            "UPDATE durability_timers SET due_at = ?, attempt = ?, version = ? "
+            "WHERE participant = ? AND key = ? AND version = ?",
+            at_ms, attempt, self._versions.next(), participant, key, version,
+        )
+
+
+class MemoryTimers:
+    """A ``durable=False`` participant's timers: no row, and lost with the instance."""
+
+    def __init__(self) -> None:
+        self._rows: dict[Timer, Row] = {}
+        self._versions = itertools.count(1)
+
+    def upsert(self, participant: str, key: str, at_ms: float, *, earlier_only: bool, always: bool) -> None:
+        current = self._rows.get((participant, key))
+        if current is not None and not always and (
+                at_ms >= current["due_at"] if earlier_only else at_ms == current["due_at"]):
+            return
+        self._rows[(participant, key)] = {"participant": participant, "key": key, "due_at": at_ms,
+                                          "attempt": 0, "version": next(self._versions), "memory": True}
+
+    def cancel(self, participant: str, key: str) -> None:
+        self._rows.pop((participant, key), None)
+
+    def get(self, participant: str, key: str) -> Row | None:
+        return self._rows.get((participant, key))
+
+    def of(self, participant: str) -> list[Row]:
+        return [row for (p, _), row in self._rows.items() if p == participant]
+
+    def due(self, now: float) -> list[Row]:
+        return [dict(row) for row in self._rows.values() if row["due_at"] <= now]
+
+    def earliest(self) -> list[float]:
+        return [row["due_at"] for row in self._rows.values()]
+
+    def next_due(self, running: Container[Timer]) -> list[float]:
+        return [row["due_at"] for timer, row in self._rows.items() if timer not in running]
+
+    def version(self, participant: str, key: str) -> int | None:
+        row = self._rows.get((participant, key))
+        return None if row is None else row["version"]
+
+    def forget(self, participant: str, key: str, version: int) -> None:
+        if self.version(participant, key) == version:
+            del self._rows[(participant, key)]
+
+    def retry(self, participant: str, key: str, version: int, at_ms: float, attempt: int) -> None:
+        current = self._rows.get((participant, key))
+        if current is not None and current["version"] == version:
+            current.update(due_at=at_ms, attempt=attempt, version=next(self._versions))
+
+    def snapshot(self) -> dict[Timer, Row]:
+        return {timer: dict(row) for timer, row in self._rows.items()}
+
+    def restore(self, snapshot: dict[Timer, Row]) -> None:
+        self._rows = {timer: dict(row) for timer, row in snapshot.items()}

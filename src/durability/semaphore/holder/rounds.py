@@ -1,0 +1,148 @@
+"""When a holder's rounds run, and what one commits: functions of the holder, kept out of its class for size.
+
+Lives here: when the next round runs (``round_wait_ms`` from now, a
+period after the last, on a tree's beat, and, for a new instance
+restarted while busy, not before the clients whose requests failed with
+the old one are back: ``rejoin_wait_ms``), a round for the parked line
+now or later, a round for a tree's child its parent just lent more, a
+round's rows written with what it took off the parked line (put back if
+the write fails), the round's fair-share policy, its demand by group,
+and new grant ids. Must not know: how a round decides (``allocation``),
+what a reply holds (``holder_replies``), or how messages look on the
+wire (``messages``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from typing import TYPE_CHECKING
+
+from ..._common.clock import now_ms
+from ..messages import Demand, Request
+from ..tree.pure.rules import on_beat
+from .fair_options import UserFairShare
+from .parked import Call
+from .pure.allocation import Grant, RoundResult, usage
+from .pure.fairness import FairPolicy
+
+if TYPE_CHECKING:
+    from .shell import DurabilitySemaphore
+
+
+async def _news(holder: DurabilitySemaphore, answered: str | None = None) -> None:
+    """Something changed that a round for the parked requests may serve
+    (permits came back, demand grew): that round now, or when the period
+    since the last one is over, on the alarm. ``answered``: a client
+    whose reply to its own message lists what the round grants it."""
+    if holder._parked is None or not holder._parked.line:
+        return
+    at = _parked_round_at(holder)
+    if at <= now_ms():
+        holder._round_now([], answered)
+    else:
+        holder._round_later(at)
+    await holder.scheduler.sync()
+
+
+def _parked_round_at(holder: DurabilitySemaphore, off_beat: bool = False, spacing: float | None = None) -> float:
+    """When a round for the parked line runs: at once, a period after the
+    last (or ``spacing``); in a tree, on the holder's beat unless ``off_beat``."""
+    return _round_time(holder, soon=off_beat or holder._beat_phase_ms is None, spacing=spacing)
+
+
+async def _parked_round(holder: DurabilitySemaphore, off_beat: bool = False, spacing: float | None = None) -> None:
+    """A round for the parked line as soon as ``_parked_round_at`` allows."""
+    at = _parked_round_at(holder, off_beat, spacing)
+    if at <= now_ms():
+        holder._round_now([])
+    else:
+        holder._round_later(at)
+    await holder.scheduler.sync()
+
+
+def _round_if_waiting(holder: DurabilitySemaphore) -> bool:
+    """In a tree, permits released where requests wait: a round on the
+    next beat (a root made without ``parent=`` keeps no beat: one
+    ``round_wait_ms`` after its last round)."""
+    if holder._waiting:
+        holder._ensure_round(soon=holder._beat_phase_ms is None, spacing=holder.round_wait_ms)
+    return bool(holder._waiting)
+
+
+def _round_for_lent(holder: DurabilitySemaphore) -> bool:
+    """A child its parent just lent more, where requests wait: a round as
+    soon as ``round_wait_ms`` after the last, off the beat. The parent
+    lends half a period after the child's beat: those permits would idle
+    that long (a point of the busy share at ``bench_tree.py``, for a
+    round and its grants more where the parent lent)."""
+    parked = holder._parked is not None and bool(holder._parked.line)
+    if parked:  # a round over both (out of the exchange that lent: it is still reading the reply)
+        asyncio.ensure_future(_parked_round(holder, off_beat=True, spacing=holder.round_wait_ms))
+    elif holder._waiting:
+        holder._ensure_round(soon=True, spacing=holder.round_wait_ms)
+    return bool(holder._waiting) or parked
+
+
+def _commit_round(holder: DurabilitySemaphore, result: RoundResult, asked: set[str],
+                  synced: str | None) -> list[Call]:
+    """Write a round's rows, with what it took off the parked line (the same
+    rows carry both); the calls to make now that they are written. If the
+    write fails, the line is as it was."""
+    if holder._parked is None:
+        holder._commit(result.changes)
+        return []
+    before = holder._parked.line.snapshot()
+    calls = holder._parked.served(result.outcomes, asked, synced)
+    try:
+        holder._commit(result.changes)
+    except BaseException:
+        holder._parked.line.restore_snapshot(before)
+        raise
+    return calls
+
+
+def _fair_policy(fair_share: UserFairShare | None, requests: list[Request],
+                 grants: dict[str, Grant]) -> FairPolicy | None:
+    """The round's fair-share policy, over the groups in demand and those holding permits."""
+    if fair_share is None:
+        return None
+    return fair_share.for_round([d.group for r in requests for d in r.demand] + list(usage(grants.values())[1]))
+
+
+def _demands_by_group(requests: list[Request]) -> dict[str, list[Demand]]:
+    demands: dict[str, list[Demand]] = {}
+    for request in requests:
+        for demand in request.demand:
+            demands.setdefault(demand.group, []).append(demand)
+    return demands
+
+
+def _new_grant_id() -> str:
+    # Drawn from `random` so that seeded test runs replay; 80 bits make a
+    # collision between two grants of one holder negligible.
+    return f"g{random.getrandbits(80):020x}"
+
+
+def _round_time(holder: DurabilitySemaphore, soon: bool, spacing: float | None) -> float:
+    """When the next round runs: ``round_wait_ms`` from now (none if
+    ``soon``), and ``spacing`` (a round period unless given) after the last
+    one; in a tree, unless ``soon``, on the holder's next beat instead: the
+    beats space its rounds a period apart, and every holder of the tree
+    keeps the same ones, so the children's lines move together and each
+    hears its parent just before its round (see ``tree.beat_phase``)."""
+    beat = holder._beat_phase_ms is not None and not soon
+    at = now_ms() + (0 if soon or beat else holder.round_wait_ms)
+    if holder._last_round_at is not None:
+        # On the beat, a beat within a quarter period of the last round (one
+        # for a loan, off the beat) is skipped: two rounds a moment apart
+        # would split what comes free between them.
+        at = max(at, holder._last_round_at + (holder.round_period_ms / 4 if beat else
+                                              holder.round_period_ms if spacing is None else spacing))
+    elif holder._parked is None and holder._holds_permits():
+        # This instance restarted while busy: the requests its old one
+        # held failed, and their clients ask again at once (a request
+        # that reached the holder is retried without backoff). Serving
+        # before they are back would serve whoever asked first.
+        at = max(at, holder._started_at + holder.rejoin_wait_ms)
+    return on_beat(at, holder.round_period_ms, holder._beat_phase_ms or 0.0) if beat else at

@@ -1,0 +1,238 @@
+"""What every part of a queue shares: its memory, its options, and the one way it commits.
+
+Lives here: ``QueueMemory`` (what an instance keeps in memory only, as a
+new instance starts it), ``QueueOptions``, and ``QueueContext``: the
+scheduler, store, books, memory and options the queue's parts share, with
+``commit`` (one transaction, memory put back if it fails, then the alarm
+moved), the item mover, the queue's timers by kind, the key's demand, and
+``exchange`` (one ``sync`` sent, its reply parsed, its application
+committed). Must not know: what a reply means (the parts apply it), SQL
+(the store), or the public API.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass, field, fields
+from typing import TypeVar
+
+from ..._common.clock import now_ms
+from ...scheduler.alarm import DurabilityScheduler
+from ..client import SemaphoreClient
+from ..messages import MAX_DEMAND_TIMES, Demand, Reply, Sync
+from .grant_book import GrantBook
+from .lease_book import LeaseBook
+from .pure.states import CANCELLED, DONE, QUEUED, Item, TimerKind, timer_key
+from .store import QueueStore
+
+T = TypeVar("T")
+PARTICIPANT = "durability.semaphore-queue"
+
+
+@dataclass(frozen=True)
+class QueueOptions:
+    attempt_timeout_ms: float
+    finished_check_ms: float
+    report_delay_ms: float
+    request_wait_ms: float
+    lease_report_delay_ms: float
+    keep_done_ms: float
+    #: the object answers its holder's calls (``hear``): requests say so, and
+    #: a holder that can reach it answers at once and calls back with news
+    woken: bool = False
+
+    @property
+    def settled_horizon_ms(self) -> float:
+        """How long a settled grant or lease is remembered: longer than any
+        reply can take (a reply is never applied later than its request's
+        time limit, so one settled longer ago cannot be revived by one)."""
+        return 2 * (self.attempt_timeout_ms + self.request_wait_ms)
+
+
+@dataclass
+class QueueMemory:
+    """What an instance keeps in memory only. Every field is a container the
+    commit copies before a transaction and puts back if it fails."""
+
+    # Keys a new instance has not heard the holder about yet: claims an
+    # older instance made there may have been confirmed unbeknown to this
+    # one (see grant_book). Their done items are kept until it has. Later, a
+    # request that failed leaves its key unheard too.
+    unheard: set[str] = field(default_factory=set)
+    # Keys whose first request in this instance is answered at its round, not
+    # held: a holder that grants unclaimed permits (an older version) would
+    # not take an earlier instance's claims for news.
+    first_ask: set[str] = field(default_factory=set)
+    #: per key, the latest claim deadline of the grants the holder listed
+    #: here: grants made later, its next reply lists as news (heardUpTo)
+    heard_up_to: dict[str, float] = field(default_factory=dict)
+    #: leases whose report the holder may not have heard: id -> (key,
+    #: version). A new instance reports every lease.
+    lease_due: dict[str, tuple[str, int]] = field(default_factory=dict)
+    blocked: dict[tuple[str, str], tuple[str, int]] = field(default_factory=dict)
+    contended: set[str] = field(default_factory=set)  #: keys whose holder last said it is short of permits
+    # When admit() returned for each admitted item, in this instance. Not a
+    # row: a new instance calls admit() again for every admitted item
+    # (admit() is idempotent on item id), which saves a row written per
+    # item; finished() is asked about an item only once admit() returned.
+    returned: dict[str, float] = field(default_factory=dict)
+    acked: dict[str, int] = field(default_factory=dict)  #: grant id -> released count the holder confirmed hearing
+    #: keys whose holder's last reply listed every lease it counts here (a
+    #: released drawn item's row may then go at once)
+    all_listed: set[str] = field(default_factory=set)
+    report_now: set[str] = field(default_factory=set)  #: keys with releases to report at once (contended)
+    #: keys served while contended that hold no request (queue_core.may_leave_line),
+    #: with the line mark they left on: their next release rides on a request
+    #: instead of a sync
+    away: dict[str, dict[str, float]] = field(default_factory=dict)
+    #: keys whose pump is due now to carry a release's report (lease reports wait for it)
+    rejoining: set[str] = field(default_factory=set)
+    #: lease id -> the version of its report a request in flight carries
+    leases_in_flight: dict[str, int] = field(default_factory=dict)
+    #: per key, its requests that failed in a row (queue_core.ask_again_at_once)
+    failures: dict[str, int] = field(default_factory=dict)
+
+    @classmethod
+    def of_new_instance(cls, store: QueueStore) -> QueueMemory:
+        # The keys unheard: those with queued or cancelled items, and the
+        # keys with a row: without kept done items (keep_done_ms 0), the keys
+        # that may hold grants; and the keys of leases (see lease_book).
+        unheard = set(store.keys_in(QUEUED, CANCELLED)) | set(store.registered_keys())
+        return cls(unheard=unheard, first_ask=set(unheard))
+
+    def copy(self) -> QueueMemory:
+        return QueueMemory(**{f.name: type(value)(value) for f in fields(self)
+                              for value in [getattr(self, f.name)]})
+
+    def put_back(self, copy: QueueMemory) -> None:
+        """Be ``copy`` again, in place (whoever holds this memory sees it)."""
+        for f in fields(self):
+            setattr(self, f.name, getattr(copy, f.name))
+
+    def heard(self, key: str, reply: Reply) -> None:
+        """The holder's latest word on whether it is short of permits."""
+        if reply.contended:
+            self.contended.add(key)
+        else:
+            self.contended.discard(key)
+
+
+class QueueContext:
+    """The scheduler, store, books, memory and options a queue's parts share."""
+
+    def __init__(self, scheduler: DurabilityScheduler, store: QueueStore, server: SemaphoreClient,
+                 client_id: str, options: QueueOptions) -> None:
+        self.scheduler = scheduler
+        self.store = store
+        self.server = server
+        self.client_id = client_id
+        self.options = options
+        #: this object's name, if the instance knows one: a holder that calls back reaches it by it
+        name = getattr(getattr(scheduler.ctx, "id", None), "name", None)
+        self.object_name: str | None = name if isinstance(name, str) and name else None
+
+        self.grants = GrantBook(store, remember_ms=options.settled_horizon_ms)
+        self.lease_book = LeaseBook(store, options.settled_horizon_ms, now_ms())
+        self.memory = QueueMemory.of_new_instance(store)
+        #: how the grants part reads a sync's answer: every answer lists the
+        #: client's grants (a round may just have made one for it), whichever
+        #: part sent the sync, and a grant listed new is news once only
+        self.learn_listed: Callable[[str, Reply], None] = lambda key, reply: None
+
+    # -- commits ----------------------------------------------------------------
+    async def commit(self, change: Callable[[], T], *, move_alarm: bool = True) -> T:
+        """Run ``change`` in one transaction; then move the alarm to the
+        earliest timer. If the transaction fails, memory (the queue's, the
+        books', the scheduler's timers) is put back as it was: no memory
+        ever stands for a write that did not happen. Nothing the queue keeps
+        in memory may change inside a transaction but through here.
+
+        ``move_alarm=False`` is for a change that only sets a timer no
+        sooner than one already due (its alarm is set already)."""
+        result = self.commit_now(change)
+        if move_alarm:
+            await self.scheduler.sync()
+        return result
+
+    def commit_now(self, change: Callable[[], T]) -> T:
+        """``commit`` without moving the alarm: for the constructor (the
+        scheduler's own check arms it once the instance is built)."""
+        return self._undone_if_failed(lambda: self.scheduler.transaction(change))
+
+    async def update(self, change: Callable[[], T]) -> T:
+        """``commit`` for a change of memory and timers only, with no row to
+        write: no transaction is opened (an empty one still costs a write
+        batch, and a crash can strike it)."""
+        result = self._undone_if_failed(change)
+        await self.scheduler.sync()
+        return result
+
+    def _undone_if_failed(self, run: Callable[[], T]) -> T:
+        memory, grants, leases = self.memory.copy(), self.grants.snapshot(), self.lease_book.snapshot()
+        timers = self.scheduler.memory_snapshot()
+        try:
+            return run()
+        except BaseException:
+            self.memory.put_back(memory)
+            self.grants.restore(grants)
+            self.lease_book.restore(leases)
+            self.scheduler.memory_restore(timers)
+            raise
+
+    # -- inside a commit: item moves and timers ----------------------------------------
+    def move(self, item: Item, state: str, grant_id: str | None = None, via: str | None = None,
+             draw: int | None = None) -> None:
+        """Write an item's next state, as the life cycle (queue_states.TRANSITIONS) allows."""
+        done_at = None
+        if state in DONE:
+            done_at = now_ms()
+            self.due_by(TimerKind.PURGE, None, done_at + self.options.keep_done_ms)
+        self.store.move_item(item, state, grant_id, via, done_at, draw)
+
+    def due_at(self, kind: TimerKind, key: str | None, at: float) -> None:
+        """The timer fires at ``at``, whatever time it had."""
+        self.scheduler.schedule(PARTICIPANT, timer_key(kind, key), at)
+
+    def due_by(self, kind: TimerKind, key: str | None, at: float) -> None:
+        """The timer fires no later than ``at``: an earlier time is kept."""
+        self.scheduler.schedule_by(PARTICIPANT, timer_key(kind, key), at)
+
+    def cancel(self, kind: TimerKind) -> None:
+        self.scheduler.cancel(PARTICIPANT, timer_key(kind))
+
+    # -- reads ------------------------------------------------------------------------
+    def reserved(self, key: str) -> dict[str, int]:
+        """Per group, how many of the oldest queued items claims hold (they are ``claiming``)."""
+        reserved: dict[str, int] = {}
+        for grant in self.grants.grants(key):
+            if grant.pending > 0:
+                reserved[grant.group] = reserved.get(grant.group, 0) + grant.pending
+        return reserved
+
+    def demand(self, key: str) -> list[Demand]:
+        """Per group, the key's items waiting for a permit, oldest group first."""
+        return [Demand(*entry) for entry in self.store.demand(key, self.reserved(key), MAX_DEMAND_TIMES)]
+
+    def waiting_groups(self, key: str) -> set[str]:
+        return {d.group for d in self.demand(key)}
+
+    # -- the holder ---------------------------------------------------------------------
+    async def send_sync(self, key: str, sync: Sync) -> Reply:
+        """Send ``sync`` to the key's holder and read its reply (raises if it
+        fails, times out, or is malformed)."""
+        return Reply.parse(await asyncio.wait_for(
+            self.server.sync(key, sync.to_wire()), self.options.attempt_timeout_ms / 1000), "synced")
+
+    async def exchange(self, key: str, sync: Sync, apply: Callable[[Reply], None]) -> Reply:
+        """``send_sync``, then commit ``apply(reply)`` and the grants it
+        lists: nothing is applied unless a well-formed reply came."""
+        reply = await self.send_sync(key, sync)
+
+        def apply_all() -> None:
+            apply(reply)
+            self.learn_listed(key, reply)
+
+        await self.commit(apply_all)
+        return reply
+

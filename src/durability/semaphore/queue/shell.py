@@ -1,0 +1,344 @@
+"""DurabilitySemaphoreQueue: work queued in a client object, admitted under a holder's budget.
+
+Lives here: the queue's shell: the public API (enqueue, release, cancel,
+status), the timers a new instance derives from its rows, which key's
+pump is due when, and the deletion of done items. The parts it is made
+of: ``queue_memory`` (shared memory, options, the one commit),
+``queue_requests`` (each key's pump and request, and what its reply
+does), ``queue_grants`` (claims and grant reports), ``queue_leases``
+(draws and lease reports), ``queue_admission`` (``admit()`` and the
+``finished()`` sweep), ``queue_releases`` (an item's release, and how its
+holder hears of it), ``queue_outbox`` (what older versions queued), and
+the pure rules of ``queue_core`` and ``queue_lease_rules``. Must not know: the holder's rules (it only reads
+its replies), how a message is spelled on the wire (``messages``), or SQL
+(``queue_store``).
+
+An item is ``queued`` until a permit is granted for it, and ``admitted``
+once the holder confirmed it: the reply of a request that says ``claims``
+confirms the permits it grants, or (with a holder that grants unclaimed
+permits) the answer to a claim, while the item is ``claiming``. ``admit()``
+is then called, after the admission committed, until it returns. An item
+drawn from a lease is admitted at once: the holder already counts the
+lease, so the draw and the admission commit together. Releasing an item
+writes its new state (see queue_releases). Done items are deleted
+``keep_done_ms`` after they were released or cancelled (at once, for a
+released item, with ``keep_done_ms`` 0).
+
+Every change that writes goes through ``QueueContext.commit``: what a
+transaction changes in memory is put back if it fails, and the commit
+moves the alarm. (Memory that stands for no row, such as a request in
+flight or the holder's latest word, changes outside commits.)
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from ..._common.clock import now_ms
+from ..._common.listeners import notify
+from ..._common.schema import public_migrate
+from ...retry import Backoff
+from ...scheduler.alarm import DurabilityScheduler, Timer
+from ..client import SemaphoreClient
+from ..identity import wire_identity
+from ..messages import MAX_WAIT_MS, ProtocolError, Reply
+from .admission import Admission, AdmittedItem
+from .grants import QueueGrants
+from .input import checked_items, identifier
+from .leases import QueueLeases
+from .memory import PARTICIPANT, QueueContext, QueueOptions
+from .old_outbox import CHANNEL, OLD_LEASE_CHANNEL, OldOutboxDrain
+from .pure.core import fallback_at, may_leave_line, oldest_of
+from .pure.states import ADMITTED, CANCELLED, CLAIMING, QUEUED, RELEASED, Item, TimerKind, Via, parse_timer_key
+from .releases import QueueReleases
+from .requests import KeyRequests
+from .store import COMPONENT as QUEUE_COMPONENT, TABLES as QUEUE_TABLES, QueueStore
+
+__all__ = ["CHANNEL", "OLD_LEASE_CHANNEL", "PARTICIPANT", "AdmittedItem", "DurabilitySemaphoreQueue", "QueueEvent"]
+
+log = logging.getLogger("durability.semaphore.queue")
+PURGE_BATCH = 500  #: done items deleted per transaction; the purge timer comes back at once for more
+
+
+@dataclass(frozen=True)
+class QueueEvent:
+    type: str  #: "admitted", "released", "blocked"
+    key: str
+    ids: tuple[str, ...] = ()
+    blocked: dict[str, dict[str, Any]] | None = None  #: group -> {"reason", "waiting"}, for "blocked"
+
+
+class DurabilitySemaphoreQueue(QueueReleases):
+    """The client half: queue items per semaphore key and admit them under the holder's budget.
+
+    Args:
+        scheduler: the object's scheduler (one queue per scheduler).
+        client_id: a label for this queue's object (a shard's name, say), or
+            None. The queue speaks to its holders as its object's own id,
+            ``<client_id>@<the object's id>`` with a label, so two objects
+            never share one even when given the same label (a queue that
+            held something under a label before keeps speaking as the label
+            until it starts holding nothing; ``queue_identity``). The label
+            is kept: an instance given None (one reached through its id
+            alone has no ``ctx.id.name`` to make a label from) speaks under
+            the label kept.
+        server: a ``SemaphoreClient``, e.g. ``limits.with_(timeout, 5_000).bind(env)``.
+        admit: ``admit(items)`` starts the admitted items' work; called after
+            the admission commits and again, under ``retries``, until it
+            returns. It must be idempotent on item id.
+        finished: ``finished(ids) -> ids done``; asked about admitted items
+            ``finished_check_ms`` after ``admit()`` returned and at that
+            interval; the ones it names are released. Without it, an item
+            whose ``release()`` is lost holds its permit until released by hand.
+        on_lifecycle_event: ``QueueEvent`` listener (best effort).
+        retries: backoff for ``admit()``, failed requests and report syncs.
+        attempt_timeout_ms: a request unanswered this long counts as failed.
+        report_delay_ms: how long releases gather before a ``sync`` sends them.
+        request_wait_ms: how long the holder may hold a request that it cannot
+            serve yet (a long poll). A timeout transform on ``server`` must
+            allow this plus a round.
+        lease_report_delay_ms: how long releases of drawn permits gather
+            before a ``sync`` returns their footprint to the holder. Draws
+            are never reported on their own (the holder counts the whole
+            lease already); when the holder says it is contended, pending
+            lease reports go at once.
+        keep_done_ms: how long a released or cancelled item is kept (its id
+            stays known: enqueueing it again is a no-op, ``status`` and
+            ``release`` still answer for it) before its row is deleted.
+    """
+
+    def __init__(self, scheduler: DurabilityScheduler, *, server: SemaphoreClient,
+                 admit: Callable[[list[AdmittedItem]], Any],
+                 finished: Callable[[list[str]], Any] | None = None, client_id: str | None = None,
+                 on_lifecycle_event: Callable[[QueueEvent], Any] | None = None,
+                 retries: Backoff = Backoff(initial_ms=1_000, max_ms=60_000),
+                 attempt_timeout_ms: float = 10_000, finished_check_ms: float = 60_000,
+                 report_delay_ms: float = 1_000, request_wait_ms: float = 50_000,
+                 lease_report_delay_ms: float = 10_000, keep_done_ms: float = 600_000,
+                 woken: bool = False) -> None:
+        if not 0 <= request_wait_ms <= MAX_WAIT_MS:
+            raise ValueError(f"request_wait_ms must be from 0 to {MAX_WAIT_MS}")
+        if not keep_done_ms >= 0:
+            raise ValueError("keep_done_ms must be 0 or more")
+        self.scheduler = scheduler
+        self.server = server
+        self.on_lifecycle_event = on_lifecycle_event
+        self.options = QueueOptions(attempt_timeout_ms, finished_check_ms, report_delay_ms, request_wait_ms,
+                                    lease_report_delay_ms, keep_done_ms, woken)
+        self.store = QueueStore(scheduler.sql)
+        self.client_id = self._identity(client_id)
+        self.ctx = ctx = QueueContext(scheduler, self.store, server, self.client_id, self.options)
+        self.grants, self.lease_book = ctx.grants, ctx.lease_book
+        self.leases = QueueLeases(ctx)
+        self.admission = Admission(ctx, admit, finished, release=self._release,
+                                   after_releases=self._report_at_once_if_contended, admitted=self._emit_admitted)
+        self.claims = QueueGrants(ctx, self.leases, self._wake, self.admission.admit_pending_safely)
+        ctx.learn_listed = self.claims.learn_listed
+        self.old_outbox = OldOutboxDrain(scheduler, ctx, self.claims, self.leases)
+        self.requests = KeyRequests(ctx, self.claims, self.leases, self.admission, self.old_outbox, self._emit_blocked)
+        scheduler.register(PARTICIPANT, self._on_timer, backoff=retries, durable=False)
+        self._derive_timers()
+
+    def _identity(self, label: str | None) -> str:
+        """The id this queue speaks to its holders as (see ``queue_identity``)."""
+        object_id = str(self.scheduler.ctx.id.toString())
+        wire_identity(object_id, label)  # a label it cannot speak as is refused before it is kept
+        label = self.store.label(label)
+        if label is not None and label != object_id and self.store.spoken_as_given():
+            log.info("queue of %s speaks as %r as before, until it starts holding nothing", object_id, label)
+            return identifier(label, "client_id")
+        return wire_identity(object_id, label)
+
+    def _derive_timers(self) -> None:
+        """Set again, in a new instance, the timers its rows imply."""
+        ctx, now = self.ctx, now_ms()
+        for key in sorted(ctx.memory.unheard):  # the keys with queued items, and more
+            if self.options.woken:
+                # A holder that parks this key's request calls when it has news;
+                # the key asks again by itself on a schedule its oldest item
+                # fixes, which every instance derives alike: a new instance
+                # (production hibernates an idle object within seconds) must not
+                # put the fallback off again, nor cost a row to remember it.
+                self.server.paced(key, fallback_at(ctx.demand(key), self.options.request_wait_ms, now))
+            else:
+                interval = self.store.pacing(key)
+                if interval is not None:  # the holder's pacing holds across an eviction
+                    self.server.paced(key, now + interval)
+            self._wake(key, now)
+        if self.store.admitted():
+            ctx.due_by(TimerKind.ADMIT, None, now)
+        for key in sorted({grant.key for grant in self.grants.grants() if self.claims.report_due(grant)}):
+            ctx.due_by(TimerKind.REPORT, key, now)  # what the holder may not have heard
+        for lease in self.lease_book.leases():
+            self.leases.report_due(lease.key, lease.lease_id, now)
+        self.leases.schedule_renewal()
+        ctx.commit_now(lambda: self.store.stamp_done(now))
+        oldest_done = self.store.oldest_done()
+        if oldest_done is not None:
+            ctx.due_by(TimerKind.PURGE, None, max(now, oldest_done + self.options.keep_done_ms))
+
+    migrate = public_migrate(QUEUE_COMPONENT, QUEUE_TABLES, "the queue's tables")
+
+    # -- the public surface ---------------------------------------------------
+    async def enqueue(self, items: list[dict[str, Any]]) -> list[Item]:
+        """Queue items ``{id, key, group, body}``; an id already known is a no-op
+        that returns the existing item."""
+        checked = checked_items(items)
+        return await self.ctx.commit(lambda: self._enqueued(checked))
+
+    def _enqueued(self, checked: dict[str, tuple[str, str, str]]) -> list[Item]:
+        """Insert the items not known yet (inside a commit); every item, as stored."""
+        now = now_ms()
+        keys = set()
+        idle = set()  #: keys that waited for nothing: no holder keeps a request of theirs parked
+        for item_id, (key, group, body) in checked.items():
+            if self.store.item(item_id) is None:
+                if key not in keys and not self.ctx.demand(key):
+                    idle.add(key)
+                self.store.insert(item_id, key, group, body, now)
+                keys.add(key)
+        for key in sorted(keys):
+            # Draw from leases here, in the enqueue's own transaction: a
+            # request in flight for the key must not hold these items up.
+            self.leases.draw(key, now)
+            if self.ctx.demand(key):
+                self._wake(key, now, at_once=key in idle and self.options.woken)
+        stored = [self.store.item(item_id) for item_id in checked]
+        assert all(stored)  # found or inserted above, in this transaction
+        return [item for item in stored if item is not None]
+
+    async def hear(self, key: str, reply: Any) -> dict[str, Any]:
+        """A reply the key's holder calls this object with (``woken=True``):
+        what a round had for its parked request. Call it from the object's
+        ``semaphore_reply(key, reply)`` RPC method and return what it
+        returns: the key's demand now, which the holder keeps in line. A
+        malformed reply raises ``ValueError`` and changes nothing; one that
+        comes late or twice changes nothing it should not (a grant's claims
+        count once, and one listed past its claim deadline is given back)."""
+        key = identifier(key, "key")
+        try:
+            parsed = Reply.parse(reply, "grants")
+        except ProtocolError as error:
+            raise ValueError(f"not a holder's reply: {error}") from None
+        self.server.heard(key, reply)
+        return (await self.requests.hear(key, parsed)).to_wire()
+
+    async def release(self, item_id: str) -> bool:
+        """Return an admitted item's permit. True if released now or before
+        (within ``keep_done_ms``; after that the id is unknown: ``KeyError``)."""
+        item = self._known(item_id)
+        if item.state == RELEASED:
+            return True
+        if item.state != ADMITTED:
+            raise ValueError(f"item {item_id!r} is {self._state(item)}, not admitted")
+        await self.ctx.commit(lambda: self._release(item))
+        await self._report_at_once_if_contended({item.key})
+        await self._emit(QueueEvent("released", item.key, (item.id,)))
+        return True
+
+    async def cancel(self, item_id: str) -> bool:
+        """Remove an item that is still queued."""
+        item = self._known(item_id)
+        if item.state == CANCELLED:
+            return True
+        state = self._state(item)
+        if state != QUEUED:
+            raise ValueError(f"item {item_id!r} is {state}: only a queued item can be cancelled")
+        await self.ctx.commit(lambda: self.ctx.move(item, CANCELLED))
+        return True
+
+    def status(self, item_id: str) -> dict[str, Any] | None:
+        self.scheduler.resume_if_overdue()  # a read resumes an object whose alarm was lost
+        item = self.store.item(item_id)
+        if item is None:
+            return None
+        state = self._state(item)
+        blocked = self.ctx.memory.blocked.get((item.key, item.group)) if state == QUEUED else None
+        return {
+            "id": item.id, "key": item.key, "group": item.group, "state": state,
+            "via": Via.GRANT if state == CLAIMING else item.via,
+            "blocked": None if blocked is None else {"reason": blocked[0], "waiting": blocked[1]},
+        }
+
+    def _state(self, item: Item) -> str:
+        """The item's state: a queued item that a claim holds is ``claiming``."""
+        if item.state == QUEUED and self.store.place_in_line(item) < self.ctx.reserved(item.key).get(item.group, 0):
+            return CLAIMING
+        return item.state
+
+    def _known(self, item_id: str) -> Item:
+        item = self.store.item(identifier(item_id, "id"))
+        if item is None:
+            raise KeyError(f"no item {item_id!r}")
+        return item
+
+    # -- timers -----------------------------------------------------------------
+    async def _on_timer(self, timer: Timer) -> None:
+        try:
+            kind, key = parse_timer_key(timer.key)
+        except ValueError:
+            log.warning("no queue timer is called %r: dropped", timer.key)
+            return
+        if key is None:
+            await {TimerKind.ADMIT: self.admission.admit_pending, TimerKind.FINISHED: self.admission.check_finished,
+                   TimerKind.RENEW: self.leases.renew, TimerKind.PURGE: self._purge}[kind]()
+        else:
+            await {TimerKind.PUMP: self.requests.pump, TimerKind.REPORT: self.claims.report,
+                   TimerKind.LEASE_REPORT: self.leases.report}[kind](key)
+
+    def _wake(self, key: str, now: float, at_once: bool = False) -> None:
+        """Make the key's pump run (inside a commit): at once when the key
+        holds unclaimed permits to claim, or ``at_once`` (its first waiting
+        item: the pacing a holder gave a parked request is a fallback,
+        not a wait), else as soon as its pacing allows; a
+        key out of line stays out while everything it waits with is still
+        behind the mark it left on (younger items joined it)."""
+        ctx = self.ctx
+        if at_once:
+            self.server.ask_now(key)
+        at = max(now, self.server.next_request_at(key) or now)
+        if at_once or any(g.unclaimed > 0 and g.claim_deadline > now for g in self.grants.grants(key)) or any(
+                lease.undrawn > 0 for lease in self.lease_book.leases(key)):
+            at = now
+        elif key in ctx.memory.away and may_leave_line(ctx.memory.away[key], oldest_of(ctx.demand(key))):
+            return
+        ctx.due_by(TimerKind.PUMP, key, at)
+
+    async def _purge(self) -> None:
+        await self.ctx.commit(self._purge_due)
+
+    def _purge_due(self) -> None:
+        """Delete items done ``keep_done_ms`` ago or more (inside a commit; see
+        QueueStore.purge_done), and forget grants and leases long settled."""
+        now = now_ms()
+        held = {lease.lease_id for lease in self.lease_book.leases()}  # their counts are their items
+        held |= self.claims.forget_finished(now)
+        self.grants.prune(now)
+        self.lease_book.prune(now)
+        keep_ms = self.options.keep_done_ms
+        if self.store.purge_done(now - keep_ms, PURGE_BATCH, held, self.ctx.memory.unheard):
+            self.ctx.due_at(TimerKind.PURGE, None, now)
+            return
+        oldest = self.store.oldest_done()
+        if oldest is not None:
+            at = oldest + keep_ms
+            if at <= now:
+                # Held by a grant or a lease still here: look again an
+                # interval on, not in a loop (a lease's settlement calls
+                # the purge sooner).
+                at = now + max(keep_ms, self.options.settled_horizon_ms)
+            self.ctx.due_at(TimerKind.PURGE, None, at)
+
+    # -- listeners ------------------------------------------------------------------------
+    async def _emit_blocked(self, key: str, blocked: dict[str, dict[str, Any]]) -> None:
+        await self._emit(QueueEvent("blocked", key, blocked=blocked))
+
+    async def _emit_admitted(self, key: str, ids: tuple[str, ...]) -> None:
+        await self._emit(QueueEvent("admitted", key, ids))
+
+    async def _emit(self, event: QueueEvent) -> None:
+        await notify(self.on_lifecycle_event, event, log, "queue lifecycle listener failed on %s", event.type)
+
