@@ -21,6 +21,6 @@ def test_the_minimal_example_passes_its_tests_on_the_wheel_and_its_bundle_import
     assert "Built durability_workers-0.1.0-py3-none-any.whl" in output
     assert " passed" in output and "failed" not in output
     bundle = tmp_path / "examples" / "minimal" / "build" / "deployment"
-    assert (bundle / "python_modules" / "durability" / "semaphore" / "queue.py").is_file()
+    assert (bundle / "python_modules" / "durability" / "semaphore" / "queue" / "shell.py").is_file()
     assert not (bundle / "python_modules" / "durability" / "testing").exists()
     assert "Bundle imports in Pyodide: Durable Objects CallSlots, TaskShard, TenantLimit; entrypoint Default" in output

@@ -1,4 +1,4 @@
-"""The queue's pure decisions (semaphore/queue_core.py), without any runtime."""
+"""The queue's pure decisions (semaphore/queue/pure/core.py), without any runtime."""
 
 import pytest
 from hypothesis import given, strategies as st

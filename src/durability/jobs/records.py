@@ -44,7 +44,7 @@ def _stamp_finished(sql: Sql, _version: int) -> None:
 # ``due_at`` is when a pending job's next attempt is due (version 2; NULL,
 # as in rows written before it, means at once). ``done_at`` is when a job
 # finished (version 3), written with its outcome (no row more) and read by
-# the purge (``_job_purge``); jobs that had finished before version 3 are
+# the purge (``jobs/purge``); jobs that had finished before version 3 are
 # given the time of the upgrade, one write each, once, so that they are kept
 # a full ``max_age_ms`` from then.
 _SCHEMA: dict[int, list[Step]] = {

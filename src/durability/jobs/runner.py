@@ -5,8 +5,8 @@ idempotently on its id together with the scheduler timer that will run it,
 running one attempt per timer firing, retrying failed attempts under a
 ``retry.Backoff``, results and errors, and best-effort lifecycle events.
 The jobs' table, a job's statuses and events, and ``current_job()`` live
-in ``_job_records``; finished jobs are purged under a ``JobRetention`` by
-``_job_purge``.
+in ``jobs/records``; finished jobs are purged under a ``JobRetention`` by
+``jobs/purge``.
 Must not know: what a handler does with its payload, or what a listener
 does with an event.
 

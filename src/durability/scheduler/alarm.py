@@ -2,7 +2,7 @@
 
 Lives here: the timer table, registration of participants (the outbox, the
 semaphore's holder and queue, user code), ``alarm()``, which runs due
-timers with retries (by ``_alarm_dispatch``) and then re-arms, and keeping
+timers with retries (by ``scheduler/dispatch``) and then re-arms, and keeping
 the physical alarm on the earliest timer. Must not know: what any
 participant does when its timer fires.
 

@@ -126,7 +126,7 @@ class HolderBooks:
         (admitting again would run beyond the limit). Only the first
         listing of what this instance made says new; a new instance of the
         holder says new of nothing, and a client gives back what it cannot
-        place (``queue_core.usable_claims``). Memory only: no row."""
+        place (``queue/pure/core.usable_claims``). Memory only: no row."""
         first = self._unlisted.intersection(ids)
         self._unlisted -= first
         return first
@@ -189,7 +189,7 @@ def release_needs_row(before: Grant, after: Grant, parent_key: str | None) -> bo
     child reports every loan's cumulative counts in each request and sync
     (``tree.Borrowed.reports``), at least every half of ``fresh_for_ms``
     while it holds any, and a new instance of the parent wakes the quiet
-    ones at once (``holder_tree.Waker``), so one that read the older count
+    ones at once (``tree/link.Waker``), so one that read the older count
     counts those permits as lent (the safe side) only until the child's
     next exchange. The loan's last give-back deletes the row as ever. It
     saves a row per give-back at a tree's parents (a child gives back

@@ -4,7 +4,7 @@ Lives here: ``ParkedRequests``, the holder's side of the sleeping
 protocol: which requests are parked, the line they stand in
 (``parked.ParkedLine``), what a round's outcomes do to it (demand taken
 off the clients it served, and a call to each of them it did not answer
-directly, ``holder_calls``), a client's reply to a call (its demand now,
+directly, ``holder/calls``), a client's reply to a call (its demand now,
 which may let a round serve more), a client whose calls fail (kept in
 line, served no more until it is heard from), the clients that hold
 permits and have gone silent (woken by a call), and the scheduler's

@@ -8,7 +8,7 @@ now or later, a round for a tree's child its parent just lent more, a
 round's rows written with what it took off the parked line (put back if
 the write fails), the round's fair-share policy, its demand by group,
 and new grant ids. Must not know: how a round decides (``allocation``),
-what a reply holds (``holder_replies``), or how messages look on the
+what a reply holds (``holder/replies``), or how messages look on the
 wire (``messages``).
 """
 

@@ -2,15 +2,15 @@
 
 Lives here: the runtime side of the holder: requests waiting for a round
 and the round timer (in memory), the user's limit callbacks resolved once
-per round (``holder_limits``) for the groups in demand and those holding
+per round (``holder/limits``) for the groups in demand and those holding
 leases, each round run and committed in one transaction before anyone
 hears back (none for a round with nothing to write), the reclaim timer
 on the scheduler, ``usage()`` and ``migrate()``. Its functions kept out
-of the class for size: ``holder_rounds`` (when a round runs, and what it
-commits), ``holder_replies`` (what the holder answers, and the requests
-it holds over), ``holder_between_rounds`` (a sync, a call's answer, the
-reclaim), ``holder_usage`` (what ``usage()`` reports) and
-``holder_tree_place`` (its place in a budget tree). Must not know: how a
+of the class for size: ``holder/rounds`` (when a round runs, and what it
+commits), ``holder/replies`` (what the holder answers, and the requests
+it holds over), ``holder/between_rounds`` (a sync, a call's answer, the
+reclaim), ``holder/usage`` (what ``usage()`` reports) and
+``holder/tree_place`` (its place in a budget tree). Must not know: how a
 round decides (``allocation``), how messages look on the wire
 (``messages``), or how clients reach it (``client``).
 """

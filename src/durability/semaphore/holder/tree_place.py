@@ -6,7 +6,7 @@ Lives here: the parts a holder of a tree is made with (a child's
 call taken by its child, and what a reply tells a tree's child beyond
 what other clients hear (the parent's limits, and the oldest items its
 last round left waiting at other children). The link and the waker are
-``holder_tree``'s, the rules ``tree``'s. Must not know: how a round
+``tree/link``'s, the rules ``tree``'s. Must not know: how a round
 decides (``allocation``), SQL, or how messages look on the wire
 (``messages``).
 """

@@ -1,15 +1,15 @@
 """The semaphore's wire format, both directions: every message and reply, written and read, imported from here.
 
 Lives here: the one place the wire format is imported from; it gathers
-it from the modules that spell it. ``wire_checks``: the version, the
+it from the modules that spell it. ``messages/checks``: the version, the
 bounds and the vocabularies (report statuses, blocked reasons), and the
-checks every field is read with. ``wire_requests``: the camelCase
+checks every field is read with. ``messages/requests``: the camelCase
 messages clients send (``request``, ``sync``) and the bodies older
 queues put in their outbox (``queued_grant_report``,
-``queued_lease_id``). ``wire_replies``: the replies the holder sends
+``queued_lease_id``). ``messages/replies``: the replies the holder sends
 (``grants``, ``synced``; the refusal is ``durability._wire``'s), and the
 pacing and the line a grants reply carries (``pacing_in``,
-``Reply.line``). ``wire_usage``: the ``usage`` reply. Each message and
+``Reply.line``). ``messages/usage``: the ``usage`` reply. Each message and
 reply is a typed class with ``to_wire`` (the dict the wire carries) and
 ``parse`` (the dict checked completely into the class). Every field name
 of the protocol is spelled in those modules and nowhere else. Must not

@@ -64,7 +64,7 @@ class GrantEntry:
     claim_deadline: float
     released: int = 0  #: the releases the holder heard (older holders do not say)
     #: first listed here, by the round that made it (None: an older holder,
-    #: which does not say); see ``queue_grants.usable_claims``
+    #: which does not say); see ``queue/grants.usable_claims``
     new: bool | None = None
 
     def to_wire(self) -> dict[str, Any]:
@@ -151,7 +151,7 @@ class Reply:
     #: not, and marks those new (older holders list only undrawn ones)
     all_leases_listed: bool = False
     #: per group, the oldest-item time at which the holder's line stands
-    #: behind a client it just served (``holder_line.Line``)
+    #: behind a client it just served (``holder/pure/line_mark.Line``)
     line: dict[str, float] = field(default_factory=dict)
     #: to a child of a budget tree: per group it asked for, the enqueue times
     #: of the oldest items (at most ``MAX_DEMAND_TIMES``, oldest first) of

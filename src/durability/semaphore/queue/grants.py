@@ -4,7 +4,7 @@ Lives here: ``QueueGrants``: claiming permits this object holds for its
 oldest queued items, keeping what the holder lists of its grants
 (``learn``), admitting on the claims the holder confirmed or sending
 refused ones back in line (``apply_outcomes``, decided by
-``queue_core.settle``), and sending the grant reports the holder may not
+``queue/pure/core.settle``), and sending the grant reports the holder may not
 have heard in one ``sync``. A grant's report is read from its items: the
 claim's or release's own write is its durable copy, so no row is written
 for a report; what the holder acknowledged is memory (a new instance

@@ -2,11 +2,11 @@
 
 Lives here: ``QueueLeases``: drawing queued items from this object's
 leases, keeping what the holder lists (``learn``) and answers
-(``apply_outcomes``, decided by ``queue_lease_rules``), giving idle leases
+(``apply_outcomes``, decided by ``queue/pure/lease_rules``), giving idle leases
 back when the holder is short, renewing leases at half their lifetime,
 and sending the lease reports the holder may not have heard, each in one
 ``sync`` (the counts read when it is sent). Must not know: grants, the
-request a report may ride on (``queue_requests`` marks those reports in
+request a report may ride on (``queue/requests`` marks those reports in
 flight), or SQL.
 """
 
@@ -144,7 +144,7 @@ class QueueLeases:
 
     # -- timers and reports ----------------------------------------------------------
     async def renew(self) -> None:
-        """At half its lifetime a lease is reported again (``queue_lease_rules.renewed``)."""
+        """At half its lifetime a lease is reported again (``queue/pure/lease_rules.renewed``)."""
         def renew() -> None:
             now = now_ms()
             waiting: dict[str, set[str]] = {}

@@ -9,7 +9,7 @@ on, or at once when its holder said it is short of permits or calls the
 queue; a draw's release goes in a lease report ``lease_report_delay_ms``
 on, or at once when its holder said it is short. Must not know: who
 releases (``release()`` and the ``finished()`` sweep do), how a message
-is spelled on the wire (``messages``), or SQL (``queue_store``).
+is spelled on the wire (``messages``), or SQL (``queue/store``).
 
 Releasing an item writes its new state, which is also its grant's released
 count (a grant's counts are its items', see grant_book), or the lease's

@@ -98,7 +98,7 @@ class KeyRequests:
 
     async def _ask_or_retry(self, key: str, demand: Wanted, wait: float) -> None:
         """Ask; if the request fails, ask again now or leave it to the pump's
-        backoff (``queue_core.ask_again_at_once``)."""
+        backoff (``queue/pure/core.ask_again_at_once``)."""
         sent_at = now_ms()
         try:
             await self._ask(key, demand, wait)

@@ -3,9 +3,9 @@
 Lives here: the names of the queue's tables (``TABLES``, which
 ``migrate(ctx, None)`` removes) and ``_SCHEMA``, each version's steps,
 which ``QueueStore`` runs at construction up to the newest
-(``_schema.migrate``), among them the one that reads rows (version 6's),
+(``_common/schema.migrate``), among them the one that reads rows (version 6's),
 with the check it shares with the store (``_holds_anything``). Must not
-know: the queries on the tables (``queue_store``), the protocol with the
+know: the queries on the tables (``queue/store``), the protocol with the
 holder, timers, or when anything happens.
 
 Version 2 added the lease table; version 3 the pacing table: per key, the

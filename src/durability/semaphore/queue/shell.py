@@ -3,15 +3,15 @@
 Lives here: the queue's shell: the public API (enqueue, release, cancel,
 status), the timers a new instance derives from its rows, which key's
 pump is due when, and the deletion of done items. The parts it is made
-of: ``queue_memory`` (shared memory, options, the one commit),
-``queue_requests`` (each key's pump and request, and what its reply
-does), ``queue_grants`` (claims and grant reports), ``queue_leases``
-(draws and lease reports), ``queue_admission`` (``admit()`` and the
-``finished()`` sweep), ``queue_releases`` (an item's release, and how its
-holder hears of it), ``queue_outbox`` (what older versions queued), and
-the pure rules of ``queue_core`` and ``queue_lease_rules``. Must not know: the holder's rules (it only reads
+of: ``queue/memory`` (shared memory, options, the one commit),
+``queue/requests`` (each key's pump and request, and what its reply
+does), ``queue/grants`` (claims and grant reports), ``queue/leases``
+(draws and lease reports), ``queue/admission`` (``admit()`` and the
+``finished()`` sweep), ``queue/releases`` (an item's release, and how its
+holder hears of it), ``queue/old_outbox`` (what older versions queued), and
+the pure rules of ``queue/pure/core`` and ``queue/pure/lease_rules``. Must not know: the holder's rules (it only reads
 its replies), how a message is spelled on the wire (``messages``), or SQL
-(``queue_store``).
+(``queue/store``).
 
 An item is ``queued`` until a permit is granted for it, and ``admitted``
 once the holder confirmed it: the reply of a request that says ``claims``
@@ -81,7 +81,7 @@ class DurabilitySemaphoreQueue(QueueReleases):
             ``<client_id>@<the object's id>`` with a label, so two objects
             never share one even when given the same label (a queue that
             held something under a label before keeps speaking as the label
-            until it starts holding nothing; ``queue_identity``). The label
+            until it starts holding nothing; ``identity``). The label
             is kept: an instance given None (one reached through its id
             alone has no ``ctx.id.name`` to make a label from) speaks under
             the label kept.
@@ -143,7 +143,7 @@ class DurabilitySemaphoreQueue(QueueReleases):
         self._derive_timers()
 
     def _identity(self, label: str | None) -> str:
-        """The id this queue speaks to its holders as (see ``queue_identity``)."""
+        """The id this queue speaks to its holders as (see ``identity``)."""
         object_id = str(self.scheduler.ctx.id.toString())
         wire_identity(object_id, label)  # a label it cannot speak as is refused before it is kept
         label = self.store.label(label)

@@ -1,8 +1,8 @@
 """The queue's storage: items, the keys' pacing rows, and every query on them.
 
 Lives here: the SQL of ``DurabilitySemaphoreQueue`` (its tables and
-their versions are ``queue_schema``'s), and the one writer of item states
-(``move_item``, which refuses any move ``queue_states.TRANSITIONS`` does
+their versions are ``queue/schema``'s), and the one writer of item states
+(``move_item``, which refuses any move ``queue/pure/states.TRANSITIONS`` does
 not allow, a delete included). Must not know: the protocol with the
 holder, timers, or when anything happens.
 
@@ -22,12 +22,12 @@ more than a few dozen done items costs more than deleting them). With
 its key keeps a pacing row while it may hold grants (``register_key``); the
 key of every lease learned keeps one too, in every mode.
 
-No row is kept for a grant (``grant_book`` keeps them in memory): a
+No row is kept for a grant (``queue/grant_book`` keeps them in memory): a
 grant's confirmed and released counts are the counts of its items
 admitted or released on it, scanned once and kept until an item's state
 changes (``_all_counts``). The grant table older versions wrote is read
 once (``legacy_grants``) and its rows deleted as their grants settle. No
-row is kept for a lease either (``lease_book``): its drawn and released
+row is kept for a lease either (``queue/lease_book``): its drawn and released
 counts are its items' too (and, with ``keep_done_ms`` 0, draws whose
 items went at their release, counted in memory); the lease rows older versions wrote are read
 once (``legacy_leases``) and deleted as their leases settle.

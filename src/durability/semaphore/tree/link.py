@@ -3,10 +3,10 @@
 Lives here: ``child_link``, which gives a holder whose object's name is a
 child's its link to its parent (none for the root, or for a holder
 outside any tree), and ``object_name``. The child's side lives in
-``tree_parent_link`` (``ParentLink``: asking its parent for permits, and
-giving them back, on the scheduler's timers) and ``tree_link_ceilings``
+``tree/parent_link`` (``ParentLink``: asking its parent for permits, and
+giving them back, on the scheduler's timers) and ``tree/link_ceilings``
 (what a round may hand out of what the child borrowed); the parent's
-side, waking its children that have gone quiet, in ``tree_children``
+side, waking its children that have gone quiet, in ``tree/children``
 (``Waker``). The rules themselves (what is held, what is given back) are
 pure, in ``tree``. Must not know: how a holder allocates, or SQL.
 """

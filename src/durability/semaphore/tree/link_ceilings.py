@@ -6,7 +6,7 @@ said, and the bookkeeping of the exchanges), and the decisions that read
 it: what the child owes older work waiting at other children, when it
 yields a group (closed, over the parent's limit, or not heard from the
 parent for too long), what each round may hand out per group, and which
-idle permits go back. ``tree_parent_link.ParentLink`` adds the exchanges
+idle permits go back. ``tree/parent_link.ParentLink`` adds the exchanges
 that keep it. The rules themselves (what is held, what is given back) are
 pure, in ``tree``. Must not know: how the exchanges are sent or timed,
 how the child allocates, or SQL (the loans' rows are the store's).

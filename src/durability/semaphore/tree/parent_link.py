@@ -6,7 +6,7 @@ asks the parent for that, gives back at once what no client of the child
 uses (in the request leaving at the same beat, else a sync), each at most
 once per period and one at a time, and yields
 to older work waiting at other children. What a round may hand out of
-what the child holds is decided in its base, ``tree_link_ceilings``; the
+what the child holds is decided in its base, ``tree/link_ceilings``; the
 rules themselves (what is held, what is given back) are pure, in ``tree``.
 
 The child sleeps while it waits. Its requests ask to be called: the

@@ -14,13 +14,13 @@ Must not know: storage, RPC, clocks or the user's callbacks; the holder
 reads the time, resolves the limits and persists the changes.
 
 The parts it is made of (the rest of the library imports what it uses
-of them from here): ``allocation_records`` (the grant book and its
+of them from here): ``holder/pure/records`` (the grant book and its
 accounting, the changes, and the records a round reads and returns),
-``allocation_reclaim`` (permits and settled rows taken back as time
-passes, and when to look next), ``allocation_terms`` (a round's terms
-and state), ``allocation_round`` (its phases after the reports),
-``allocation_shares`` (how its room goes to the demand it grants) and
-``allocation_replies`` (the grants a reply lists, and whether it is
+``holder/pure/reclaim`` (permits and settled rows taken back as time
+passes, and when to look next), ``holder/pure/round_terms`` (a round's terms
+and state), ``holder/pure/round`` (its phases after the reports),
+``holder/pure/shares`` (how its room goes to the demand it grants) and
+``holder/pure/news`` (the grants a reply lists, and whether it is
 news). The reports are applied here, the round's first phase included,
 so that every report goes through this module's ``apply_report`` (the
 campaign's ``double_report`` defect replaces it).

@@ -6,7 +6,7 @@ applying a client's lease reports (a lease the holder knows, one it
 settled, one it never knew), retiring leases (past their ttl, under a
 lowered limit, in a group no longer eligible) and sharing a round's lease
 budget among candidates. The book's entry (``Lease``), what it charges,
-and which of its changes need a row are in ``lease_entry``. Must not
+and which of its changes need a row are in ``holder/pure/lease_entry``. Must not
 know: storage, RPC, clocks or the user's callbacks.
 
 Leases of another epoch (``LeaseIds``: issued before the holder lost its

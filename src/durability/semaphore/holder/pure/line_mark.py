@@ -66,7 +66,7 @@ class Line:
         of others ahead of it: about one job's length of releases (every
         permit turning over once) before its turn. It may wait for its own
         next release to ask again, instead of holding a request the whole
-        time (``queue_core.may_leave_line``). Only the groups it asked for
+        time (``queue/pure/core.may_leave_line``). Only the groups it asked for
         are given: it leaves the line only if every group it waits in has a
         mark, and a group it did not ask for has no item of its in line.
         """

@@ -7,7 +7,7 @@ left after grants (``serve_leases``); phase 5, listing: the grants and
 leases each reply lists (``list_for_replies``); and the round's result
 (``result_of``). Phase 1, the reports, and the round as a whole
 (``run_round``) are in ``allocation``; how the room is shared among
-granted demand, in ``allocation_shares``. Must not know: storage, RPC,
+granted demand, in ``holder/pure/shares``. Must not know: storage, RPC,
 clocks or the user's callbacks.
 """
 

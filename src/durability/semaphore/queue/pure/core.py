@@ -8,9 +8,9 @@ served key may leave its holder's line until its next release
 (``may_leave_line``), and whether a failed request is made again at once
 or under the backoff (``ask_again_at_once``), and how many claims a
 listing confirms that no item here counts may be used (``usable_claims``). The item life cycle is
-``queue_states``; the lease rules are ``queue_lease_rules``. Must not
+``queue/pure/states``; the lease rules are ``queue/pure/lease_rules``. Must not
 know: storage, timers, RPC or the clock; it imports only ``messages``,
-``queue_states`` and the standard library (tests/test_pure_modules.py).
+``queue/pure/states`` and the standard library (tests/test_pure_modules.py).
 """
 
 from __future__ import annotations
