@@ -15,7 +15,7 @@ alarms included, over every object (and the rows read meanwhile: the
 purge's scans, and the sweep's calls every 30 minutes); and the rows left per finished job past the window in
 every table of every object, leaving out the rows that stand for an object
 or a key (``durability_schema``, ``durability_semaphore_lease_ids``,
-``durability_queue_pacing``; ``tests/test_example_retention.py``). Fails
+``durability_queue_pacing``; ``tests/example/test_example_retention.py``). Fails
 (exit 1) if any row per job is left.
 """
 

@@ -1,6 +1,6 @@
 """``python -m durability.build``, the deployment check the wheel ships: what it needs, and what it says without it.
 
-The whole build runs on examples/minimal in tests/test_example_project.py
+The whole build runs on examples/minimal in tests/example/test_example_project.py
 (through scripts/build_deployment.py, which calls it).
 """
 

@@ -8,7 +8,7 @@ import pytest
 import durability
 from durability.testing import Faults, JsException, Runtime, load_worker_module
 
-JOBS = Path(__file__).resolve().parent / "workers" / "jobs.py"
+JOBS = Path(__file__).resolve().parents[1] / "workers" / "jobs.py"
 
 
 def jobs_runtime(**options) -> Runtime:

@@ -46,7 +46,7 @@ from durability.semaphore.tree.pure.rules import (
 )
 from durability.testing import Runtime, load_worker_module
 
-TREE = Path(__file__).resolve().parent / "workers" / "tree.py"
+TREE = Path(__file__).resolve().parents[2] / "workers" / "tree.py"
 
 
 # -- names -----------------------------------------------------------------------------------

@@ -8,7 +8,7 @@ import pytest
 from durability import DurabilityJobs, JobRetention
 from durability.testing import Runtime, load_worker_module
 
-WORKER = Path(__file__).resolve().parent / "workers" / "retained_jobs.py"
+WORKER = Path(__file__).resolve().parents[1] / "workers" / "retained_jobs.py"
 HOUR_S = 3_600
 MAX_AGE_S = 4 * HOUR_S  # the worker's max_age_ms
 SLACK_S = HOUR_S  # a purge runs up to an hour after its oldest job comes due (slack_ms, for 4 hours)
