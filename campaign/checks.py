@@ -49,7 +49,7 @@ from .scenario import (
 ROUND_MS = 3_000  #: round_wait_ms + round_period_ms of the campaign's holders
 SWEEP_CRON = "* * * * *"  #: the campaign Worker's sweep: every shard is called once a minute
 SWEEP_MS = 60_000
-#: a holder tries a failed call to a shard again within this (``holder_calls.RETRY_MAX_MS``); the
+#: a holder tries a failed call to a shard again within this (``holder/calls.RETRY_MAX_MS``); the
 #: shard asks again by itself within its request wait (the library's 50 s), whichever comes first
 CALL_RETRY_MS = 60_000
 OVER_EXTRA = 2  #: the extra of mode "over": leases get two permits above the limit

@@ -482,6 +482,10 @@ class JobShard(DurableObject):
             if result["status"] == "not_found":
                 return {"id": job_id, "state": "not_found"}
             queued = {"id": job_id, "state": "released"}  # its item is not kept once released
+        if queued["state"] == "admitted" and result["status"] == "not_found":
+            # Admitted, its job not yet handed in again to a new instance (its
+            # item is its record until the job writes a row): it runs.
+            result = {"status": "pending"}
         return {**queued, "job": result}
 
     async def _admit(self, items):

@@ -320,3 +320,25 @@ def test_a_path_not_utf_8_once_decoded_is_a_400(example):
         return response.status, await response.json()
 
     assert example.run(scenario()) == (400, {"error": "the path must be UTF-8 once percent-decoded"})
+
+
+def test_a_job_running_when_its_shard_is_evicted_reads_pending_until_it_ends():
+    # Its admitted item is its record until it settles: a read that starts
+    # the new instance, before the queue hands the job in again, finds no
+    # row of it and still says it runs.
+    with example_runtime() as runtime:
+        shard = runtime.env.JOB_SHARD.getByName("shard-3")  # job-3's
+
+        async def scenario():
+            await runtime.call_entrypoint("submit_job", {"id": "job-3", "account": "acme", "work_ms": 5_000})
+            await asyncio.sleep(2)
+            running = await runtime.call_entrypoint("job_status", "job-3")
+            runtime.evict(shard)
+            after = await runtime.call_entrypoint("job_status", "job-3")
+            await asyncio.sleep(60)
+            return running, after, await runtime.call_entrypoint("job_status", "job-3")
+
+        running, after, done = runtime.run(scenario())
+    assert (running["state"], running["job"]) == ("admitted", {"status": "pending"})
+    assert (after["state"], after["job"]) == ("admitted", {"status": "pending"})
+    assert done["job"]["status"] == "completed"

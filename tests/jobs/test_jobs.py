@@ -468,3 +468,20 @@ def test_a_kept_job_with_bad_input_is_refused_and_stores_nothing(runtime, args):
         return await runtime.env.JOBS.getByName("j").stored()
 
     assert runtime.run(scenario()) == {"jobs": 0, "timers": 0, "alarm": None}
+
+
+def test_a_kept_job_handed_in_again_or_run_by_id_while_it_runs_runs_once_and_settles(runtime):
+    stub = runtime.env.JOBS.getByName("j")
+
+    async def scenario():
+        await stub.submit_kept("job-1", {"job": "job-1", "sleep": 2})
+        await asyncio.sleep(1)
+        again = [await stub.submit_kept("job-1", {"job": "job-1"}, True),  # as from a new instance, but this one
+                 await stub.submit("job-1", {"job": "job-1"})]  # run() under its id
+        await asyncio.sleep(5)
+        return again, await stub.result("job-1"), await stub.calls("job-1"), await stub.stored()
+
+    again, result, calls, stored = runtime.run(scenario())
+    assert again == [{"status": "pending"}, {"status": "pending"}]
+    assert result == {"status": "completed", "result": {"job": "job-1", "calls": 1}} and calls == 1
+    assert stored["jobs"] == 1 and stored["timers"] == 0

@@ -114,6 +114,8 @@ class RunCall:
         """
         d = self._durability
         name, text = _checked(d, id, payload, handler)
+        if id in d._kept:
+            return {"status": JobStatus.PENDING}  # run here with its caller's record, no row yet
         existing = d.sql.transaction(lambda: d._record(id, name, text))
         if existing is not None:
             return existing
@@ -181,7 +183,7 @@ class DurabilityJobs:
             (default: 3 attempts, from 1 s). ``max_attempts=None`` retries forever.
         retention: how long finished jobs are kept before their rows are
             purged (default ``JobRetention()``: 30 days, and the newest
-            100,000; see ``durability.retention``).
+            100,000; see ``durability.jobs.retention``).
         keep: optional ``keep(ids) -> ids``, sync or async: of finished
             jobs due to be purged, the ones the owner still needs (work a
             queue could still admit again, say); they are kept and offered

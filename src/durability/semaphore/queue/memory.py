@@ -82,7 +82,7 @@ class QueueMemory:
     #: released drawn item's row may then go at once)
     all_listed: set[str] = field(default_factory=set)
     report_now: set[str] = field(default_factory=set)  #: keys with releases to report at once (contended)
-    #: keys served while contended that hold no request (queue_core.may_leave_line),
+    #: keys served while contended that hold no request (queue/pure/core.may_leave_line),
     #: with the line mark they left on: their next release rides on a request
     #: instead of a sync
     away: dict[str, dict[str, float]] = field(default_factory=dict)
@@ -90,7 +90,7 @@ class QueueMemory:
     rejoining: set[str] = field(default_factory=set)
     #: lease id -> the version of its report a request in flight carries
     leases_in_flight: dict[str, int] = field(default_factory=dict)
-    #: per key, its requests that failed in a row (queue_core.ask_again_at_once)
+    #: per key, its requests that failed in a row (queue/pure/core.ask_again_at_once)
     failures: dict[str, int] = field(default_factory=dict)
 
     @classmethod
@@ -183,7 +183,7 @@ class QueueContext:
     # -- inside a commit: item moves and timers ----------------------------------------
     def move(self, item: Item, state: str, grant_id: str | None = None, via: str | None = None,
              draw: int | None = None) -> None:
-        """Write an item's next state, as the life cycle (queue_states.TRANSITIONS) allows."""
+        """Write an item's next state, as the life cycle (queue/pure/states.TRANSITIONS) allows."""
         done_at = None
         if state in DONE:
             done_at = now_ms()

@@ -5,8 +5,8 @@ Lives here: ``OldOutboxDrain``: the outbox channels
 ``durability.semaphore-queue.leases`` (lease reports), opened only to send
 what older versions queued on them, one ``sync`` per key, each key's
 messages acknowledged once its holder answered. Nothing is queued there
-any more: reports are read from the items (see queue_grants and
-queue_leases). This module goes in version 1.0; an object upgraded to a
+any more: reports are read from the items (see queue/grants and
+queue/leases). This module goes in version 1.0; an object upgraded to a
 0.x release drains its channels at its first start. Must not know: when
 reports are due, or SQL.
 """

@@ -72,7 +72,7 @@ class QueueReleases:
         if item.via == Via.LEASE:  # its released count is its items released: report it
             self.leases.report_due(item.key, grant_id, now_ms() + self.options.lease_report_delay_ms)
             return
-        # The item's released state is the release's durable report (see queue_grants).
+        # The item's released state is the release's durable report (see queue/grants).
         # A queue its holder calls reports at once: the report delayed past
         # this event would cost an alarm of its own (a row written and a
         # request), more than the call it might save.

@@ -99,7 +99,7 @@ _SCHEMA: dict[int, list[Step]] = {
     # no row more (see lease_book).
     5: [f"ALTER TABLE {ITEMS} ADD COLUMN draw INTEGER"],
     # Before version 6 a queue spoke to its holders as the client_id it was
-    # given; since, as its object's id (queue_identity). A queue that holds
+    # given; since, as its object's id (semaphore/identity). A queue that holds
     # anything from before keeps speaking as given until it holds nothing
     # (see QueueStore.spoken_as_given): its holders charge what it holds to that id.
     6: [f"CREATE TABLE IF NOT EXISTS {SPOKEN} (since INTEGER PRIMARY KEY)", _spoken_since],
