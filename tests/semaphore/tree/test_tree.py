@@ -89,7 +89,8 @@ def test_a_tree_holders_rounds_keep_its_beat_and_a_loans_round_does_not_wait_for
     from durability.semaphore.holder.shell import _round_time
 
     beat = on_beat(now_ms(), 2_000.0, 0.0)
-    holder = SimpleNamespace(_beat_phase_ms=0.0, round_wait_ms=1_000.0, round_period_ms=2_000.0,
+    on_its_beat = SimpleNamespace(keeps_beat=True, next_beat=lambda at: on_beat(at, 2_000.0, 0.0))
+    holder = SimpleNamespace(tree=on_its_beat, round_wait_ms=1_000.0, round_period_ms=2_000.0,
                              _last_round_at=beat - 2_000.0, _started_at=0.0, rejoin_wait_ms=1_000.0,
                              _holds_permits=lambda: False)
     assert _round_time(holder, False, None) == pytest.approx(beat)  # no round_wait_ms: the beat batches
@@ -100,7 +101,7 @@ def test_a_tree_holders_rounds_keep_its_beat_and_a_loans_round_does_not_wait_for
     holder._last_round_at = beat + 1_000.0  # a loan's round half a period after the beat
     assert _round_time(holder, False, None) == pytest.approx(beat + 2_000.0)
     assert _round_time(holder, True, 1_000.0) == pytest.approx(max(now_ms(), beat + 2_000.0))  # soon: off the beat
-    holder._beat_phase_ms = None  # outside a tree: round_wait_ms from now, a period after the last
+    holder.tree = SimpleNamespace(keeps_beat=False)  # outside a tree: round_wait_ms from now, a period after the last
     holder._last_round_at = now_ms() - 5_000.0
     assert _round_time(holder, False, None) == pytest.approx(now_ms() + 1_000.0, abs=50)
 
@@ -514,7 +515,7 @@ def test_a_childs_requests_leave_just_after_its_beat_however_late_the_last_one_l
 def test_a_parent_in_the_middle_closes_no_group_for_what_it_owes():
     from durability.semaphore.holder.limits import UserLimits
     from durability.semaphore.holder.pure.allocation import Grant
-    from durability.semaphore.holder.shell import _tree_limits
+    from durability.semaphore.holder.tree_place import _tree_limits
 
     async def scenario():
         link = _link()

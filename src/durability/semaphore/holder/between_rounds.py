@@ -19,12 +19,10 @@ from typing import TYPE_CHECKING, Any
 
 from ..._common.clock import now_ms
 from ..messages import MAX_REPORTS, LeaseOutcome, ProtocolError, Reply, ReportOutcome, Request, Sync
-from ..tree.pure.rules import parent_of
 from .pure.allocation import Working, apply_all_reports, apply_reports, held_grants, reclaim
 from .pure.leases import lease_usage, retire_expired, retire_ineligible
 from .replies import _grant_entry, _lease_entry
 from .rounds import _news, _round_if_waiting
-from .tree_place import _holding, _tree_limits
 
 if TYPE_CHECKING:
     from .shell import DurabilitySemaphore
@@ -45,11 +43,10 @@ async def _sync(holder: DurabilitySemaphore, sync: Sync) -> dict[str, Any]:
     if working.changes:
         holder._commit(working.changes)
         await holder.scheduler.sync()
-    holder._tell_parent([], None, sync.client_id)  # a child gives back what its clients released, or wakes
-    if working.changes and (holder._link is not None or parent_of(sync.client_id) is not None):
+    holder.tree.after_sync(sync.client_id)
+    if working.changes and (holder.tree.has_parent or holder.tree.is_child(sync.client_id)):
         _round_if_waiting(holder)
-    if holder._waker is not None:
-        holder._waker.watch(lambda: _holding(holder.books.grants()))
+    holder.tree.after_change()
     if holder._parked is not None:
         holder._parked.heard(sync.client_id)
         if working.changes:  # permits may have come back: the reply lists what the round grants the client
@@ -85,7 +82,7 @@ def _synced_reply(holder: DurabilitySemaphore, client_id: str, outcomes: list[Re
     return Reply("synced", tuple(outcomes), tuple(lease_outcomes),
                  tuple(_lease_entry(lease, ttl_ms) for lease in stopping[:MAX_REPORTS]), holder._contended,
                  grants=tuple(_grant_entry(g, first) for g in listed),
-                 **(_tree_limits(holder.limits, holder.books.grants(), holder._link) if parent_of(client_id) else {}),
+                 **holder.tree.limits_for(client_id),
                  ).to_wire()
 
 

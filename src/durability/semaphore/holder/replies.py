@@ -27,7 +27,6 @@ from .pure.allocation import ClientOutcome, Grant, Limits, RoundResult, Working,
 from .pure.leases import Lease
 from .pure.line_mark import Line
 from .rounds import _new_grant_id, _parked_round_at
-from .tree_place import _tree_fields
 
 if TYPE_CHECKING:
     from .shell import DurabilitySemaphore
@@ -58,13 +57,13 @@ async def _answer_at_once(holder: DurabilitySemaphore, request: Request) -> dict
         holder._round_now([waiting])
     elif unreachable:  # calls to it fail: it hears what that round has for it in this reply
         holder._waiting.append(replace(waiting, hold_until=at))
-        holder._ensure_round(soon=holder._beat_phase_ms is None)
+        holder._ensure_round(soon=not holder.tree.keeps_beat)
     else:
         _reports_only(holder, waiting)
         # A full limit waits for permits to come back, which start a
         # round; a tree's child runs it all the same: it tells its
         # parent what waits, and is lent more.
-        if holder._parked.line and (not holder._full or holder._link is not None):
+        if holder._parked.line and (not holder._full or holder.tree.has_parent):
             holder._round_later(at)
     await holder.scheduler.sync()
     return await waiting.reply
@@ -79,7 +78,7 @@ def _answer(holder: DurabilitySemaphore, answered: list[tuple[_Waiting, ClientOu
     line: Line | None = None
     for waiting, outcome in answered:
         request = waiting.request
-        tree = _tree_fields(holder, request.client_id, limits.groups, request)
+        tree = holder.tree.reply_fields(request.client_id, request, limits.groups)
         # A client handed permits may ask again at once: its request is
         # held for the next round anyway, and is then present in it,
         # instead of arriving just after it and waiting a period more.
@@ -116,7 +115,7 @@ def _reports_only(holder: DurabilitySemaphore, waiting: _Waiting) -> None:
     ttl_ms = holder.lease_policy.ttl_ms if holder.lease_policy is not None else 0
     reply = _grants_reply(_uncarried(holder, request.client_id, outcome), _parked_until(holder, request.client_id, now)
                           or now, holder._contended, ttl_ms, first=holder.books.first_listing)
-    waiting.reply.set_result(replace(reply, **_tree_fields(holder, request.client_id, request=request)).to_wire())
+    waiting.reply.set_result(replace(reply, **holder.tree.reply_fields(request.client_id, request)).to_wire())
 
 
 def _listing(holder: DurabilitySemaphore, client_id: str) -> dict[str, Any]:

@@ -20,7 +20,6 @@ from typing import TYPE_CHECKING
 
 from ..._common.clock import now_ms
 from ..messages import Demand, Request
-from ..tree.pure.rules import on_beat
 from .fair_options import UserFairShare
 from .parked import Call
 from .pure.allocation import Grant, RoundResult, usage
@@ -48,7 +47,7 @@ async def _news(holder: DurabilitySemaphore, answered: str | None = None) -> Non
 def _parked_round_at(holder: DurabilitySemaphore, off_beat: bool = False, spacing: float | None = None) -> float:
     """When a round for the parked line runs: at once, a period after the
     last (or ``spacing``); in a tree, on the holder's beat unless ``off_beat``."""
-    return _round_time(holder, soon=off_beat or holder._beat_phase_ms is None, spacing=spacing)
+    return _round_time(holder, soon=off_beat or not holder.tree.keeps_beat, spacing=spacing)
 
 
 async def _parked_round(holder: DurabilitySemaphore, off_beat: bool = False, spacing: float | None = None) -> None:
@@ -66,7 +65,7 @@ def _round_if_waiting(holder: DurabilitySemaphore) -> bool:
     next beat (a root made without ``parent=`` keeps no beat: one
     ``round_wait_ms`` after its last round)."""
     if holder._waiting:
-        holder._ensure_round(soon=holder._beat_phase_ms is None, spacing=holder.round_wait_ms)
+        holder._ensure_round(soon=not holder.tree.keeps_beat, spacing=holder.round_wait_ms)
     return bool(holder._waiting)
 
 
@@ -131,7 +130,7 @@ def _round_time(holder: DurabilitySemaphore, soon: bool, spacing: float | None) 
     beats space its rounds a period apart, and every holder of the tree
     keeps the same ones, so the children's lines move together and each
     hears its parent just before its round (see ``tree.beat_phase``)."""
-    beat = holder._beat_phase_ms is not None and not soon
+    beat = holder.tree.keeps_beat and not soon
     at = now_ms() + (0 if soon or beat else holder.round_wait_ms)
     if holder._last_round_at is not None:
         # On the beat, a beat within a quarter period of the last round (one
@@ -145,4 +144,4 @@ def _round_time(holder: DurabilitySemaphore, soon: bool, spacing: float | None) 
         # that reached the holder is retried without backoff). Serving
         # before they are back would serve whoever asked first.
         at = max(at, holder._started_at + holder.rejoin_wait_ms)
-    return on_beat(at, holder.round_period_ms, holder._beat_phase_ms or 0.0) if beat else at
+    return holder.tree.next_beat(at) if beat else at

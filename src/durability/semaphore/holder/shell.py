@@ -9,10 +9,13 @@ on the scheduler, ``usage()`` and ``migrate()``. Its functions kept out
 of the class for size: ``holder/rounds`` (when a round runs, and what it
 commits), ``holder/replies`` (what the holder answers, and the requests
 it holds over), ``holder/between_rounds`` (a sync, a call's answer, the
-reclaim), ``holder/usage`` (what ``usage()`` reports) and
-``holder/tree_place`` (its place in a budget tree). Must not know: how a
-round decides (``allocation``), how messages look on the wire
-(``messages``), or how clients reach it (``client``).
+reclaim) and ``holder/usage`` (what ``usage()`` reports). Its place in
+a budget tree is one object, ``self.tree`` (``holder/tree_place``), told
+at fixed points of a message's path; made without ``parent=``, it keeps
+no beat, borrows nothing and wakes nobody. Must not know: how a round
+decides (``allocation``), how messages look on the wire (``messages``),
+how clients reach it (``client``), or a tree's link and waker
+(``semaphore/tree``).
 """
 
 from __future__ import annotations
@@ -28,18 +31,16 @@ from ..._common.schema import public_migrate
 from ...scheduler.alarm import DurabilityScheduler, Timer
 from ..messages import BlockedReason, ProtocolError, Request, Sync, Usage, parse
 from ..tree.link import object_name as _object_name
-from ..tree.pure.rules import OldestWaiting, beat_phase, parent_of, unmet_demand
 from .between_rounds import _reclaim, _sync, _take_answer_reports
 from .books import HolderBooks
 from .fair_options import UserFairShare, fair_share_of
 from .limits import UserLimits
 from .parked import WAKE, ParkedRequests, holdings
-from .pure.allocation import Changes, ClientOutcome, Limits, RoundResult, next_reclaim_at, run_round
+from .pure.allocation import Changes, Limits, RoundResult, next_reclaim_at, run_round
 from .pure.leases import LeasePolicy
 from .replies import _answer, _answer_at_once, _grants_reply, _hold_or_answer, _listing, _parked_until, _Waiting
 from .rounds import (
     _commit_round,
-    _demands_by_group,
     _fair_policy,
     _new_grant_id,
     _news,
@@ -47,7 +48,7 @@ from .rounds import (
     _round_time as _round_time,
 )
 from .store import COMPONENT as HOLDER_COMPONENT, TABLES as HOLDER_TABLES, HolderStore
-from .tree_place import _called_by_parent, _holding, _tree_limits as _tree_limits, _tree_parts
+from .tree_place import tree_place
 from .usage import _note_blocked, _usage_info
 
 if TYPE_CHECKING:
@@ -175,12 +176,6 @@ class DurabilitySemaphore:
         self._blocked: dict[str, tuple[float, dict[str, tuple[str, int]]]] = {}
         self.books.schedule_reclaim(next_reclaim_at(self.books.grants().values(), self.books.leases().values(),
                                                     self.books.known_ids()))
-        #: a tree's holder runs its rounds on a beat (``tree.on_beat``); None outside a tree
-        self._beat_phase_ms = None if parent is None else beat_phase(_object_name(scheduler.ctx),
-                                                                     self.round_period_ms)
-        #: a parent of a tree: the oldest items its last round left waiting, per
-        #: child (what a reply between rounds tells a child), and when it ran
-        self._oldest: tuple[OldestWaiting, float] | None = None
         # A tree's parent reaches its children through the tree's client
         # (``parent``): it parks their requests as other holders park queues'.
         self._parked = None if clients is None and parent is None else ParkedRequests(
@@ -189,18 +184,13 @@ class DurabilitySemaphore:
             wake_after_ms=_positive_ms(wake_after_ms, "wake_after_ms"),
             listing=lambda client_id: _listing(self, client_id), first_listing=self.books.first_listing,
             children=parent)
-        self._link, self._waker = _tree_parts(self, parent, can_grant)
+        #: its place in a budget tree (``holder/tree_place``), told of what it does at fixed points
+        self.tree = tree_place(self, parent, can_grant)
         if self._parked is not None:  # a new instance's line, as its rows left it
             self._parked.restore(self.books.rows.waiting(), self.books.rows.names(), self.books.grants().values())
             self._parked.watch(holdings(self.books.grants().values(), self.books.leases().values()))
-            if self._beat_phase_ms is not None and self._parked.line:  # its beat, which tells its parent
+            if self.tree.keeps_beat and self._parked.line:  # its beat, which tells its parent
                 self._round_later(_parked_round_at(self))
-
-    def _tell_parent(self, requests: list[Request], outcomes: dict[str, ClientOutcome] | None,
-                     synced_by: str | None = None) -> None:
-        """A child, after a round (what it left waiting) or a sync (None, from ``synced_by``)."""
-        if self._link is not None:
-            self._link.after_round(unmet_demand(requests, outcomes) if outcomes is not None else None, synced_by)
 
     migrate = public_migrate(HOLDER_COMPONENT, HOLDER_TABLES, "the holder's tables")
 
@@ -214,8 +204,7 @@ class DurabilitySemaphore:
     def _commit(self, changes: Changes) -> None:
         """Persist changes (their rows and the reclaim timer together), then update memory."""
         parked = self._parked
-        self.books.commit(changes, parked.line if parked is not None else None,
-                          self._waker.own_key if self._waker is not None else None,
+        self.books.commit(changes, parked.line if parked is not None else None, self.tree.own_key,
                           parked.name_of if parked is not None else lambda _: None)
         if self._parked is not None:
             self._parked.watch(holdings(self.books.grants().values(), self.books.leases().values()))
@@ -227,13 +216,12 @@ class DurabilitySemaphore:
         ``grants`` reply: what the parent's round had for it; answered with
         None, see ``ParentLink.called``)."""
         if isinstance(message, dict) and message.get("type") == "grants":
-            return await _called_by_parent(self, message)
+            return await self.tree.called_by_parent(message)
         try:
             parsed = parse(message)
         except ProtocolError as error:
             return error.reply()
-        if self._waker is not None:
-            self._waker.heard_from(parsed.client_id)
+        self.tree.heard_from(parsed.client_id)
         if isinstance(parsed, Sync):
             return await _sync(self, parsed)
         if self._parked is not None and self._parked.can_park(parsed):
@@ -245,15 +233,15 @@ class DurabilitySemaphore:
         # apart). A parent on a tree's beat waits for it all the same: a
         # round off the beat serves the first child to ask, not the oldest
         # work of all (a point and a half of the busy share at bench_tree.py).
-        self._ensure_round(soon=not self._contended and parent_of(parsed.client_id) is not None
-                           and self._beat_phase_ms is None)
+        self._ensure_round(soon=not self._contended and self.tree.is_child(parsed.client_id)
+                           and not self.tree.keeps_beat)
         return await waiter
 
     async def _line_changed(self, more: bool, gave_back: bool) -> None:
         """A client's answer to a call (its lease reports applied already):
         its line entry's row if that matters to a new instance, and a round
         if it asks for more or gave permits back."""
-        if gave_back or (more and (not self._full or self._link is not None)):
+        if gave_back or (more and (not self._full or self.tree.has_parent)):
             await _news(self)
         else:
             self._commit(Changes())
@@ -268,7 +256,7 @@ class DurabilitySemaphore:
         alarm, and the holder sleeps. In a tree every round waits on the
         alarm: its holders run one each beat while work waits, and one
         waiting in memory would keep each awake half of every period."""
-        if at - now_ms() <= MEMORY_ROUND_MS and self._beat_phase_ms is None:
+        if at - now_ms() <= MEMORY_ROUND_MS and not self.tree.keeps_beat:
             self._ensure_round(soon=True)
         else:
             self.scheduler.schedule(PARTICIPANT, ROUND, at)
@@ -314,8 +302,7 @@ class DurabilitySemaphore:
         requests = [waiting.request for waiting in batch]
         asked = {request.client_id for request in requests}
         parked = self._parked.requests(asked) if self._parked is not None else []
-        if self._link is not None:
-            self._link.decide(_demands_by_group(requests + parked))
+        self.tree.before_round(requests + parked)
         limits = self._resolve_limits(requests + parked)
         result: RoundResult = run_round(
             self.books.grants(), requests + parked, limits, now, self.grant_timeout_ms, _new_grant_id,
@@ -329,13 +316,7 @@ class DurabilitySemaphore:
         self._full = any(reason == BlockedReason.LIMIT for outcome in result.outcomes.values()
                          for reason, _ in outcome.blocked.values())
         _note_blocked(self._blocked, now, result.outcomes)
-        self._tell_parent(requests + parked, result.outcomes)
-        self._oldest = (OldestWaiting(requests + parked, result.outcomes), now) if any(
-            parent_of(request.client_id) is not None for request in requests + parked) else None
-        if self._waker is not None:
-            if result.contended:
-                self._waker.wake_quiet(_holding(self.books.grants()))
-            self._waker.watch(lambda: _holding(self.books.grants()))
+        self.tree.after_round(requests + parked, result.outcomes, result.contended, now)
         if self._parked is not None and calls:
             ttl_ms = self.lease_policy.ttl_ms if self.lease_policy is not None else 0
             self._parked.call(calls, lambda client_id, outcome: _grants_reply(
@@ -343,7 +324,7 @@ class DurabilitySemaphore:
         held, replies = _hold_or_answer(batch, result, now + self.round_period_ms)
         _answer(self, replies, held, result, limits, now)
         self._waiting = held + self._waiting
-        if self._beat_phase_ms is not None and self._parked is not None and result.contended and (
+        if self.tree.keeps_beat and self._parked is not None and result.contended and (
                 self._parked.requests(set())):
             # A tree's holder runs a round each beat while work waits in its
             # line for capacity: a child's tells its parent what is left, a

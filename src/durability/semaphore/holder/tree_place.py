@@ -1,14 +1,19 @@
-"""A holder's place in a budget tree: its link to its parent, the waker of its children, and what it tells them.
+"""A holder's place in a budget tree: the one seam between the holder and ``semaphore/tree``.
 
-Lives here: the parts a holder of a tree is made with (a child's
-``ParentLink``, whose loans are its limit and ceilings; a parent's
-``Waker`` of its quiet children, and the clients it watches), a parent's
-call taken by its child, and what a reply tells a tree's child beyond
-what other clients hear (the parent's limits, and the oldest items its
-last round left waiting at other children). The link and the waker are
-``tree/link``'s, the rules ``tree``'s. Must not know: how a round
-decides (``allocation``), SQL, or how messages look on the wire
-(``messages``).
+Lives here: ``tree_place``, which makes a holder's place when the holder
+is made, and the places it makes, each with the same few calls the
+holder makes at fixed points of its path (a message heard, a round
+about to run and just run, a sync, a reply to a tree's child):
+``TreePlace``, a holder made without ``parent=`` (it keeps no beat,
+borrows nothing and wakes nobody; a tree's child that asks it, as the
+children of a root made without ``parent=`` do, still hears its limits
+and who else waits); ``TreeMember``, a holder of a tree (its rounds on
+the tree's beat, the ``Waker`` of its quiet children); and
+``TreeChild``, a member that borrows its budget (its ``ParentLink``,
+whose loans are its limit and ceilings, and which a parent's call
+reaches). The link and the waker are ``tree/link``'s, the rules
+``tree``'s. Must not know: how a round decides (``allocation``), SQL,
+or how messages look on the wire (``messages``).
 """
 
 from __future__ import annotations
@@ -18,31 +23,157 @@ from typing import TYPE_CHECKING, Any
 
 from ..messages import ProtocolError, Request
 from ..tree.link import ParentLink, Waker, child_link, object_name as _object_name
-from ..tree.pure.rules import closed_groups, over_limit, parent_of
+from ..tree.pure.rules import OldestWaiting, beat_phase, closed_groups, on_beat, over_limit, parent_of, unmet_demand
 from .limits import UserLimits
-from .pure.allocation import Grant, usage
-from .rounds import _round_for_lent
+from .pure.allocation import ClientOutcome, Grant, usage
+from .rounds import _demands_by_group, _round_for_lent
 
 if TYPE_CHECKING:
     from ..client import SemaphoreClient
     from .shell import DurabilitySemaphore
 
 
-async def _called_by_parent(holder: DurabilitySemaphore, message: dict[str, Any]) -> dict[str, Any] | None:
-    """A tree's parent calls its child with what its round had for it."""
-    if holder._link is None:
+class TreePlace:
+    """A holder made without ``parent=``: its rounds keep no beat, it
+    borrows nothing and wakes nobody. A tree's child may still ask it (it
+    is then a tree's root): a reply to one carries what every parent's
+    does (``reply_fields``, ``limits_for``)."""
+
+    keeps_beat = False  #: its rounds run on the tree's beat (``next_beat``)
+    has_parent = False  #: it borrows its budget from a parent, which its rounds tell what waits
+    own_key: str | None = None  #: the key it lends under to the children it wakes (see ``release_needs_row``)
+
+    def __init__(self, holder: DurabilitySemaphore) -> None:
+        self.holder = holder
+        #: the oldest items its last round left waiting, per child (what a
+        #: reply between rounds tells a child), and when it ran
+        self._oldest: tuple[OldestWaiting, float] | None = None
+
+    def next_beat(self, at: float) -> float:
+        """The first of its beats at or after ``at`` (``keeps_beat`` only)."""
+        return at
+
+    @staticmethod
+    def is_child(client_id: str) -> bool:
+        """The client is a tree's child holder (its name says so), of this holder or another."""
+        return parent_of(client_id) is not None
+
+    def heard_from(self, client_id: str) -> None:
+        """A message from ``client_id``, parsed."""
+
+    async def called_by_parent(self, message: dict[str, Any]) -> dict[str, Any] | None:
+        """A parent's call (a ``grants`` reply): only a tree's child takes one."""
         return ProtocolError("invalid_message", "only a budget tree's child takes its parent's replies").reply()
-    answer = holder._link.called(message)
-    await holder.scheduler.sync()
-    return answer
+
+    def before_round(self, requests: list[Request]) -> None:
+        """A round is about to serve ``requests`` (held and parked), its limits not read yet."""
+
+    def after_round(self, requests: list[Request], outcomes: dict[str, ClientOutcome], contended: bool,
+                    now: float) -> None:
+        """A round (run at ``now``) served ``requests`` with ``outcomes``, and is committed."""
+        self._oldest = (OldestWaiting(requests, outcomes), now) if any(
+            self.is_child(request.client_id) for request in requests) else None
+
+    def after_sync(self, client_id: str) -> None:
+        """A sync from ``client_id`` was applied (and committed, if it changed anything)."""
+
+    def after_change(self) -> None:
+        """A sync is done (what it changed committed, a round it called for
+        on its way): a member watches again the children its books charge."""
+
+    def limits_for(self, client_id: str, resolved: dict[str, Any] | None = None) -> dict[str, Any]:
+        """What a reply tells a tree's child of this holder's limits (see
+        ``_tree_limits``); nothing for other clients."""
+        if not self.is_child(client_id):
+            return {}
+        return _tree_limits(self.holder.limits, self.holder.books.grants(), self._borrowed_from(), resolved)
+
+    def reply_fields(self, client_id: str, request: Request, resolved: dict[str, Any] | None = None) -> dict[str, Any]:
+        """What a reply to ``request`` tells a tree's child beyond what other
+        clients hear: this holder's limits, and, per group it waits in, the
+        oldest items the last round left waiting at other children, with
+        when that round ran. Nothing for other clients."""
+        if not self.is_child(client_id):
+            return {}
+        fields = self.limits_for(client_id, resolved)
+        if self._oldest is not None:
+            oldest, seen_at = self._oldest
+            fields.update(waiting_since=oldest.others(client_id, (d.group for d in request.demand)),
+                          waiting_since_at=seen_at)
+        return fields
+
+    def _borrowed_from(self) -> ParentLink | None:
+        """Its link to its parent, whose loans limit it, or None: its own limits do."""
+        return None
 
 
-def _tree_parts(holder: DurabilitySemaphore, parent: SemaphoreClient | None,
-                can_grant: Callable[[str, str], bool] | None) -> tuple[ParentLink | None, Waker | None]:
-    """A holder's place in a budget tree: its link to its parent (a child),
-    and the waker of its quiet children (a parent)."""
+class TreeMember(TreePlace):
+    """A holder of a tree (made with ``parent=``): its rounds on the tree's
+    beat, and the ``Waker`` of its children that hold permits and have
+    gone quiet."""
+
+    keeps_beat = True
+
+    def __init__(self, holder: DurabilitySemaphore, waker: Waker) -> None:
+        super().__init__(holder)
+        self._waker = waker
+        self.own_key = waker.own_key
+        self._beat_phase_ms = beat_phase(waker.own_key, holder.round_period_ms)
+
+    def next_beat(self, at: float) -> float:
+        return on_beat(at, self.holder.round_period_ms, self._beat_phase_ms)
+
+    def heard_from(self, client_id: str) -> None:
+        self._waker.heard_from(client_id)
+
+    def after_round(self, requests: list[Request], outcomes: dict[str, ClientOutcome], contended: bool,
+                    now: float) -> None:
+        super().after_round(requests, outcomes, contended, now)
+        if contended:
+            self._waker.wake_quiet(_holding(self.holder.books.grants()))
+        self.after_change()
+
+    def after_change(self) -> None:
+        self._waker.watch(lambda: _holding(self.holder.books.grants()))
+
+
+class TreeChild(TreeMember):
+    """A tree's child: it borrows its budget through its ``ParentLink``,
+    tells it what each round left waiting and what each sync gave back,
+    and takes its parent's calls."""
+
+    has_parent = True
+
+    def __init__(self, holder: DurabilitySemaphore, waker: Waker, link: ParentLink) -> None:
+        super().__init__(holder, waker)
+        self._link = link
+
+    def _borrowed_from(self) -> ParentLink | None:
+        return self._link
+
+    async def called_by_parent(self, message: dict[str, Any]) -> dict[str, Any] | None:
+        answer = self._link.called(message)
+        await self.holder.scheduler.sync()
+        return answer
+
+    def before_round(self, requests: list[Request]) -> None:
+        self._link.decide(_demands_by_group(requests))
+
+    def after_round(self, requests: list[Request], outcomes: dict[str, ClientOutcome], contended: bool,
+                    now: float) -> None:
+        self._link.after_round(unmet_demand(requests, outcomes))
+        super().after_round(requests, outcomes, contended, now)
+
+    def after_sync(self, client_id: str) -> None:
+        self._link.after_round(None, client_id)  # it gives back what its clients released, or wakes
+
+
+def tree_place(holder: DurabilitySemaphore, parent: SemaphoreClient | None,
+               can_grant: Callable[[str, str], bool] | None) -> TreePlace:
+    """A holder's place in a budget tree: outside one (no ``parent``), a
+    member, or a child, whose link to its parent its name gives."""
     if parent is None:
-        return None, None
+        return TreePlace(holder)
     ctx = holder.scheduler.ctx
     link = child_link(parent, holder.scheduler, holder.round_period_ms, lambda: _round_for_lent(holder),
                       lambda: usage(holder.books.grants().values())[1], holder.store)
@@ -52,7 +183,7 @@ def _tree_parts(holder: DurabilitySemaphore, parent: SemaphoreClient | None,
         link.ensure_exchanges()  # a new instance hears at once what it holds
     waker = Waker(parent, _object_name(ctx), holder.round_period_ms, holder.scheduler)
     waker.watch(lambda: _holding(holder.books.grants()))
-    return link, waker
+    return TreeMember(holder, waker) if link is None else TreeChild(holder, waker, link)
 
 
 def _holding(grants: dict[str, Grant]) -> list[str]:
@@ -73,21 +204,3 @@ def _tree_limits(limits: UserLimits, grants: dict[str, Grant], link: ParentLink 
     known = resolved or {}
     return {"over_limit": over_limit(limits.total(), total),
             "closed_groups": closed_groups(by_group, lambda g: known[g] if g in known else limits.ceiling(g))}
-
-
-def _tree_fields(holder: DurabilitySemaphore, client_id: str, resolved: dict[str, Any] | None = None,
-                 request: Request | None = None) -> dict[str, Any]:
-    """What a reply tells a tree's child beyond what other clients hear: the
-    parent's limits, and, per group it waits in (``request``'s, else its
-    parked demand's), the oldest items the parent's last round left waiting
-    at other children, with when that round ran. Nothing for other clients."""
-    if parent_of(client_id) is None:
-        return {}
-    fields = _tree_limits(holder.limits, holder.books.grants(), holder._link, resolved)
-    if request is None and holder._parked is not None:
-        request = entry.request if (entry := holder._parked.line.get(client_id)) is not None else None
-    if holder._oldest is not None and request is not None:
-        oldest, seen_at = holder._oldest
-        fields.update(waiting_since=oldest.others(client_id, (d.group for d in request.demand)),
-                      waiting_since_at=seen_at)
-    return fields

@@ -4,5 +4,6 @@ Lives here: a child holder's link to its parent (``link``: asking for
 permits and giving them back, ``parent_link``; what a round may hand out
 meanwhile, ``link_ceilings``), a parent's waker of quiet children
 (``children``), and the tree's rules, pure (``pure/``). The holder reaches
-all of it through ``holder/tree_place``.
+the link and the waker through one object, its place in the tree
+(``holder/tree_place``).
 """
