@@ -485,3 +485,14 @@ def test_a_kept_job_handed_in_again_or_run_by_id_while_it_runs_runs_once_and_set
     assert again == [{"status": "pending"}, {"status": "pending"}]
     assert result == {"status": "completed", "result": {"job": "job-1", "calls": 1}} and calls == 1
     assert stored["jobs"] == 1 and stored["timers"] == 0
+
+
+@pytest.mark.parametrize("job_id", [["job-1"], {"id": 1}, 7, None])
+def test_get_result_of_an_id_that_is_not_a_string_is_not_found(runtime, job_id):
+    stub = runtime.env.JOBS.getByName("j")
+
+    async def scenario():
+        await stub.submit_kept("job-1", {"job": "job-1", "sleep": 2})  # a job with no row yet, kept in memory
+        return await stub.result(job_id)
+
+    assert runtime.run(scenario()) == {"status": "not_found"}

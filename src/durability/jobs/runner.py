@@ -162,7 +162,9 @@ class RunCall:
         purged it (a purged job leaves no row to tell the two apart)."""
         d = self._durability
         d.scheduler.resume_if_overdue()  # a read resumes an object whose alarm was lost
-        row = d._row(id) if isinstance(id, str) else None
+        if not isinstance(id, str):
+            return {"status": JobStatus.NOT_FOUND}
+        row = d._row(id)
         if row is None:
             return {"status": JobStatus.PENDING if id in d._kept else JobStatus.NOT_FOUND}
         return _state(row)
