@@ -229,10 +229,11 @@ def test_eviction_after_the_outcome_commits_does_not_rerun_the_job(runtime):
     ("x", {"job": "x", "not json": {1, 2}}),
     ("x", {"job": "x", "nan": float("nan")}),
 ])
-def test_bad_input_is_refused_and_stores_nothing(runtime, args):
+@pytest.mark.parametrize("method", ["submit", "submit_kept"])  # run, and run.kept
+def test_bad_input_is_refused_and_stores_nothing(runtime, args, method):
     async def scenario():
         with pytest.raises(JsException, match="ValueError"):
-            await runtime.env.JOBS.getByName("j").submit(*args)
+            await getattr(runtime.env.JOBS.getByName("j"), method)(*args)
         return await runtime.env.JOBS.getByName("j").stored()
 
     assert runtime.run(scenario()) == {"jobs": 0, "timers": 0, "alarm": None}
@@ -398,7 +399,7 @@ def test_a_kept_job_handed_in_again_by_a_new_instance_is_recorded_and_counts_att
 
     async def hand_in_again():  # as its queue does from a new instance
         runtime.evict(runtime.env.JOBS.getByName("j"))
-        await runtime.env.JOBS.getByName("j").submit_kept("job-1", {"job": "job-1", "sleep": 5}, True)
+        await runtime.env.JOBS.getByName("j").submit_kept("job-1", {"job": "job-1", "sleep": 5}, None, True)
 
     async def scenario():
         await stub.submit_kept("job-1", {"job": "job-1", "sleep": 5})
@@ -409,7 +410,7 @@ def test_a_kept_job_handed_in_again_by_a_new_instance_is_recorded_and_counts_att
         await hand_in_again()  # its row counts this one
         await asyncio.sleep(30)
         stub2 = runtime.env.JOBS.getByName("j")
-        after = await stub2.submit_kept("job-1", {"job": "job-1"}, True)  # once more: settled, left as it is
+        after = await stub2.submit_kept("job-1", {"job": "job-1"}, None, True)  # once more: settled, left as it is
         return (stored, await stub2.events("job-1"), await stub2.result("job-1"), await stub2.calls("job-1"), after)
 
     stored, events, result, calls, after = runtime.run(scenario())
@@ -460,23 +461,13 @@ def test_a_kept_job_costs_one_row_written_less_than_a_run_one(runtime):
     assert written == [4, 3]
 
 
-@pytest.mark.parametrize("args", [("", {"job": "x"}), ("x", {"job": "x", "not json": {1, 2}})])
-def test_a_kept_job_with_bad_input_is_refused_and_stores_nothing(runtime, args):
-    async def scenario():
-        with pytest.raises(JsException, match="ValueError"):
-            await runtime.env.JOBS.getByName("j").submit_kept(*args)
-        return await runtime.env.JOBS.getByName("j").stored()
-
-    assert runtime.run(scenario()) == {"jobs": 0, "timers": 0, "alarm": None}
-
-
 def test_a_kept_job_handed_in_again_or_run_by_id_while_it_runs_runs_once_and_settles(runtime):
     stub = runtime.env.JOBS.getByName("j")
 
     async def scenario():
         await stub.submit_kept("job-1", {"job": "job-1", "sleep": 2})
         await asyncio.sleep(1)
-        again = [await stub.submit_kept("job-1", {"job": "job-1"}, True),  # as from a new instance, but this one
+        again = [await stub.submit_kept("job-1", {"job": "job-1"}, None, True),  # as from a new instance, but this one
                  await stub.submit("job-1", {"job": "job-1"})]  # run() under its id
         await asyncio.sleep(5)
         return again, await stub.result("job-1"), await stub.calls("job-1"), await stub.stored()

@@ -75,9 +75,9 @@ class Jobs(DurableObject):
     async def submit_default(self, job_id, payload):
         return await self.jobs.run(id=job_id, payload=payload)
 
-    async def submit_kept(self, job_id, payload=None, resumed=False):
+    async def submit_kept(self, job_id, payload=None, handler=None, resumed=False):
         """As a queue hands in an admitted item: the caller keeps its record."""
-        return await self.jobs.run.kept(job_id, payload, resumed=resumed)
+        return await self.jobs.run.kept(job_id, payload, handler, resumed=resumed)
 
     async def result(self, job_id):
         return await self.jobs.run.get_result(job_id)
