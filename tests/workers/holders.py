@@ -49,6 +49,7 @@ CONFIG = {
     "request_wait_ms": 50_000,  # the shards' request_wait_ms
     "hold_calls": None,  # an asyncio.Event: the holder's calls to shards wait for it before they leave
     "lose_calls": 0,  # how many of the holder's next calls to shards are lost on the way
+    "rate": None,  # the holder's rate= option (read when it starts)
 }
 WORLD = {"running": {}, "violations": [], "max_running": 0, "completed": set(), "admit_calls": 0,
          "started": {}, "starts": {}, "events": [], "requests": [], "syncs": [], "finished_asks": [], "messages": [],
@@ -91,6 +92,7 @@ class Holder(DurableObject):
             fair_share=CONFIG["fair_share"],
             clients=_Calls(env.SHARD) if CONFIG["calls"] else None,
             wake_after_ms=CONFIG["wake_after_ms"],
+            rate=CONFIG["rate"],
         )
 
     def _group_limit(self, group):

@@ -317,7 +317,7 @@ def test_usage_reports_groups(runtime):
         "grants": 2, "leases": 0,
         "groups": {"a": {"outstanding": 3, "inUse": 2, "reserved": 1, "leaseFootprint": 0, "limit": 4},
                    "b": {"outstanding": 2, "inUse": 0, "reserved": 2, "leaseFootprint": 0, "limit": None}},
-        "waiting": [], "policy": "oldest_first", "shares": {},
+        "waiting": [], "policy": "oldest_first", "shares": {}, "rate": None,
     }
 
 

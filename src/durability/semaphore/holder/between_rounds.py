@@ -120,7 +120,7 @@ async def _reclaim(holder: DurabilitySemaphore) -> None:
             apply_reports(working, waiting.request.client_id, waiting.request.reports)
         except ProtocolError:
             pass  # refused to its sender when its round runs
-    reclaim(working, now_ms(), holder.books.lease_ids())
+    reclaim(working, now_ms(), holder.books.lease_ids(), holder._parked.line.rows() if holder._parked else ())
     holder._commit(working.changes)
     if working.changes:
         await _news(holder)  # permits came back

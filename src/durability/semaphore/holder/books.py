@@ -21,6 +21,7 @@ from ..tree.pure.rules import parent_of
 from .pure.allocation import Changes, Grant, merged, merged_leases, next_reclaim_at
 from .pure.leases import DEFAULT_TTL_MS, Lease, LeaseIds, LeasePolicy, needs_row
 from .pure.line import ParkedLine, Waiting
+from .pure.reclaim import forgotten_with_row
 from .store import ClientRows, HolderStore
 
 RECLAIM = "reclaim"
@@ -80,7 +81,10 @@ class HolderBooks:
         """Persist changes, the line entries that changed with them (``line``)
         and the reclaim timer together, then update memory. ``parent_key``:
         this holder's key when it lends to a tree's children."""
-        due = next_reclaim_at(merged(self.grants(), changes), merged_leases(self.leases(), changes), self._ids)
+        self._forget_kept_with_rows(changes)
+        waiting = line.rows() if line is not None else self.rows.waiting_rows()
+        due = next_reclaim_at(merged(self.grants(), changes), merged_leases(self.leases(), changes), self._ids,
+                              waiting)
         to_write, unwritten = self.rows_to_write(changes, parent_key)
         to_write.issued = self._reserve_lease_ids(changes.issued)
         changed = line.take_changed() if line is not None else set()
@@ -114,6 +118,16 @@ class HolderBooks:
         changes.apply_to(self.grants(), self.leases())
         if changes.issued is not None:
             self._ids = replace(self.lease_ids(), issued=changes.issued)
+
+    def _forget_kept_with_rows(self, changes: Changes) -> None:
+        """Grants a start rate kept past its window leave with the rows this
+        change writes anyway (``reclaim.kept_for_rate``)."""
+        book = self.grants()
+        rows = {(g.client_id, g.group) for g in changes.written.values()}
+        rows |= {(book[i].client_id, book[i].group) for i in changes.deleted if i in book}
+        for grant_id in forgotten_with_row(book.values(), rows, now_ms()):
+            if grant_id not in changes.written:
+                changes.delete(grant_id)
 
     def first_listing(self, ids: Iterable[str]) -> set[str]:
         """Of the grants and leases a reply or call about to leave names, those

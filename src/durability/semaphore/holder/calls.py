@@ -84,6 +84,11 @@ class ClientCalls:
         self._unreachable: set[str] = set()  #: clients the last call to failed
         #: per client, the grants and leases the call on its way to it lists (see ``carried``)
         self._in_flight: dict[str, frozenset[str]] = {}
+        #: under a start rate, grant id -> when a call that listed it was
+        #: answered: its client had heard of it by then, and admits nothing
+        #: more on it (the rate places the grant's starts by it,
+        #: ``holder/pure/rate``); memory only. None: no rate, nothing kept
+        self.placed: dict[str, float] | None = None
         self._tasks: set[asyncio.Task[None]] = set()
 
     def can_call(self, request: Request) -> bool:
@@ -183,6 +188,10 @@ class ClientCalls:
             return _FAILED
         finally:
             del self._in_flight[client_id]
+        if self.placed is not None:
+            answered_at = now_ms()
+            for entry in wire.get("grants", []):
+                self.placed.setdefault(entry["grantId"], answered_at)
         if answer is None:
             return None
         try:

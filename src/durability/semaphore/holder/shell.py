@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from ..._common.checks import is_number
@@ -36,8 +37,9 @@ from .books import HolderBooks
 from .fair_options import UserFairShare, fair_share_of
 from .limits import UserLimits
 from .parked import WAKE, ParkedRequests, holdings
-from .pure.allocation import Changes, Limits, RoundResult, next_reclaim_at, run_round
+from .pure.allocation import Changes, Limits, ResolutionFailed, RoundResult, next_reclaim_at, run_round
 from .pure.leases import LeasePolicy
+from .pure.rate import Rate
 from .replies import _answer, _answer_at_once, _grants_reply, _hold_or_answer, _listing, _parked_until, _Waiting
 from .rounds import (
     _commit_round,
@@ -47,6 +49,7 @@ from .rounds import (
     _parked_round_at,
     _round_time as _round_time,
 )
+from .start_rate import StartRate
 from .store import COMPONENT as HOLDER_COMPONENT, TABLES as HOLDER_TABLES, HolderStore
 from .tree_place import tree_place
 from .usage import _note_blocked, _usage_info
@@ -138,6 +141,16 @@ class DurabilitySemaphore:
             each time as long passes): an object whose alarm the runtime
             gave up on, or that never heard of a grant whose call was lost,
             runs again and reports. Work shorter than this costs no call.
+        rate: a start rate next to the limit: at most ``limit`` permits start
+            in any window of ``period_ms``, as ``(limit, period_ms)``,
+            ``(limit, period_ms, burst)``, a ``Rate``, or a string such as
+            ``"60/min"`` or ``"60/min, burst 10"``; or a callable returning
+            one (or None: no rate), read once per round. ``burst`` lets that
+            many more start at once after a quiet spell, at most ``limit``
+            per period on average. Demand the rate holds back waits in line
+            (``rate`` is its blocked reason) and is served oldest first when
+            the window allows, by a round on the alarm. Grants only: not
+            with ``leases`` or ``parent`` (see ``holder/pure/rate``).
     """
 
     def __init__(self, scheduler: DurabilityScheduler, *, limit: int | Callable[[], int],
@@ -147,8 +160,11 @@ class DurabilitySemaphore:
                  grant_timeout_ms: float = 10_000, leases: dict[str, Any] | None = None,
                  rejoin_wait_ms: float = 1_000, parent: SemaphoreClient | None = None,
                  fair_share: dict[str, Any] | None = None, clients: Any = None,
-                 wake_after_ms: float = 60_000) -> None:
+                 wake_after_ms: float = 60_000, rate: Any = None) -> None:
         self.limits = UserLimits(limit, group_limit, can_grant)
+        if rate is not None and (leases is not None or parent is not None):
+            raise ValueError("a start rate (rate=) counts grants only: not with leases= or parent= (yet)")
+        self.rate = StartRate(rate)
         self.fair_share: UserFairShare | None = fair_share_of(fair_share, leases)
         self.scheduler = scheduler
         self.round_wait_ms = _positive_ms(round_wait_ms, "round_wait_ms")
@@ -175,7 +191,7 @@ class DurabilitySemaphore:
         #: per client, its demand the latest round it was in left waiting: (round ms, group -> (reason, count))
         self._blocked: dict[str, tuple[float, dict[str, tuple[str, int]]]] = {}
         self.books.schedule_reclaim(next_reclaim_at(self.books.grants().values(), self.books.leases().values(),
-                                                    self.books.known_ids()))
+                                                    self.books.known_ids(), self.books.rows.waiting_rows()))
         # A tree's parent reaches its children through the tree's client
         # (``parent``): it parks their requests as other holders park queues'.
         self._parked = None if clients is None and parent is None else ParkedRequests(
@@ -184,6 +200,8 @@ class DurabilitySemaphore:
             wake_after_ms=_positive_ms(wake_after_ms, "wake_after_ms"),
             listing=lambda client_id: _listing(self, client_id), first_listing=self.books.first_listing,
             children=parent)
+        if self._parked is not None and rate is not None:
+            self._parked.calls.placed = self.rate.placed_at
         #: its place in a budget tree (``holder/tree_place``), told of what it does at fixed points
         self.tree = tree_place(self, parent, can_grant)
         if self._parked is not None:  # a new instance's line, as its rows left it
@@ -191,6 +209,8 @@ class DurabilitySemaphore:
             self._parked.watch(holdings(self.books.grants().values(), self.books.leases().values()))
             if self.tree.keeps_beat and self._parked.line:  # its beat, which tells its parent
                 self._round_later(_parked_round_at(self))
+            if self._parked.line:  # a round the start rate owed its line is on no row: derived again
+                self._round_when_rate_allows(self.rate.read_quietly(), None, now_ms())
 
     migrate = public_migrate(HOLDER_COMPONENT, HOLDER_TABLES, "the holder's tables")
 
@@ -222,6 +242,7 @@ class DurabilitySemaphore:
         except ProtocolError as error:
             return error.reply()
         self.tree.heard_from(parsed.client_id)
+        self.rate.heard(parsed.client_id, parsed.reports, self.books.grants())
         if isinstance(parsed, Sync):
             return await _sync(self, parsed)
         if self._parked is not None and self._parked.can_park(parsed):
@@ -304,14 +325,19 @@ class DurabilitySemaphore:
         parked = self._parked.requests(asked) if self._parked is not None else []
         self.tree.before_round(requests + parked)
         limits = self._resolve_limits(requests + parked)
+        rate = self.rate.read()
+        if isinstance(rate, ResolutionFailed):  # fails closed, as a limit that did not resolve
+            limits, rate = replace(limits, total=rate), None
         result: RoundResult = run_round(
             self.books.grants(), requests + parked, limits, now, self.grant_timeout_ms, _new_grant_id,
             leases=self.books.leases(), policy=self.lease_policy, lease_ids=self.books.lease_ids(),
             held_over=[index for index, waiting in enumerate(batch) if not waiting.heartbeat]
             + list(range(len(requests), len(requests) + len(parked))),
             fair=_fair_policy(self.fair_share, requests + parked, self.books.grants()),
+            rate=rate, placed=self.rate.placed(), pace_room=self.rate.pace_room(rate, now),
         )
         calls = _commit_round(self, result, asked, answered)
+        self.rate.after_round(rate, result, now, self.books.grants())
         self._contended = result.contended
         self._full = any(reason == BlockedReason.LIMIT for outcome in result.outcomes.values()
                          for reason, _ in outcome.blocked.values())
@@ -331,6 +357,18 @@ class DurabilitySemaphore:
             # parent's lends. (Not for a client whose calls fail, nor for
             # demand its rules refuse: no beat would serve those.)
             self._round_later(_parked_round_at(self))
+        self._round_when_rate_allows(rate, result, now)
+
+    def _round_when_rate_allows(self, rate: Rate | None, result: RoundResult | None, now: float) -> None:
+        """Demand the start rate held back (``result``; None: a new instance,
+        whose line may be) is served by a round when the window allows, on
+        the alarm (a row and a request per such round; a window's starts
+        that leave it together share one)."""
+        held_back = result is None or any(reason == BlockedReason.RATE for outcome in result.outcomes.values()
+                                          for reason, _ in outcome.blocked.values())
+        at = self.rate.next_at(rate, self.books.grants().values(), now) if held_back else None
+        if at is not None and self._parked is not None and self._parked.line:
+            self._round_later(max(at, now))
 
     def _resolve_limits(self, requests: list[Request]) -> Limits:
         """The user's callbacks, once per round: for every group in demand, and

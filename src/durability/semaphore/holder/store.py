@@ -76,8 +76,9 @@ class ClientRow:
 
 
 def _grants_json(grants: tuple[Grant, ...]) -> str:
+    # A grant a start rate keeps has a seventh field (its kept_until); no other grant pays for it.
     return json.dumps([[g.grant_id, g.permits, g.claimed, g.released, g.claim_deadline, int(g.reclaimed)]
-                       for g in grants], separators=(",", ":"))
+                       + ([g.kept_until] if g.kept_until else []) for g in grants], separators=(",", ":"))
 
 
 def _waiting_json(waiting: Waiting | None) -> str | None:
@@ -90,8 +91,8 @@ def _waiting_json(waiting: Waiting | None) -> str | None:
 
 def _client_row(row: dict[str, Any]) -> ClientRow:
     client_id, group = row["client_id"], row["grp"]
-    grants = tuple(Grant(grant_id, client_id, group, permits, claimed, released, deadline, bool(reclaimed))
-                   for grant_id, permits, claimed, released, deadline, reclaimed in json.loads(row["grants"]))
+    grants = tuple(Grant(grant_id, client_id, group, permits, claimed, released, deadline, bool(reclaimed), *kept)
+                   for grant_id, permits, claimed, released, deadline, reclaimed, *kept in json.loads(row["grants"]))
     waiting = None
     if row["waiting"] is not None:
         w = json.loads(row["waiting"])
@@ -272,6 +273,10 @@ class ClientRows:
 
     def waiting(self) -> list[Waiting]:
         return [row.waiting for row in self._rows.values() if row.waiting is not None]
+
+    def waiting_rows(self) -> set[tuple[str, str]]:
+        """The (client, group) rows whose client waits in line there."""
+        return {key for key, row in self._rows.items() if row.waiting is not None}
 
     def names(self) -> dict[str, str]:
         """The names of the clients' objects, as their rows keep them."""

@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ..._common.clock import now_ms
-from ..messages import GroupUsage, Usage, WaitingUsage
+from ..messages import GroupUsage, RateUsage, Usage, WaitingUsage
 from .fair_options import OLDEST_FIRST, UserFairShare
 from .limits import UserLimits
 from .pure.allocation import ClientOutcome, Grant, ResolutionFailed, usage
@@ -48,7 +48,14 @@ def _usage_info(holder: DurabilitySemaphore) -> Usage:
         groups=_group_usages(grants, leases, holder.limits),
         waiting=_waiting_by_reason(holder._blocked, now_ms()),
         **_sharing(holder.fair_share, grants, holder._blocked),
+        rate=_rate(holder),
     )
+
+
+def _rate(holder: DurabilitySemaphore) -> RateUsage | None:
+    """The start rate and its window, over every grant the book keeps for it."""
+    rate = holder.rate.usage(holder.books.grants().values(), now_ms())
+    return None if rate is None else RateUsage(**rate)
 
 
 def _group_usages(grants: list[Grant], leases: list[Lease], limits: UserLimits) -> dict[str, GroupUsage]:

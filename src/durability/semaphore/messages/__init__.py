@@ -36,6 +36,7 @@ from .checks import (
     NOT_FOUND as NOT_FOUND,
     NOT_PERMITTED as NOT_PERMITTED,
     OK as OK,
+    RATE as RATE,
     RETIRED as RETIRED,
     SETTLED as SETTLED,
     VERSION as VERSION,
@@ -67,6 +68,7 @@ from .requests import (
 )
 from .usage import (
     GroupUsage as GroupUsage,
+    RateUsage as RateUsage,
     ShareUsage as ShareUsage,
     Usage as Usage,
     WaitingUsage as WaitingUsage,

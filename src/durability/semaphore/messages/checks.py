@@ -44,6 +44,7 @@ class BlockedReason(StrEnum):
     NOT_PERMITTED = "not_permitted"
     GROUP_LIMIT = "group_limit"
     LIMIT = "limit"
+    RATE = "rate"  #: the key's start rate: more may start once its window allows
 
 
 class ReportStatus(StrEnum):
@@ -57,7 +58,7 @@ class ReportStatus(StrEnum):
 
 
 # The members by their old names.
-LIMIT_RESOLUTION_ERROR, NOT_PERMITTED, GROUP_LIMIT, LIMIT = BlockedReason
+LIMIT_RESOLUTION_ERROR, NOT_PERMITTED, GROUP_LIMIT, LIMIT, RATE = BlockedReason
 OK, EXPIRED, NOT_FOUND, RETIRED, SETTLED = ReportStatus
 
 

@@ -2,7 +2,7 @@
 
 Lives here: ``Usage`` and what it holds (``GroupUsage`` per group,
 ``WaitingUsage`` per group and reason, ``ShareUsage`` per key under a
-fair-share policy), each with ``to_wire`` and a ``parse`` that refuses
+fair-share policy, ``RateUsage`` under a start rate), each with ``to_wire`` and a ``parse`` that refuses
 a fault as ``malformed_reply``. Its counts are sums over the books, so
 they are checked against 2**53, not against a message's bounds. Must
 not know: how the books are kept or summed, storage, time, how a reply
@@ -89,6 +89,33 @@ class ShareUsage:
 
 
 @dataclass(frozen=True)
+class RateUsage:
+    """The key's start rate as the latest round read it, and its window now."""
+
+    limit: int
+    period_ms: float
+    burst: int
+    starts_in_window: int  #: permits that may have started in the window ending now
+    room: int  #: how many may start now
+    next_start_at: float | None  #: when the next may start (epoch ms; None: never, a limit of 0)
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"limit": self.limit, "periodMs": self.period_ms, "burst": self.burst,
+                "startsInWindow": self.starts_in_window, "room": self.room, "nextStartAt": self.next_start_at}
+
+    @classmethod
+    def parse(cls, wire: Any, where: str = "usage.rate") -> RateUsage:
+        entry = _reply_object(wire, where)
+        period, next_at = entry.get("periodMs"), entry.get("nextStartAt")
+        if not number_in(period, 0, MAX_SAFE_INTEGER) or period == 0 or not (
+                next_at is None or number_in(next_at, 0, MAX_SAFE_INTEGER)):
+            raise ProtocolError("malformed_reply", f"{where} must carry a positive periodMs and a nextStartAt")
+        return cls(_tally(entry, "limit", where), float(period), _tally(entry, "burst", where),
+                   _tally(entry, "startsInWindow", where), _tally(entry, "room", where),
+                   None if next_at is None else float(next_at))
+
+
+@dataclass(frozen=True)
 class Usage:
     """What ``DurabilitySemaphore.usage_info()`` returns: the limit, and the permits the books count."""
 
@@ -106,6 +133,7 @@ class Usage:
     #: oldest_first_fallback (a fair-share callback raised)
     policy: str = "oldest_first"
     shares: dict[str, ShareUsage] = field(default_factory=dict)  #: per key, under a fair-share policy
+    rate: RateUsage | None = None  #: the start rate (None: none)
 
     def to_wire(self) -> dict[str, Any]:
         return {
@@ -120,6 +148,7 @@ class Usage:
             "waiting": [entry.to_wire() for entry in self.waiting],
             "policy": self.policy,
             "shares": {key: share.to_wire() for key, share in self.shares.items()},
+            "rate": None if self.rate is None else self.rate.to_wire(),
         }
 
     @classmethod
@@ -135,7 +164,7 @@ class Usage:
                    _tally(reply, "leases", "usage"),
                    {group: GroupUsage.parse(entry, f"usage.groups.{group}") for group, entry in groups.items()},
                    _entries(reply, "waiting", WaitingUsage.parse) if "waiting" in reply else (),
-                   *_sharing(reply))
+                   *_sharing(reply), None if reply.get("rate") is None else RateUsage.parse(reply["rate"]))
 
 
 def _sharing(reply: dict[str, Any]) -> tuple[str, dict[str, ShareUsage]]:

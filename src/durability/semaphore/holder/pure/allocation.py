@@ -28,12 +28,13 @@ campaign's ``double_report`` defect replaces it).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 
 from ...messages import EXPIRED, NOT_FOUND, OK, LeaseOutcome, LeaseReport, ProtocolError, Report, ReportOutcome, Request
 from .fairness import FairPolicy
 from .leases import Lease, LeaseIds, LeasePolicy, apply_lease_report
 from .news import held_grants as held_grants, news_for as news_for
+from .rate import Rate
 from .reclaim import (
     merged as merged,
     merged_leases as merged_leases,
@@ -104,7 +105,8 @@ def run_round(book: dict[str, Grant], requests: list[Request], limits: Limits, n
               grant_timeout_ms: float, new_grant_id: Callable[[], str], *,
               leases: dict[str, Lease] | None = None, policy: LeasePolicy | None = None,
               lease_ids: LeaseIds | None = None, held_over: Iterable[int] = (),
-              fair: FairPolicy | None = None) -> RoundResult:
+              fair: FairPolicy | None = None, rate: Rate | None = None,
+              placed: Mapping[str, float] | None = None, pace_room: int | None = None) -> RoundResult:
     """One allocation round over every request that arrived for it.
 
     Reports are applied first (a request whose reports touch another
@@ -121,10 +123,12 @@ def run_round(book: dict[str, Grant], requests: list[Request], limits: Limits, n
     must apply. ``held_over``: the indexes of requests the holder held
     over from an earlier round, whose reports heartbeat no lease.
     ``fair``: how keys share the room (``fairness``); grants only.
+    ``rate``: the start rate, with ``placed`` (grant id -> when its client
+    had heard of it) and ``pace_room`` (``rate.Pace``); grants only.
     """
     lease_ids = lease_ids if lease_ids is not None else LeaseIds("", 0)
     terms = RoundTerms(limits, now, grant_timeout_ms, new_grant_id, policy, lease_ids,
-                       budgets_for(policy, limits.total), frozenset(held_over), fair)
+                       budgets_for(policy, limits.total), frozenset(held_over), fair, rate, placed or {}, pace_room)
     state = RoundState(Working(book, leases), issued=lease_ids.issued)
     apply_request_reports(state, terms, requests)
     retire(state, terms)

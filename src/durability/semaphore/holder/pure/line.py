@@ -97,6 +97,10 @@ class ParkedLine:
     def entries(self) -> list[Parked]:
         return list(self._entries.values())
 
+    def rows(self) -> set[tuple[str, str]]:
+        """The (client, group) pairs that wait in line."""
+        return {(p.client_id, d.group) for p in self._entries.values() for d in p.request.demand}
+
     def park(self, request: Request, now: float) -> Parked | None:
         """The client's latest request: its demand replaces what was kept (a
         client with no demand left leaves the line). Returns its entry."""

@@ -47,6 +47,9 @@ class Grant(NamedTuple):
     released: int
     claim_deadline: float  #: epoch ms when unclaimed permits return to the pool
     reclaimed: bool = False  #: the unclaimed rest was taken back
+    #: under a start rate, kept in the book settled until then: its starts
+    #: count in the rate's window (``holder/pure/rate``); 0: not kept
+    kept_until: float = 0.0
 
     @property
     def unclaimed(self) -> int:
@@ -62,17 +65,20 @@ class Grant(NamedTuple):
 
     @property
     def remembered(self) -> bool:
-        """Kept in the book once settled: reclaimed after claims (see the module notes)."""
-        return self.reclaimed and self.claimed > 0
+        """Kept in the book once settled: reclaimed after claims (see the module
+        notes), or counted by a start rate."""
+        return (self.reclaimed and self.claimed > 0) or self.kept_until > 0
 
     @property
     def forget_at(self) -> float:
-        return self.claim_deadline + SETTLED_MEMORY_MS
+        if self.kept_until and not (self.reclaimed and self.claimed > 0):
+            return self.kept_until
+        return max(self.claim_deadline + SETTLED_MEMORY_MS, self.kept_until)
 
     def counted(self, claimed: int, released: int) -> Grant:
         """This grant with new counts (``_replace`` does the same, at twice the cost)."""
         return Grant(self.grant_id, self.client_id, self.group, self.permits, claimed, released,
-                     self.claim_deadline, self.reclaimed)
+                     self.claim_deadline, self.reclaimed, self.kept_until)
 
 
 @dataclass

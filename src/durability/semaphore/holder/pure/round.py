@@ -13,9 +13,10 @@ clocks or the user's callbacks.
 
 from __future__ import annotations
 
-from ...messages import GROUP_LIMIT, LIMIT, LIMIT_RESOLUTION_ERROR, MAX_REPORTS, NOT_PERMITTED, Demand
+from ...messages import GROUP_LIMIT, LIMIT, LIMIT_RESOLUTION_ERROR, MAX_REPORTS, NOT_PERMITTED, RATE, Demand
 from .leases import Lease, lease_usage, retire_expired, retire_ineligible, share
 from .news import held_by_client, held_of, unheard_grants
+from .rate import rate_room
 from .reclaim import reclaim
 from .records import Grant, ResolutionFailed, RoundResult, usage
 from .round_terms import RoundState, RoundTerms, Wanted, _add
@@ -27,11 +28,15 @@ def retire(state: RoundState, terms: RoundTerms) -> None:
     leases past their ttl, under a lowered limit or no longer eligible are
     retired. What is left is the usage the round hands out from."""
     limits = terms.limits
-    reclaim(state.working, terms.now, terms.lease_ids)
+    waiting = {(client_id, d.group) for client_id, request in state.latest.items() for d in request.demand}
+    reclaim(state.working, terms.now, terms.lease_ids, waiting)
     retire_expired(state.working, terms.now)
     retire_ineligible(state.working, terms.policy, limits.total, limits.groups, limits.permitted)
     state.granted, state.granted_groups = usage(state.working.grants())
     state.leased, state.leased_groups = lease_usage(state.working.leases())
+    if terms.rate is not None:
+        left = rate_room(state.working.grants(), terms.placed, terms.now, terms.rate)
+        state.rate_left = left if terms.pace_room is None else min(left, terms.pace_room)
 
 
 def held_for_demand(state: RoundState, now: float) -> dict[tuple[str, str], int]:
@@ -110,7 +115,8 @@ def issue_grant(state: RoundState, terms: RoundTerms, wanted: Wanted, most: int 
     """Grant what room there is, up to the want (and ``most``); the rest waits, with why."""
     # Only demand that refusal() let through gets here: its limits resolved.
     assert terms.budgets is not None and not isinstance(wanted.ceiling, ResolutionFailed)
-    room_total = terms.budgets.grant_room(state.granted, state.leased)
+    room_limit = terms.budgets.grant_room(state.granted, state.leased)
+    room_total = state.grant_room(terms.budgets)
     room_group = state.group_room(wanted.group, wanted.ceiling, room_total)
     give = max(0, min(wanted.want, room_total, room_group, wanted.want if most is None else most))
     outcome = state.outcomes[wanted.client_id]
@@ -118,17 +124,29 @@ def issue_grant(state: RoundState, terms: RoundTerms, wanted: Wanted, most: int 
         # A client that takes what it is granted gets it claimed: the
         # reply is the confirmation, and no permit waits for a claim.
         claimed = give if state.latest[wanted.client_id].claims else 0
-        new = Grant(terms.new_grant_id(), wanted.client_id, wanted.group, give, claimed, 0,
-                    terms.now + terms.grant_timeout_ms)
+        deadline = terms.now + terms.grant_timeout_ms
+        # Under a start rate the grant stays in the book, settled, while its
+        # starts count in the window (``rate`` notes).
+        kept_until = deadline + terms.rate.period_ms if terms.rate is not None else 0.0
+        new = Grant(terms.new_grant_id(), wanted.client_id, wanted.group, give, claimed, 0, deadline,
+                    False, kept_until)
         state.working.put(new)
         outcome.new_grants.append(new)
         state.granted += give
         _add(state.granted_groups, wanted.group, give)
+        if state.rate_left is not None:
+            state.rate_left -= give
     if give < wanted.want:
-        # The group's own ceiling holds it back whenever it leaves no more
-        # room than the total does (a total below usage leaves none).
-        held_back = wanted.ceiling is not None and room_group <= max(room_total, 0)
-        outcome.blocked[wanted.group] = (GROUP_LIMIT if held_back else LIMIT, wanted.want - give)
+        outcome.blocked[wanted.group] = (_held_back_by(wanted, room_limit, room_total, room_group), wanted.want - give)
+
+
+def _held_back_by(wanted: Wanted, room_limit: int, room_total: int, room_group: int) -> str:
+    """Why a grant came short: the group's own ceiling whenever it leaves no
+    more room than the total does (a total below usage leaves none); else
+    the start rate, when it leaves less room than the limit; else the limit."""
+    if wanted.ceiling is not None and room_group <= max(room_total, 0):
+        return GROUP_LIMIT
+    return RATE if room_total < room_limit else LIMIT
 
 
 def serve_leases(state: RoundState, terms: RoundTerms, candidates: list[Wanted]) -> None:
@@ -193,6 +211,6 @@ def result_of(state: RoundState, terms: RoundTerms) -> RoundResult:
     changes = state.working.changes
     if state.issued != terms.lease_ids.issued:
         changes.issued = state.issued
-    contended = any(reason in (LIMIT, GROUP_LIMIT)
+    contended = any(reason in (LIMIT, GROUP_LIMIT, RATE)
                     for outcome in state.outcomes.values() for reason, _ in outcome.blocked.values())
     return RoundResult(changes, state.outcomes, state.errors, contended)

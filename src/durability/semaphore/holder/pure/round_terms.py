@@ -9,13 +9,14 @@ Must not know: the phases' rules, storage, RPC or clocks.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from ...messages import ProtocolError, Request
 from .fairness import FairPolicy
 from .leases import Budgets, LeaseIds, LeasePolicy, no_leases
+from .rate import Rate
 from .records import ClientOutcome, Grant, Limits, ResolutionFailed, Working
 
 
@@ -45,6 +46,10 @@ class RoundTerms:
     #: were heard then, and are no heartbeat now (the client may be gone since)
     held_over: frozenset[int] = frozenset()
     fair: FairPolicy | None = None  #: how keys share the room (None: oldest first)
+    rate: Rate | None = None  #: the start rate (None: none)
+    #: grant id -> when the holder knew its client had heard of it (``rate.started_by``)
+    placed: Mapping[str, float] = field(default_factory=dict)
+    pace_room: int | None = None  #: what the rate's pace lets start now (``rate.Pace``)
 
     @property
     def ttl_ms(self) -> float:
@@ -74,6 +79,12 @@ class RoundState:
     #: each served client's ``held_of`` before the round's new grants: its
     #: reply lists these with the new ones, so the book is read for it once
     held: dict[str, list[Grant]] = field(default_factory=dict)
+    rate_left: int | None = None  #: permits the start rate lets this round grant still (None: no rate)
+
+    def grant_room(self, budgets: Budgets) -> int:
+        """Room for grants in the total: under the limit, and the start rate."""
+        room = budgets.grant_room(self.granted, self.leased)
+        return room if self.rate_left is None else min(room, self.rate_left)
 
     def group_room(self, group: str, ceiling: int | None, room_total: int) -> int:
         """Room under the group's own ceiling; with none, the room in the total."""

@@ -32,7 +32,7 @@ def item_shares(state: RoundState, terms: RoundTerms, granting: list[tuple[Wante
     if in_order or _room_for_all(state, terms, granting):
         return wants
     assert terms.budgets is not None  # refusal() let only resolved limits through
-    room_total = terms.budgets.grant_room(state.granted, state.leased)
+    room_total = state.grant_room(terms.budgets)
     fair = terms.fair
     allotted = {} if fair is None else fair_allotment(state, fair, granting, room_total)
     room_groups: dict[str, int] = {}
@@ -87,7 +87,7 @@ def fair_allotment(state: RoundState, fair: FairPolicy, granting: list[tuple[Wan
 def _room_for_all(state: RoundState, terms: RoundTerms, granting: list[tuple[Wanted, Demand]]) -> bool:
     """Every demand fits, in the total and under each group's ceiling: no order to keep, nothing to sort."""
     assert terms.budgets is not None
-    room_total = terms.budgets.grant_room(state.granted, state.leased)
+    room_total = state.grant_room(terms.budgets)
     by_group: dict[str, int] = {}
     for wanted, _ in granting:
         _add(by_group, wanted.group, wanted.want)
