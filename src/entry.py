@@ -209,9 +209,14 @@ class AccountLimit(DurableObject):
             "weight": lambda workflow: self._fair("weights", workflow, 1),
             "floor": lambda workflow: self._fair("floors", workflow, 0),
             "priority": lambda workflow: self._fair("priorities", workflow, 0)}
+        # ACCOUNT_RATE: at most this many of an account's jobs start per
+        # period ("60/min", "5/s, burst 10"), next to its concurrency; empty
+        # for none. Turned on or off at start, read every round. Not with
+        # ACCOUNT_LEASES.
+        rate = self._account_rate if getattr(env, "ACCOUNT_RATE", "") else None
         self.semaphore = DurabilitySemaphore(
             self.scheduler, limit=self._account_limit, group_limit=self._workflow_limit, leases=leases,
-            round_wait_ms=20, round_period_ms=100, fair_share=fair or None,
+            round_wait_ms=20, round_period_ms=100, fair_share=fair or None, rate=rate,
             # A shard's request is answered at once and its demand kept in
             # line; the round that has permits for it calls the shard
             # (JobShard.semaphore_reply). Nothing is held open, so neither
@@ -223,6 +228,9 @@ class AccountLimit(DurableObject):
         # Read every round: a change of the vars takes effect without a restart.
         limits = _json_var(self.env, "ACCOUNT_LIMITS")
         return int(limits.get(self.ctx.id.name, self.env.ACCOUNT_CONCURRENCY))
+
+    def _account_rate(self):
+        return getattr(self.env, "ACCOUNT_RATE", "") or None
 
     def _workflow_limit(self, workflow_id):
         return _json_var(self.env, "WORKFLOW_LIMITS").get(workflow_id)

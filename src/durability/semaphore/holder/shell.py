@@ -223,6 +223,7 @@ class DurabilitySemaphore:
 
     def _commit(self, changes: Changes) -> None:
         """Persist changes (their rows and the reclaim timer together), then update memory."""
+        self.rate.stamp(changes)
         parked = self._parked
         self.books.commit(changes, parked.line if parked is not None else None, self.tree.own_key,
                           parked.name_of if parked is not None else lambda _: None)
@@ -329,7 +330,8 @@ class DurabilitySemaphore:
         if isinstance(rate, ResolutionFailed):  # fails closed, as a limit that did not resolve
             limits, rate = replace(limits, total=rate), None
         result: RoundResult = run_round(
-            self.books.grants(), requests + parked, limits, now, self.grant_timeout_ms, _new_grant_id,
+            self.books.grants(), requests + parked, limits, now, self.rate.grant_timeout_ms(rate, self.grant_timeout_ms),
+            _new_grant_id,
             leases=self.books.leases(), policy=self.lease_policy, lease_ids=self.books.lease_ids(),
             held_over=[index for index, waiting in enumerate(batch) if not waiting.heartbeat]
             + list(range(len(requests), len(requests) + len(parked))),

@@ -25,8 +25,8 @@ from typing import Any
 
 from ..._common.clock import now_ms
 from ..messages import Report
-from .pure.allocation import Grant, ResolutionFailed, RoundResult
-from .pure.rate import Pace, Rate, next_start_at, rate_room, starts_in_window
+from .pure.allocation import Changes, Grant, ResolutionFailed, RoundResult
+from .pure.rate import RATE_CLAIM_MS, Pace, Rate, next_start_at, rate_room, stamped, starts_in_window
 
 log = logging.getLogger("durability.semaphore")
 
@@ -75,6 +75,24 @@ class StartRate:
             grant = book.get(report.grant_id)
             if grant is not None and grant.client_id == client_id and report.released >= grant.permits:
                 self.placed_at.setdefault(grant.grant_id, now)
+
+    @staticmethod
+    def grant_timeout_ms(rate: Rate | None, usual_ms: float) -> float:
+        """A grant under a start rate must be taken up within ``RATE_CLAIM_MS``
+        (or the usual timeout, if shorter): its starts count until then
+        when the holder cannot place them sooner."""
+        return usual_ms if rate is None else min(usual_ms, RATE_CLAIM_MS)
+
+    def stamp(self, changes: Changes) -> None:
+        """Grants a change writes anyway carry the placement this instance
+        learned of them (``rate.stamped``)."""
+        rate = self.last
+        if rate is None or not self.placed_at:
+            return
+        for grant_id, grant in list(changes.written.items()):
+            at = self.placed_at.get(grant_id)
+            if at is not None and grant.kept_until and not grant.placed_at:
+                changes.written[grant_id] = stamped(grant, at, rate)
 
     def pace_room(self, rate: Rate | None, now: float) -> int | None:
         """The pace's room, when a burst could raise the average (else None: the window bounds it)."""

@@ -76,9 +76,11 @@ class ClientRow:
 
 
 def _grants_json(grants: tuple[Grant, ...]) -> str:
-    # A grant a start rate keeps has a seventh field (its kept_until); no other grant pays for it.
+    # A grant a start rate keeps has a seventh field (its kept_until) and, once
+    # the holder knew when it was heard of, an eighth (placed_at); no other grant pays for them.
     return json.dumps([[g.grant_id, g.permits, g.claimed, g.released, g.claim_deadline, int(g.reclaimed)]
-                       + ([g.kept_until] if g.kept_until else []) for g in grants], separators=(",", ":"))
+                       + ([g.kept_until] if g.kept_until else []) + ([g.placed_at] if g.placed_at else [])
+                       for g in grants], separators=(",", ":"))
 
 
 def _waiting_json(waiting: Waiting | None) -> str | None:

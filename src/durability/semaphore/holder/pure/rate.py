@@ -25,7 +25,10 @@ holds more than ``limit + burst``, wherever in their interval the starts
 fell, and whatever was lost or late. A grant counts for as long as its
 ``started_by`` says: the holder keeps it in its book (and its client's
 row) once settled, until ``started_by + period_ms``
-(``Grant.kept_until``): a restarted holder counts the same window.
+(``Grant.kept_until``): a restarted holder counts the same window. A
+placement learned in memory rides on the next write of the grant's row
+(its release, most often: ``stamped``), so that a holder that hibernates
+between two windows still counts by it.
 
 The price of that exactness is the interval: a grant whose start the
 holder cannot place counts until its claim deadline plus a period, where
@@ -46,6 +49,16 @@ from .records import Grant
 #: the periods ``Rate.parse`` reads in a string: "60/min", "5/s", "1000/hour", "10/day"
 PERIODS_MS = {"ms": 1.0, "s": 1_000.0, "sec": 1_000.0, "second": 1_000.0, "min": 60_000.0,
               "minute": 60_000.0, "h": 3_600_000.0, "hour": 3_600_000.0, "day": 86_400_000.0}
+
+
+#: a grant under a start rate is taken up within this (or the holder's
+#: grant_timeout_ms, if shorter): a grant the holder cannot place counts in
+#: the window from its round to this past it, a period more than its start
+#: needs; at a minute's period, one second is 1.7% of the rate at worst.
+#: A client hears a grant in milliseconds (a reply, a call), and a call
+#: that failed is tried again after half a second; one heard later is
+#: given back.
+RATE_CLAIM_MS = 1_000.0
 
 
 class Rate(NamedTuple):
@@ -104,7 +117,15 @@ class Rate(NamedTuple):
 
 def started_by(grant: Grant, placed: Mapping[str, float]) -> float:
     """The latest time the grant's permits may have started (see the module notes)."""
-    return min(grant.claim_deadline, placed.get(grant.grant_id, math.inf))
+    return min(grant.claim_deadline, placed.get(grant.grant_id, math.inf), grant.placed_at or math.inf)
+
+
+def stamped(grant: Grant, placed_at: float, rate: Rate) -> Grant:
+    """The grant with its placement kept in its row (written anyway: its
+    release, say), so that a new instance of the holder counts it as this
+    one does; it is kept in the book a period past it."""
+    at = min(placed_at, grant.claim_deadline)
+    return grant._replace(placed_at=at, kept_until=at + rate.period_ms)
 
 
 def _starts(grants: Iterable[Grant], placed: Mapping[str, float], now: float, period_ms: float) -> list[float]:

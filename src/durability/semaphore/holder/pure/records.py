@@ -50,6 +50,9 @@ class Grant(NamedTuple):
     #: under a start rate, kept in the book settled until then: its starts
     #: count in the rate's window (``holder/pure/rate``); 0: not kept
     kept_until: float = 0.0
+    #: under a start rate, when the holder knew its client had heard of it
+    #: (its starts came before; ``holder/pure/rate.started_by``); 0: not known
+    placed_at: float = 0.0
 
     @property
     def unclaimed(self) -> int:
@@ -78,7 +81,7 @@ class Grant(NamedTuple):
     def counted(self, claimed: int, released: int) -> Grant:
         """This grant with new counts (``_replace`` does the same, at twice the cost)."""
         return Grant(self.grant_id, self.client_id, self.group, self.permits, claimed, released,
-                     self.claim_deadline, self.reclaimed, self.kept_until)
+                     self.claim_deadline, self.reclaimed, self.kept_until, self.placed_at)
 
 
 @dataclass
