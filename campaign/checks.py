@@ -29,12 +29,17 @@ The invariants (``docs/testing.md`` explains each bound):
   clients never learned of (the one charge the spec keeps).
 - ``liveness``: once faults stop, every item not cancelled is admitted
   within ``liveness_bound_ms``.
+- ``rate``: in mode "rate", no window of a key's ``period_ms`` holds more
+  than its ``limit + burst`` admissions, each at the time its shard wrote it
+  admitted (the write that committed: the last before its work registered).
 """
 
 from __future__ import annotations
 
 import collections
 from dataclasses import dataclass, field
+
+from durability.semaphore.holder.pure.rate import RATE_CLAIM_MS
 
 from .scenario import (
     FINISHED_CHECK_MS,
@@ -69,7 +74,7 @@ def stale_ms(scenario: Scenario) -> float:
 
 
 def liveness_bound_ms(scenario: Scenario, waiting_work_ms: float, limit: int, capped_work_ms: float,
-                      cap: int | None) -> float:
+                      cap: int | None, waiting_items: int = 0, rate: tuple[int, float, int] | None = None) -> float:
     """How long after faults stop the last item of a key may wait to be admitted.
 
     Once faults stop, an object whose alarm the runtime gave up on is called
@@ -87,6 +92,8 @@ def liveness_bound_ms(scenario: Scenario, waiting_work_ms: float, limit: int, ca
     work = waiting_work_ms / max(limit, 1)
     if cap:
         work = max(work, capped_work_ms / cap)
+    if rate is not None:  # a window per rate's worth of items waiting, each counted a claim window longer
+        work = max(work, (waiting_items / max(rate[0], 1) + 1) * (rate[1] + RATE_CLAIM_MS))
     return recovery + 20_000 + work * 1.5 + 30_000
 
 
@@ -138,6 +145,10 @@ class Truth:
         self.where: dict[str, tuple[int, str]] = {}
         self.registered: collections.Counter = collections.Counter()
         self.admitted_at: dict[str, float] = {}
+        #: per item, when its shard wrote it admitted (a write whose transaction failed is followed by another)
+        self.admission_writes: dict[str, list[float]] = collections.defaultdict(list)
+        #: per key, when each registered item was admitted (mode "rate")
+        self.admissions: dict[int, list[float]] = collections.defaultdict(list)
         self.stopped: set[str] = set()
         self.counted: dict[int, tuple[int, dict[str, int]]] = {}  #: key -> holder's (total, per group)
         leases_on = scenario.mode not in GRANTS_ONLY
@@ -176,9 +187,14 @@ class Truth:
             return False
         return True
 
+    def admission_written(self, item: str, key: int) -> None:
+        self.admission_writes[item].append(self.clock())
+
     def start(self, item: str, key: int, group: str) -> None:
         self.steps += 1
         self.admitted_at.setdefault(item, self.clock())
+        writes = self.admission_writes.get(item)
+        self.admissions[key].append(writes[-1] if writes else self.clock())
         self.where[item] = (key, group)
         self.running[key][group].add(item)
         total = sum(len(items) for items in self.running[key].values())
@@ -236,6 +252,20 @@ class Truth:
         for group, n in running.items():
             if n > groups.get(group, 0):
                 self.violations.add("accounting", f"{n} running in {key}/{group}; holder counts {groups.get(group, 0)}")
+
+
+def rate_violations(scenario: Scenario, admissions: dict[int, list[float]]) -> list[str]:
+    """Windows of a key's period holding more admissions than its rate allows (mode "rate")."""
+    found = []
+    for key, (limit, period_ms, burst) in enumerate(scenario.rates):
+        times, first = sorted(admissions.get(key, [])), 0
+        for last, at in enumerate(times):
+            while at - times[first] >= period_ms:
+                first += 1
+            if last - first + 1 > limit + burst:
+                found.append(f"{last - first + 1} admissions of key {key} within {period_ms:.0f} ms "
+                             f"from {times[first]:.0f}; at most {limit + burst}")
+    return found
 
 
 def overlaps_beyond_limits(holds: list[dict]) -> list[tuple]:

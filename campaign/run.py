@@ -25,7 +25,7 @@ from durability.semaphore.identity import client_label, wire_identity
 from durability.semaphore.tree.pure.rules import holder_for
 from durability.testing import HIBERNATE_AFTER_MS, Faults, Outage, Runtime, load_worker_module
 
-from .checks import SWEEP_CRON, Truth, Violations, liveness_bound_ms, overlaps_beyond_limits
+from .checks import SWEEP_CRON, Truth, Violations, liveness_bound_ms, overlaps_beyond_limits, rate_violations
 from .scenario import FAULTS_END_MS, GRANTS_ONLY, LEASE_TTL_MS, Scenario
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -125,7 +125,7 @@ def _run_budget(scenario: Scenario) -> Outcome:
                          keep_done=scenario.keep_done, shards=scenario.shards, fan_out=scenario.fan_out,
                          calls=scenario.calls, call_faults=dict(scenario.call_faults),
                          call_rng=random.Random(f"{scenario.mode}:{scenario.seed}:call faults"),
-                         evict=runtime.evict)
+                         evict=runtime.evict, rates=list(scenario.rates))
     start = runtime.now_ms()
     try:
         with planted(scenario.plant):
@@ -250,7 +250,8 @@ class _BudgetDriver:
                        if k == key and item not in self.truth.admitted_at and item not in self.cancelled]
             capped = [ms for item, ms in waiting if self.scenario.jobs[int(item[1:])].group == "capped"]
             bounds[key] = self.runtime.now_ms() + liveness_bound_ms(
-                self.scenario, sum(ms for _, ms in waiting), limit, sum(capped), own.get("capped"))
+                self.scenario, sum(ms for _, ms in waiting), limit, sum(capped), own.get("capped"), len(waiting),
+                self.scenario.rates[key] if self.scenario.rates else None)
         return bounds
 
     async def quiet(self) -> None:
@@ -309,6 +310,8 @@ class _BudgetDriver:
                 late(key, f"{item} admitted {truth.admitted_at[item] - bounds[key]:.0f} ms past its bound")
         for leak in self.leaks(books):
             violations.add("leak", leak)
+        for detail in rate_violations(self.scenario, truth.admissions):
+            violations.add("rate", detail)
 
     def books(self) -> dict[int, tuple[int, int, int]]:
         """Per key: what the holder counts beyond leases their clients never learned

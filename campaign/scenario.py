@@ -14,11 +14,13 @@ import random
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, replace
 
-BUDGET_MODES = ("grants", "strict", "under", "over", "tree")
-GRANTS_ONLY = ("grants", "tree")  #: modes without leases ("tree": a budget tree of holders, grants only)
-MODES = ("grants", "strict", "under", "over", "tree", "locks")  #: every mode the full campaign and CI's sample run
+BUDGET_MODES = ("grants", "strict", "under", "over", "tree", "rate")
+#: modes without leases ("tree": a budget tree of holders, grants only; "rate": a start rate on each key)
+GRANTS_ONLY = ("grants", "tree", "rate")
+#: every mode the full campaign and CI's sample run
+MODES = ("grants", "strict", "under", "over", "tree", "rate", "locks")
 ALL_MODES = BUDGET_MODES + ("locks",)
-PLANTS = ("over_grant", "double_report", "lost_release", "double_admit")
+PLANTS = ("over_grant", "double_report", "lost_release", "double_admit", "over_rate")
 
 LEASE_TTL_MS = 20_000
 GRANT_TIMEOUT_MS = 5_000
@@ -144,6 +146,9 @@ class Scenario:
     #: what a round has for it; False: requests are held open (a long poll)
     calls: bool = False
     call_faults: tuple[tuple[str, float], ...] = ()  #: what befalls those calls: kind -> rate
+    #: mode "rate": per key, its start rate (limit, period_ms, burst): at most
+    #: limit + burst admissions in any window of period_ms
+    rates: tuple[tuple[int, float, int], ...] = ()
 
     @property
     def faults_end_ms(self) -> float:
@@ -205,8 +210,18 @@ def generate(seed: int, mode: str) -> Scenario:
         permits_per_lease=rng.randint(1, 4), keep_done=rng.random() < 0.5,
         outages=_outages(rng, keys, shards) + _child_outages(f"{mode}:{seed}", keys, fan_out),
         restarts=_restarts(rng, keys, jobs, fan_out), fan_out=fan_out, hibernate=_hibernates(f"{mode}:{seed}"),
-        calls=calls, call_faults=call_faults,
+        calls=calls, call_faults=call_faults, rates=_rates(f"{mode}:{seed}", keys) if mode == "rate" else (),
     )
+
+
+def _rates(name: str, keys: int) -> tuple[tuple[int, float, int], ...]:
+    """Mode "rate": each key's start rate, one to six per 2, 5 or 15 s, now
+    and then a burst of one or two: short periods, so that a run of two
+    minutes crosses many windows. Drawn from a source of its own, so that
+    every other draw of a seed stays what it is in mode "grants"."""
+    rng = random.Random(f"{name}:rates")
+    return tuple((rng.randint(1, 6), rng.choice([2_000.0, 5_000.0, 15_000.0]), rng.choice([0, 0, 1, 2]))
+                 for _ in range(keys))
 
 
 def _hibernates(name: str) -> bool:
@@ -362,7 +377,7 @@ def smaller(scenario: Scenario) -> Iterator[Scenario]:
 
 
 def _without_key(scenario: Scenario, key: int) -> Scenario:
-    return replace(scenario, limits=scenario.limits[:key],
+    return replace(scenario, limits=scenario.limits[:key], rates=scenario.rates[:key],
                    jobs=tuple(j for j in scenario.jobs if j.key != key),
                    holds=tuple(h for h in scenario.holds if h.key != key),
                    changes=tuple(c for c in scenario.changes if c.key != key),

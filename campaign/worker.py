@@ -43,6 +43,7 @@ CONFIG = {
     "call_faults": {},
     "call_rng": None,
     "evict": None,  # stub -> None: the runner's eviction of that stub's object
+    "rates": [],  # mode "rate": per key, the holder's rate= (limit, period_ms, burst)
 }
 TRUTH = None
 
@@ -73,7 +74,7 @@ class Holder(DurableObject):
             grant_timeout_ms=GRANT_TIMEOUT_MS, leases=CONFIG["leases"],
             parent=parent if CONFIG["fan_out"] else None,
             clients=FaultyCalls(env.SHARD, lambda: env.HOLDER.getByName(self.name)) if CONFIG["calls"] else None,
-            wake_after_ms=WAKE_AFTER_MS,
+            wake_after_ms=WAKE_AFTER_MS, rate=self._rate(),
         )
         self._semaphore_commit = self.semaphore._commit
         self.semaphore._commit = self._commit_and_report  # every commit is reported to TRUTH
@@ -83,6 +84,13 @@ class Holder(DurableObject):
         if cut_off(self.name):
             raise lost_connection()
         return await call()
+
+    def _rate(self):
+        if not CONFIG["rates"]:
+            return None
+        limit, period_ms, burst = CONFIG["rates"][self.key]
+        planted = 1 if CONFIG["plant"] == "over_rate" else 0  # a holder that lets one start too many
+        return limit + planted, period_ms, burst
 
     def _limit(self):
         planted = 1 if CONFIG["plant"] == "over_grant" else 0  # a holder that grants one permit too many
@@ -226,6 +234,21 @@ class Shard(DurableObject):
         # An instance a holder's call made through the shard's id alone has no
         # name: it speaks under the label its queue kept, and is partitioned by it.
         self.name = client_label(self.queue.client_id)
+        self._report_admissions()
+
+    def _report_admissions(self):
+        """Each write of an item as admitted is reported to ``TRUTH`` (a start
+        rate counts admissions; one whose transaction fails is written again later)."""
+        store = self.queue.ctx.store
+        move_item = store.move_item
+
+        def reported(item, to, *args, **kwargs):
+            result = move_item(item, to, *args, **kwargs)
+            if to == "admitted":
+                TRUTH.admission_written(item.id, key_index(item.key))
+            return result
+
+        store.move_item = reported
 
     async def semaphore_reply(self, key, reply):
         if cut_off(self.name):

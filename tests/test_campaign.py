@@ -64,6 +64,12 @@ def test_a_planted_defect_is_found_within_the_sample_and_shrunk(plant, invariant
     assert eval(smallest.to_literal()) == smallest  # the printed case builds the same scenario
 
 
+def test_a_holder_that_lets_one_start_too_many_is_found_in_mode_rate():
+    found = [seed for seed in range(SAMPLE) if "rate" in run(with_plant(generate(seed, "rate"), "over_rate")).violations.counts]
+    assert found, f"over_rate not found in {SAMPLE} seeds"
+    assert "rate" not in run(generate(found[0], "rate")).violations.counts  # and the seed passes without it
+
+
 def test_the_shrinker_keeps_what_fails():
     scenario = generate(3, "grants")
     # "Fails" while two particular jobs remain: the shrinker must end with exactly those.
