@@ -53,6 +53,7 @@ REASONS = {
     "group_limit": "the workflow's own limit is reached",
     "not_permitted": "the holder does not permit this client (can_grant)",
     "limit_resolution_error": "the limit could not be read (see ACCOUNT_LIMITS and WORKFLOW_LIMITS)",
+    "rate": "the account's start rate is reached: more start once its window allows (ACCOUNT_RATE)",
 }
 
 STYLE = """
@@ -188,8 +189,27 @@ def account_page(account, usage):
         + "<h2>Waiting, and why</h2>"
         + _table(WAITING_COLUMNS, waiting, "Nothing waits.", WAITING_COLUMNS[1:3])
         + _sharing(usage)
+        + _rate(usage.get("rate"))
     )
     return _page(f"Account {account}", body)
+
+
+def _rate(rate):
+    """The start rate next to the limit: its window now, and when the next job may start."""
+    if not rate:
+        return ""
+    burst = f', burst {rate["burst"]}' if rate["burst"] else ""
+    next_at = rate["nextStartAt"]
+    figures = [("Starts in the window", "startsInWindow", rate["startsInWindow"]),
+               ("May start now", "room", rate["room"]),
+               ("Next start at", "nextStartAt", None if next_at is None else _utc(next_at))]
+    return (f'<h2>Start rate</h2><p data-field="rate">at most <strong>{rate["limit"]}</strong> starts '
+            f'per {rate["periodMs"] / 1000:g} s{escape(burst)}</p>'
+            f'<dl class="cards">{"".join(_figure(*figure) for figure in figures)}</dl>')
+
+
+def _utc(epoch_ms):
+    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(epoch_ms / 1000))
 
 
 def _percent(part, whole):

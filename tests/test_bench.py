@@ -16,6 +16,7 @@ from bench.measure import (
     makespan,
     out_of_order_share,
 )
+from bench.rates import achieved_per_period, most_in_any_window, start_delays_ms, waiting_ms, windows_over
 from bench.workload import arrivals
 from support import ROOT
 
@@ -194,3 +195,38 @@ def test_the_fairness_benchmark_prints_one_object_per_policy_and_a_plot(tmp_path
     # A floor is reached within a job length (20 to 80 s here) of the moment a tenant is short of it.
     assert rows["floors"]["floor_reached_within_s"] < 20 < rows["oldest"]["floor_reached_within_s"]
     assert plot.stat().st_size > 10_000
+
+
+# -- the start rate's measures, by hand, and its benchmark on a small flood -----------------
+
+def test_the_most_starts_in_a_window_counts_half_open_windows():
+    assert most_in_any_window([0, 10, 20, 30], 20) == 2  # [10, 30) holds 10 and 20; 30 is outside
+    assert most_in_any_window([0, 10, 19.9, 30], 20) == 3
+    assert windows_over([0, 10, 19.9, 30], 20, 2) == 1  # the window ending at 19.9
+    assert most_in_any_window([], 20) == 0
+
+
+def test_the_rate_achieved_counts_starts_while_work_waited():
+    # Two jobs wait from 0; one starts at 10, the other at 20: two starts in 20 ms of waiting.
+    submitted, started = {"a": 0, "b": 0, "c": 50}, {"a": 10, "b": 20, "c": 50}
+    assert achieved_per_period(submitted, started, 20) == pytest.approx(2.0)
+    assert waiting_ms(submitted, started) == 20
+
+
+def test_a_start_is_late_by_how_long_after_the_rate_allowed_it():
+    # Limit 1 per 10 ms: b waited from 0 and could start at 10 (a started at 0); it started at 13.
+    submitted, started = {"a": 0, "b": 0, "c": 30}, {"a": 0, "b": 13, "c": 30}
+    assert start_delays_ms(submitted, started, 1, 10) == [3]  # c came after its time: no delay of the rate's
+
+
+def test_the_rate_benchmark_keeps_every_window_and_leaks_nothing():
+    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_rate.py"), "--minutes", "0.5",
+                           "--rate", "20/min", "--shards", "4", "--json"], capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stderr[-2_000:]
+    rows = {row["run"]: row for row in json.loads(done.stdout)}
+    assert rows["rate"]["windows_over"] == rows["both"]["windows_over"] == 0
+    assert rows["rate"]["max_in_any_window"] == 20 and rows["both"]["max_running"] <= 2
+    assert rows["no rate"]["max_in_any_window"] > 20  # the flood, unthrottled
+    assert all(row["leaked_permits"] == 0 and row["all_done"] for row in rows.values())
+    assert rows["rate"]["busy_while_waiting"] > 0.9

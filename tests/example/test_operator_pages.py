@@ -171,6 +171,24 @@ def test_the_account_page_shows_how_workflows_share_the_limit_against_their_weig
     assert int(report["waiting"]) > 0 and int(export["waiting"]) > 0  # as their queues last told it
 
 
+def test_the_account_page_shows_the_start_rate_and_that_jobs_wait_for_it():
+    with Runtime.from_wrangler(ROOT / "wrangler.toml", vars={"API_TOKEN": TOKEN, "ACCOUNT_CONCURRENCY": "10",
+                                                             "ACCOUNT_RATE": "3/min"}) as example:
+        async def scenario():
+            for n in range(6):
+                await example.call_entrypoint("submit_job", {"id": f"job-{n}", "account": "acme",
+                                                             "workflow": "report", "work_ms": 600_000})
+            await asyncio.sleep(5)
+
+        example.run(scenario())
+        status, _, page = _fetch(example, "/accounts/acme", {**HTML, "Authorization": f"Bearer {TOKEN}"})
+    assert status == 200 and "Start rate" in page
+    figures = Figures(page)
+    assert " ".join(figures.figures["rate"].split()).startswith("at most 3 starts per 60 s")
+    assert (figures.figures["startsInWindow"], figures.figures["room"]) == ("3", "0")
+    assert figures.rows[("waiting", "report")]["reason"].startswith("rate")
+
+
 # -- in Chromium, against the local server ---------------------------------------------
 
 def _chromium():

@@ -219,12 +219,19 @@ def test_a_restarted_holder_counts_the_window_its_rows_keep(runtime):
 
 def test_usage_says_the_rate_and_status_says_rate_is_why_work_waits(runtime):
     async def scenario():
-        await flood(runtime, "a", 8, 60_000, 2)
-        usage = await runtime.env.HOLDER.getByName("holder").usage()
-        return usage, runtime.env.SHARD.getByName("a")
+        await flood(runtime, "a", 8, 60_000, 2)  # the limit (4) binds: four run a minute
+        at_limit = await runtime.env.HOLDER.getByName("holder").usage()
+        for item in ("a0", "a1"):  # two permits come back: one may start (a4), and the rate binds
+            await runtime.env.SHARD.getByName("a").release(item)
+        await asyncio.sleep(2)
+        await flood(runtime, "b", 3, 100, 1)  # b's queue is told it waits for the rate
+        return at_limit, await runtime.env.HOLDER.getByName("holder").usage(), \
+            await runtime.env.SHARD.getByName("b").status("b0")
 
-    usage, _ = runtime.run(scenario())
-    rate = usage["rate"]
-    assert (rate["limit"], rate["periodMs"], rate["burst"], rate["room"]) == (5, 10_000, 0, 1)
-    assert rate["startsInWindow"] == 4  # the limit (4) bound first: four run a minute
-    assert usage["outstanding"] == 4
+    at_limit, at_rate, waiting = runtime.run(scenario())
+    rate = at_limit["rate"]
+    assert (rate["limit"], rate["periodMs"], rate["burst"], rate["room"], rate["startsInWindow"]) == (5, 10_000, 0, 1, 4)
+    assert at_limit["outstanding"] == 4
+    assert (at_rate["rate"]["room"], at_rate["rate"]["startsInWindow"]) == (0, 5)
+    assert at_rate["rate"]["nextStartAt"] > 0
+    assert waiting["state"] == "queued" and waiting["blocked"]["reason"] == "rate"
