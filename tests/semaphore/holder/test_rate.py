@@ -230,7 +230,8 @@ def test_usage_says_the_rate_and_status_says_rate_is_why_work_waits(runtime):
 
     at_limit, at_rate, waiting = runtime.run(scenario())
     rate = at_limit["rate"]
-    assert (rate["limit"], rate["periodMs"], rate["burst"], rate["room"], rate["startsInWindow"]) == (5, 10_000, 0, 1, 4)
+    assert (rate["limit"], rate["periodMs"], rate["burst"]) == (5, 10_000, 0)
+    assert (rate["room"], rate["startsInWindow"]) == (1, 4)
     assert at_limit["outstanding"] == 4
     assert (at_rate["rate"]["room"], at_rate["rate"]["startsInWindow"]) == (0, 5)
     assert at_rate["rate"]["nextStartAt"] > 0

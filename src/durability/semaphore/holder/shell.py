@@ -329,9 +329,9 @@ class DurabilitySemaphore:
         rate = self.rate.read()
         if isinstance(rate, ResolutionFailed):  # fails closed, as a limit that did not resolve
             limits, rate = replace(limits, total=rate), None
+        timeout_ms = self.rate.grant_timeout_ms(rate, self.grant_timeout_ms)
         result: RoundResult = run_round(
-            self.books.grants(), requests + parked, limits, now, self.rate.grant_timeout_ms(rate, self.grant_timeout_ms),
-            _new_grant_id,
+            self.books.grants(), requests + parked, limits, now, timeout_ms, _new_grant_id,
             leases=self.books.leases(), policy=self.lease_policy, lease_ids=self.books.lease_ids(),
             held_over=[index for index, waiting in enumerate(batch) if not waiting.heartbeat]
             + list(range(len(requests), len(requests) + len(parked))),
