@@ -3,7 +3,8 @@
 Lives here: when the next round runs (``round_wait_ms`` from now, a
 period after the last, on a tree's beat, and, for a new instance
 restarted while busy, not before the clients whose requests failed with
-the old one are back: ``rejoin_wait_ms``), a round for the parked line
+the old one are back: ``rejoin_wait_ms``), a round when the start rate
+allows more to start, a round for the parked line
 now or later, a round for a tree's child its parent just lent more, a
 round's rows written with what it took off the parked line (put back if
 the write fails), the round's fair-share policy, its demand by group,
@@ -19,11 +20,12 @@ import random
 from typing import TYPE_CHECKING
 
 from ..._common.clock import now_ms
-from ..messages import Demand, Request
+from ..messages import BlockedReason, Demand, Request
 from .fair_options import UserFairShare
 from .parked import Call
 from .pure.allocation import Grant, RoundResult, usage
 from .pure.fairness import FairPolicy
+from .pure.rate import Rate
 
 if TYPE_CHECKING:
     from .shell import DurabilitySemaphore
@@ -145,3 +147,16 @@ def _round_time(holder: DurabilitySemaphore, soon: bool, spacing: float | None) 
         # before they are back would serve whoever asked first.
         at = max(at, holder._started_at + holder.rejoin_wait_ms)
     return holder.tree.next_beat(at) if beat else at
+
+
+def _round_when_rate_allows(holder: DurabilitySemaphore, rate: Rate | None, result: RoundResult | None,
+                            now: float) -> None:
+    """Demand the start rate held back (``result``; None: a new instance,
+    whose line may be) is served by a round when the window allows, on
+    the alarm (a row and a request per such round; a window's starts
+    that leave it together share one)."""
+    held_back = result is None or any(reason == BlockedReason.RATE for outcome in result.outcomes.values()
+                                      for reason, _ in outcome.blocked.values())
+    at = holder.rate.next_at(rate, holder.books.grants().values(), now) if held_back else None
+    if at is not None and holder._parked is not None and holder._parked.line:
+        holder._round_later(max(at, now))

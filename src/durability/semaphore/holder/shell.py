@@ -39,7 +39,6 @@ from .limits import UserLimits
 from .parked import WAKE, ParkedRequests, holdings
 from .pure.allocation import Changes, Limits, ResolutionFailed, RoundResult, next_reclaim_at, run_round
 from .pure.leases import LeasePolicy
-from .pure.rate import Rate
 from .replies import _answer, _answer_at_once, _grants_reply, _hold_or_answer, _listing, _parked_until, _Waiting
 from .rounds import (
     _commit_round,
@@ -48,6 +47,7 @@ from .rounds import (
     _news,
     _parked_round_at,
     _round_time as _round_time,
+    _round_when_rate_allows,
 )
 from .start_rate import StartRate
 from .store import COMPONENT as HOLDER_COMPONENT, TABLES as HOLDER_TABLES, HolderStore
@@ -210,7 +210,7 @@ class DurabilitySemaphore:
             if self.tree.keeps_beat and self._parked.line:  # its beat, which tells its parent
                 self._round_later(_parked_round_at(self))
             if self._parked.line:  # a round the start rate owed its line is on no row: derived again
-                self._round_when_rate_allows(self.rate.read_quietly(), None, now_ms())
+                _round_when_rate_allows(self, self.rate.read_quietly(), None, now_ms())
 
     migrate = public_migrate(HOLDER_COMPONENT, HOLDER_TABLES, "the holder's tables")
 
@@ -359,18 +359,7 @@ class DurabilitySemaphore:
             # parent's lends. (Not for a client whose calls fail, nor for
             # demand its rules refuse: no beat would serve those.)
             self._round_later(_parked_round_at(self))
-        self._round_when_rate_allows(rate, result, now)
-
-    def _round_when_rate_allows(self, rate: Rate | None, result: RoundResult | None, now: float) -> None:
-        """Demand the start rate held back (``result``; None: a new instance,
-        whose line may be) is served by a round when the window allows, on
-        the alarm (a row and a request per such round; a window's starts
-        that leave it together share one)."""
-        held_back = result is None or any(reason == BlockedReason.RATE for outcome in result.outcomes.values()
-                                          for reason, _ in outcome.blocked.values())
-        at = self.rate.next_at(rate, self.books.grants().values(), now) if held_back else None
-        if at is not None and self._parked is not None and self._parked.line:
-            self._round_later(max(at, now))
+        _round_when_rate_allows(self, rate, result, now)
 
     def _resolve_limits(self, requests: list[Request]) -> Limits:
         """The user's callbacks, once per round: for every group in demand, and
