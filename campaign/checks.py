@@ -30,7 +30,8 @@ The invariants (``docs/testing.md`` explains each bound):
 - ``liveness``: once faults stop, every item not cancelled is admitted
   within ``liveness_bound_ms``.
 - ``rate``: in mode "rate", no window of a key's ``period_ms`` holds more
-  than its ``limit + burst`` admissions, each at the time its shard wrote it
+  than its ``limit + burst`` admissions (nor of a group's own rate, its
+  group's), each at the time its shard wrote it
   admitted (the write that committed: the last before its work registered).
 """
 
@@ -74,7 +75,7 @@ def stale_ms(scenario: Scenario) -> float:
 
 
 def liveness_bound_ms(scenario: Scenario, waiting_work_ms: float, limit: int, capped_work_ms: float,
-                      cap: int | None, waiting_items: int = 0, rate: tuple[int, float, int] | None = None) -> float:
+                      cap: int | None, rate_ms: float = 0.0) -> float:
     """How long after faults stop the last item of a key may wait to be admitted.
 
     Once faults stop, an object whose alarm the runtime gave up on is called
@@ -92,9 +93,18 @@ def liveness_bound_ms(scenario: Scenario, waiting_work_ms: float, limit: int, ca
     work = waiting_work_ms / max(limit, 1)
     if cap:
         work = max(work, capped_work_ms / cap)
-    if rate is not None:  # a window per rate's worth of items waiting, each counted a claim window longer
-        work = max(work, (waiting_items / max(rate[0], 1) + 1) * (rate[1] + RATE_CLAIM_MS))
-    return recovery + 20_000 + work * 1.5 + 30_000
+    return recovery + 20_000 + max(work, rate_ms) * 1.5 + 30_000
+
+
+def rate_time_ms(scenario: Scenario, key: int, waiting_groups: list[str]) -> float:
+    """Mode "rate": how long the rates take to let the waiting items start: a
+    window (and a claim window, which a grant the holder cannot place adds)
+    per rate's worth of them, and one more; the key's rate over them all, a
+    group's over its own."""
+    rated = [(len(waiting_groups), scenario.rates[key])] if scenario.rates else []
+    rated += [(waiting_groups.count(group), rate) for group, *rate in scenario.group_rates]
+    return max(((count / max(limit, 1) + 1) * (period_ms + RATE_CLAIM_MS) for count, (limit, period_ms, _) in rated),
+               default=0.0)
 
 
 @dataclass
@@ -147,8 +157,8 @@ class Truth:
         self.admitted_at: dict[str, float] = {}
         #: per item, when its shard wrote it admitted (a write whose transaction failed is followed by another)
         self.admission_writes: dict[str, list[float]] = collections.defaultdict(list)
-        #: per key, when each registered item was admitted (mode "rate")
-        self.admissions: dict[int, list[float]] = collections.defaultdict(list)
+        #: per key, and per (key, group), when each registered item was admitted (mode "rate")
+        self.admissions: dict[object, list[float]] = collections.defaultdict(list)
         self.stopped: set[str] = set()
         self.counted: dict[int, tuple[int, dict[str, int]]] = {}  #: key -> holder's (total, per group)
         leases_on = scenario.mode not in GRANTS_ONLY
@@ -194,7 +204,9 @@ class Truth:
         self.steps += 1
         self.admitted_at.setdefault(item, self.clock())
         writes = self.admission_writes.get(item)
-        self.admissions[key].append(writes[-1] if writes else self.clock())
+        admitted = writes[-1] if writes else self.clock()
+        self.admissions[key].append(admitted)
+        self.admissions[(key, group)].append(admitted)
         self.where[item] = (key, group)
         self.running[key][group].add(item)
         total = sum(len(items) for items in self.running[key].values())
@@ -254,17 +266,26 @@ class Truth:
                 self.violations.add("accounting", f"{n} running in {key}/{group}; holder counts {groups.get(group, 0)}")
 
 
-def rate_violations(scenario: Scenario, admissions: dict[int, list[float]]) -> list[str]:
-    """Windows of a key's period holding more admissions than its rate allows (mode "rate")."""
+def rate_violations(scenario: Scenario, admissions: dict[object, list[float]]) -> list[str]:
+    """Windows holding more admissions than a rate allows (mode "rate"): a
+    key's, and a group's own under every key."""
     found = []
     for key, (limit, period_ms, burst) in enumerate(scenario.rates):
-        times, first = sorted(admissions.get(key, [])), 0
-        for last, at in enumerate(times):
-            while at - times[first] >= period_ms:
-                first += 1
-            if last - first + 1 > limit + burst:
-                found.append(f"{last - first + 1} admissions of key {key} within {period_ms:.0f} ms "
-                             f"from {times[first]:.0f}; at most {limit + burst}")
+        found += _over(admissions.get(key, []), limit + burst, period_ms, f"key {key}")
+    for group, limit, period_ms, burst in scenario.group_rates:
+        for key in range(scenario.keys):
+            found += _over(admissions.get((key, group), []), limit + burst, period_ms, f"{key}/{group}")
+    return found
+
+
+def _over(admitted: list[float], most: int, period_ms: float, what: str) -> list[str]:
+    times, first, found = sorted(admitted), 0, []
+    for last, at in enumerate(times):
+        while at - times[first] >= period_ms:
+            first += 1
+        if last - first + 1 > most:
+            found.append(f"{last - first + 1} admissions of {what} within {period_ms:.0f} ms "
+                         f"from {times[first]:.0f}; at most {most}")
     return found
 
 

@@ -25,7 +25,15 @@ from durability.semaphore.identity import client_label, wire_identity
 from durability.semaphore.tree.pure.rules import holder_for
 from durability.testing import HIBERNATE_AFTER_MS, Faults, Outage, Runtime, load_worker_module
 
-from .checks import SWEEP_CRON, Truth, Violations, liveness_bound_ms, overlaps_beyond_limits, rate_violations
+from .checks import (
+    SWEEP_CRON,
+    Truth,
+    Violations,
+    liveness_bound_ms,
+    overlaps_beyond_limits,
+    rate_time_ms,
+    rate_violations,
+)
 from .scenario import FAULTS_END_MS, GRANTS_ONLY, LEASE_TTL_MS, Scenario
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -125,7 +133,8 @@ def _run_budget(scenario: Scenario) -> Outcome:
                          keep_done=scenario.keep_done, shards=scenario.shards, fan_out=scenario.fan_out,
                          calls=scenario.calls, call_faults=dict(scenario.call_faults),
                          call_rng=random.Random(f"{scenario.mode}:{scenario.seed}:call faults"),
-                         evict=runtime.evict, rates=list(scenario.rates))
+                         evict=runtime.evict, rates=list(scenario.rates),
+                         group_rates={group: tuple(rate) for group, *rate in scenario.group_rates})
     start = runtime.now_ms()
     try:
         with planted(scenario.plant):
@@ -250,8 +259,8 @@ class _BudgetDriver:
                        if k == key and item not in self.truth.admitted_at and item not in self.cancelled]
             capped = [ms for item, ms in waiting if self.scenario.jobs[int(item[1:])].group == "capped"]
             bounds[key] = self.runtime.now_ms() + liveness_bound_ms(
-                self.scenario, sum(ms for _, ms in waiting), limit, sum(capped), own.get("capped"), len(waiting),
-                self.scenario.rates[key] if self.scenario.rates else None)
+                self.scenario, sum(ms for _, ms in waiting), limit, sum(capped), own.get("capped"),
+                rate_time_ms(self.scenario, key, [self.scenario.jobs[int(item[1:])].group for item, _ in waiting]))
         return bounds
 
     async def quiet(self) -> None:

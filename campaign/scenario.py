@@ -149,6 +149,8 @@ class Scenario:
     #: mode "rate": per key, its start rate (limit, period_ms, burst): at most
     #: limit + burst admissions in any window of period_ms
     rates: tuple[tuple[int, float, int], ...] = ()
+    #: mode "rate": groups with a start rate of their own, every key: (group, limit, period_ms, burst)
+    group_rates: tuple[tuple[str, int, float, int], ...] = ()
 
     @property
     def faults_end_ms(self) -> float:
@@ -211,6 +213,7 @@ def generate(seed: int, mode: str) -> Scenario:
         outages=_outages(rng, keys, shards) + _child_outages(f"{mode}:{seed}", keys, fan_out),
         restarts=_restarts(rng, keys, jobs, fan_out), fan_out=fan_out, hibernate=_hibernates(f"{mode}:{seed}"),
         calls=calls, call_faults=call_faults, rates=_rates(f"{mode}:{seed}", keys) if mode == "rate" else (),
+        group_rates=_group_rates(f"{mode}:{seed}") if mode == "rate" else (),
     )
 
 
@@ -222,6 +225,15 @@ def _rates(name: str, keys: int) -> tuple[tuple[int, float, int], ...]:
     rng = random.Random(f"{name}:rates")
     return tuple((rng.randint(1, 6), rng.choice([2_000.0, 5_000.0, 15_000.0]), rng.choice([0, 0, 1, 2]))
                  for _ in range(keys))
+
+
+def _group_rates(name: str) -> tuple[tuple[str, int, float, int], ...]:
+    """Mode "rate", half the runs: one group with a start rate of its own,
+    under its key's (drawn apart, as ``_rates``)."""
+    rng = random.Random(f"{name}:group rates")
+    if rng.random() >= 0.5:
+        return ()
+    return ((rng.choice(GROUPS), rng.randint(1, 3), rng.choice([2_000.0, 5_000.0]), rng.choice([0, 1])),)
 
 
 def _hibernates(name: str) -> bool:

@@ -44,6 +44,7 @@ CONFIG = {
     "call_rng": None,
     "evict": None,  # stub -> None: the runner's eviction of that stub's object
     "rates": [],  # mode "rate": per key, the holder's rate= (limit, period_ms, burst)
+    "group_rates": {},  # mode "rate": group -> its own rate (group_rate=), every key
 }
 TRUTH = None
 
@@ -75,6 +76,7 @@ class Holder(DurableObject):
             parent=parent if CONFIG["fan_out"] else None,
             clients=FaultyCalls(env.SHARD, lambda: env.HOLDER.getByName(self.name)) if CONFIG["calls"] else None,
             wake_after_ms=WAKE_AFTER_MS, rate=self._rate(),
+            group_rate=self._group_rate if CONFIG["group_rates"] else None,
         )
         self._semaphore_commit = self.semaphore._commit
         self.semaphore._commit = self._commit_and_report  # every commit is reported to TRUTH
@@ -91,6 +93,13 @@ class Holder(DurableObject):
         limit, period_ms, burst = CONFIG["rates"][self.key]
         planted = 1 if CONFIG["plant"] == "over_rate" else 0  # a holder that lets one start too many
         return limit + planted, period_ms, burst
+
+    def _group_rate(self, group):
+        rate = CONFIG["group_rates"].get(group)
+        if rate is None or CONFIG["plant"] != "over_rate":
+            return rate
+        limit, period_ms, burst = rate
+        return limit + 1, period_ms, burst  # planted: one start too many per window
 
     def _limit(self):
         planted = 1 if CONFIG["plant"] == "over_grant" else 0  # a holder that grants one permit too many

@@ -211,12 +211,14 @@ class AccountLimit(DurableObject):
             "priority": lambda workflow: self._fair("priorities", workflow, 0)}
         # ACCOUNT_RATE: at most this many of an account's jobs start per
         # period ("60/min", "5/s, burst 10"), next to its concurrency; empty
-        # for none. Turned on or off at start, read every round. Not with
+        # for none. WORKFLOW_RATES: a workflow's own ({"workflow-id":
+        # "10/min"}). Turned on or off at start, read every round. Not with
         # ACCOUNT_LEASES.
         rate = self._account_rate if getattr(env, "ACCOUNT_RATE", "") else None
+        group_rate = self._workflow_rate if _json_var(env, "WORKFLOW_RATES") else None
         self.semaphore = DurabilitySemaphore(
             self.scheduler, limit=self._account_limit, group_limit=self._workflow_limit, leases=leases,
-            round_wait_ms=20, round_period_ms=100, fair_share=fair or None, rate=rate,
+            round_wait_ms=20, round_period_ms=100, fair_share=fair or None, rate=rate, group_rate=group_rate,
             # A shard's request is answered at once and its demand kept in
             # line; the round that has permits for it calls the shard
             # (JobShard.semaphore_reply). Nothing is held open, so neither
@@ -231,6 +233,9 @@ class AccountLimit(DurableObject):
 
     def _account_rate(self):
         return getattr(self.env, "ACCOUNT_RATE", "") or None
+
+    def _workflow_rate(self, workflow_id):
+        return _json_var(self.env, "WORKFLOW_RATES").get(workflow_id)
 
     def _workflow_limit(self, workflow_id):
         return _json_var(self.env, "WORKFLOW_LIMITS").get(workflow_id)

@@ -39,7 +39,7 @@ HEADERS = {
     "content-security-policy": "default-src 'none'; style-src 'unsafe-inline'; frame-ancestors 'none'",
 }
 
-GROUP_COLUMNS = ["workflow", "in use", "reserved", "lease footprint", "outstanding", "its limit"]
+GROUP_COLUMNS = ["workflow", "in use", "reserved", "lease footprint", "outstanding", "its limit", "its start rate"]
 WAITING_COLUMNS = ["workflow", "jobs waiting", "queues", "reason"]
 SHARE_COLUMNS = ["key", "holds", "share of the limit", "weight", "its weight's share", "floor", "priority",
                  "jobs waiting"]
@@ -169,7 +169,7 @@ def account_page(account, usage):
         f'<tr data-group="{escape(group)}"><td>{escape(group)}</td>'
         + _cell("inUse", row["inUse"]) + _cell("reserved", row["reserved"])
         + _cell("leaseFootprint", row["leaseFootprint"]) + _cell("outstanding", row["outstanding"])
-        + _cell("limit", row["limit"]) + "</tr>"
+        + _cell("limit", row["limit"]) + _cell("rate", _rate_text(row.get("rate")), numeric=False) + "</tr>"
         for group, row in sorted(usage["groups"].items())
     ]
     waiting = [
@@ -192,6 +192,13 @@ def account_page(account, usage):
         + _rate(usage.get("rate"))
     )
     return _page(f"Account {account}", body)
+
+
+def _rate_text(rate):
+    """A group's own start rate, in a cell: its limit per period and its window now."""
+    if not rate:
+        return None
+    return f'{rate["limit"]} per {rate["periodMs"] / 1000:g} s, {rate["startsInWindow"]} in the window'
 
 
 def _rate(rate):

@@ -172,8 +172,9 @@ def test_the_account_page_shows_how_workflows_share_the_limit_against_their_weig
 
 
 def test_the_account_page_shows_the_start_rate_and_that_jobs_wait_for_it():
-    with Runtime.from_wrangler(ROOT / "wrangler.toml", vars={"API_TOKEN": TOKEN, "ACCOUNT_CONCURRENCY": "10",
-                                                             "ACCOUNT_RATE": "3/min"}) as example:
+    with Runtime.from_wrangler(ROOT / "wrangler.toml", vars={
+            "API_TOKEN": TOKEN, "ACCOUNT_CONCURRENCY": "10", "ACCOUNT_RATE": "3/min",
+            "WORKFLOW_RATES": json.dumps({"report": "2/min"})}) as example:
         async def scenario():
             for n in range(6):
                 await example.call_entrypoint("submit_job", {"id": f"job-{n}", "account": "acme",
@@ -185,7 +186,8 @@ def test_the_account_page_shows_the_start_rate_and_that_jobs_wait_for_it():
     assert status == 200 and "Start rate" in page
     figures = Figures(page)
     assert " ".join(figures.figures["rate"].split()).startswith("at most 3 starts per 60 s")
-    assert (figures.figures["startsInWindow"], figures.figures["room"]) == ("3", "0")
+    assert (figures.figures["startsInWindow"], figures.figures["room"]) == ("2", "1")  # the workflow's binds
+    assert figures.rows[("group", "report")]["rate"] == "2 per 60 s, 2 in the window"
     assert figures.rows[("waiting", "report")]["reason"].startswith("rate")
 
 

@@ -50,6 +50,7 @@ CONFIG = {
     "hold_calls": None,  # an asyncio.Event: the holder's calls to shards wait for it before they leave
     "lose_calls": 0,  # how many of the holder's next calls to shards are lost on the way
     "rate": None,  # the holder's rate= option (read when it starts)
+    "group_rates": {},  # group -> its own rate (group_rate=, read every round)
 }
 WORLD = {"running": {}, "violations": [], "max_running": 0, "completed": set(), "admit_calls": 0,
          "started": {}, "starts": {}, "events": [], "requests": [], "syncs": [], "finished_asks": [], "messages": [],
@@ -93,6 +94,7 @@ class Holder(DurableObject):
             clients=_Calls(env.SHARD) if CONFIG["calls"] else None,
             wake_after_ms=CONFIG["wake_after_ms"],
             rate=CONFIG["rate"],
+            group_rate=(lambda group: CONFIG["group_rates"].get(group)) if CONFIG["group_rates"] else None,
         )
 
     def _group_limit(self, group):

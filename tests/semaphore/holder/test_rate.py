@@ -39,6 +39,7 @@ def most_in_any_window(times, period):
 @pytest.mark.parametrize("value, expected", [
     ((60, MINUTE), Rate(60, MINUTE, 0)),
     ((60, MINUTE, 10), Rate(60, MINUTE, 10)),
+    ([60, MINUTE], Rate(60, MINUTE, 0)),
     ({"limit": 5, "period_ms": 1_000}, Rate(5, 1_000.0, 0)),
     ("60/min", Rate(60, MINUTE, 0)),
     ("5/s", Rate(5, 1_000.0, 0)),
@@ -142,6 +143,33 @@ def test_a_settled_grant_stays_in_the_book_while_the_rate_counts_it():
     assert next(iter(later.outcomes.values())).blocked["g"] == ("rate", 1)
     past = round_with(book, [request("a", 1, oldest=1.0)], 10_000 + MINUTE, rate)
     assert sum(g.permits for g in next(iter(past.outcomes.values())).new_grants) == 1
+
+
+def test_a_group_rate_holds_its_group_under_the_key_and_says_rate():
+    result = run_round({}, [request("a", 5), request("b", 5)], Limits(20, {}, {}), 0.0, 10_000,
+                       iter(f"g{n}" for n in range(99)).__next__, group_rates={"g": Rate(3, MINUTE)})
+    granted = sum(g.permits for outcome in result.outcomes.values() for g in outcome.new_grants)
+    assert granted == 3  # both clients ask in group g: three start in its window, whatever the limit
+    assert all(g.kept_until == 10_000 + MINUTE for o in result.outcomes.values() for g in o.new_grants)
+    assert [o.blocked["g"][0] for o in result.outcomes.values()] == ["rate", "rate"]
+
+
+def test_a_group_rate_holds_its_group_and_one_that_does_not_resolve_fails_closed(runtime):
+    # group_rate returns a rate for g, something that is no rate for "broken".
+    runtime.module.CONFIG.update(rate=None, group_rates={"g": (2, 10_000), "broken": "two a minute"})
+
+    async def scenario():
+        await runtime.env.SHARD.getByName("b").submit(queue_jobs("b", 2, ms=500, group="broken"))
+        await flood(runtime, "a", 4, 500, 3)
+        return (await runtime.env.HOLDER.getByName("holder").usage(),
+                await runtime.env.SHARD.getByName("b").status("b0"))
+
+    usage, broken = runtime.run(scenario())
+    assert usage["rate"] is None
+    rate = usage["groups"]["g"]["rate"]
+    assert (rate["limit"], rate["startsInWindow"], rate["room"]) == (2, 2, 0)
+    assert most_in_any_window(admitted_times(runtime), 10_000) == 2  # and b's items never started
+    assert broken["blocked"]["reason"] == "limit_resolution_error"
 
 
 @pytest.mark.parametrize("seed", range(20))

@@ -315,8 +315,10 @@ def test_usage_reports_groups(runtime):
     assert runtime.run(scenario()) == {
         "limit": 10, "ceiling": 10, "outstanding": 5, "leaseFootprint": 0, "retiredFootprint": 0,
         "grants": 2, "leases": 0,
-        "groups": {"a": {"outstanding": 3, "inUse": 2, "reserved": 1, "leaseFootprint": 0, "limit": 4},
-                   "b": {"outstanding": 2, "inUse": 0, "reserved": 2, "leaseFootprint": 0, "limit": None}},
+        "groups": {"a": {"outstanding": 3, "inUse": 2, "reserved": 1, "leaseFootprint": 0, "limit": 4,
+                         "rate": None},
+                   "b": {"outstanding": 2, "inUse": 0, "reserved": 2, "leaseFootprint": 0, "limit": None,
+                         "rate": None}},
         "waiting": [], "policy": "oldest_first", "shares": {}, "rate": None,
     }
 

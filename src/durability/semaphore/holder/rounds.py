@@ -25,10 +25,10 @@ from .fair_options import UserFairShare
 from .parked import Call
 from .pure.allocation import Grant, RoundResult, usage
 from .pure.fairness import FairPolicy
-from .pure.rate import Rate
 
 if TYPE_CHECKING:
     from .shell import DurabilitySemaphore
+    from .start_rate import RoundRates
 
 
 async def _news(holder: DurabilitySemaphore, answered: str | None = None) -> None:
@@ -149,14 +149,19 @@ def _round_time(holder: DurabilitySemaphore, soon: bool, spacing: float | None) 
     return holder.tree.next_beat(at) if beat else at
 
 
-def _round_when_rate_allows(holder: DurabilitySemaphore, rate: Rate | None, result: RoundResult | None,
+def _round_when_rate_allows(holder: DurabilitySemaphore, rates: RoundRates, result: RoundResult | None,
                             now: float) -> None:
-    """Demand the start rate held back (``result``; None: a new instance,
+    """Demand a start rate held back (``result``; None: a new instance,
     whose line may be) is served by a round when the window allows, on
     the alarm (a row and a request per such round; a window's starts
     that leave it together share one)."""
-    held_back = result is None or any(reason == BlockedReason.RATE for outcome in result.outcomes.values()
-                                      for reason, _ in outcome.blocked.values())
-    at = holder.rate.next_at(rate, holder.books.grants().values(), now) if held_back else None
-    if at is not None and holder._parked is not None and holder._parked.line:
+    if not rates or holder._parked is None or not holder._parked.line:
+        return
+    if result is None:
+        held_back = {d.group for request in holder._parked.line.requests() for d in request.demand}
+    else:
+        held_back = {group for outcome in result.outcomes.values()
+                     for group, (reason, _) in outcome.blocked.items() if reason == BlockedReason.RATE}
+    at = holder.rate.next_at(rates, held_back, holder.books.grants().values(), now) if held_back else None
+    if at is not None:
         holder._round_later(max(at, now))

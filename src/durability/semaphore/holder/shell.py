@@ -49,7 +49,7 @@ from .rounds import (
     _round_time as _round_time,
     _round_when_rate_allows,
 )
-from .start_rate import StartRate
+from .start_rate import RoundRates, StartRate
 from .store import COMPONENT as HOLDER_COMPONENT, TABLES as HOLDER_TABLES, HolderStore
 from .tree_place import tree_place
 from .usage import _note_blocked, _usage_info
@@ -151,6 +151,9 @@ class DurabilitySemaphore:
             (``rate`` is its blocked reason) and is served oldest first when
             the window allows, by a round on the alarm. Grants only: not
             with ``leases`` or ``parent`` (see ``holder/pure/rate``).
+        group_rate: ``group -> rate | None``, a group's own start rate under
+            the key's (read once per round for the groups in demand; if it
+            raises, that group fails closed for the round).
     """
 
     def __init__(self, scheduler: DurabilityScheduler, *, limit: int | Callable[[], int],
@@ -160,11 +163,12 @@ class DurabilitySemaphore:
                  grant_timeout_ms: float = 10_000, leases: dict[str, Any] | None = None,
                  rejoin_wait_ms: float = 1_000, parent: SemaphoreClient | None = None,
                  fair_share: dict[str, Any] | None = None, clients: Any = None,
-                 wake_after_ms: float = 60_000, rate: Any = None) -> None:
+                 wake_after_ms: float = 60_000, rate: Any = None,
+                 group_rate: Callable[[str], Any] | None = None) -> None:
         self.limits = UserLimits(limit, group_limit, can_grant)
-        if rate is not None and (leases is not None or parent is not None):
-            raise ValueError("a start rate (rate=) counts grants only: not with leases= or parent= (yet)")
-        self.rate = StartRate(rate)
+        self.rate = StartRate(rate, group_rate)
+        if self.rate.on and (leases is not None or parent is not None):
+            raise ValueError("a start rate (rate=, group_rate=) counts grants only: not with leases= or parent= (yet)")
         self.fair_share: UserFairShare | None = fair_share_of(fair_share, leases)
         self.scheduler = scheduler
         self.round_wait_ms = _positive_ms(round_wait_ms, "round_wait_ms")
@@ -200,7 +204,7 @@ class DurabilitySemaphore:
             wake_after_ms=_positive_ms(wake_after_ms, "wake_after_ms"),
             listing=lambda client_id: _listing(self, client_id), first_listing=self.books.first_listing,
             children=parent)
-        if self._parked is not None and rate is not None:
+        if self._parked is not None and self.rate.on:
             self._parked.calls.placed = self.rate.placed_at
         #: its place in a budget tree (``holder/tree_place``), told of what it does at fixed points
         self.tree = tree_place(self, parent, can_grant)
@@ -209,8 +213,9 @@ class DurabilitySemaphore:
             self._parked.watch(holdings(self.books.grants().values(), self.books.leases().values()))
             if self.tree.keeps_beat and self._parked.line:  # its beat, which tells its parent
                 self._round_later(_parked_round_at(self))
-            if self._parked.line:  # a round the start rate owed its line is on no row: derived again
-                _round_when_rate_allows(self, self.rate.read_quietly(), None, now_ms())
+            if self._parked.line and self.rate.on:  # a round a start rate owed its line is on no row
+                groups = {d.group for request in self._parked.line.requests() for d in request.demand}
+                _round_when_rate_allows(self, self.rate.read_quietly(groups), None, now_ms())
 
     migrate = public_migrate(HOLDER_COMPONENT, HOLDER_TABLES, "the holder's tables")
 
@@ -326,20 +331,22 @@ class DurabilitySemaphore:
         parked = self._parked.requests(asked) if self._parked is not None else []
         self.tree.before_round(requests + parked)
         limits = self._resolve_limits(requests + parked)
-        rate = self.rate.read()
-        if isinstance(rate, ResolutionFailed):  # fails closed, as a limit that did not resolve
-            limits, rate = replace(limits, total=rate), None
-        timeout_ms = self.rate.grant_timeout_ms(rate, self.grant_timeout_ms)
+        rates = self.rate.read(d.group for request in requests + parked for d in request.demand)
+        if isinstance(rates, ResolutionFailed):  # fails closed, as a limit that did not resolve
+            limits, rates = replace(limits, total=rates), RoundRates()
+        elif rates.failed:  # so does a group whose rate did not resolve
+            limits = replace(limits, groups={**limits.groups, **rates.failed})
+        timeout_ms = self.rate.grant_timeout_ms(rates, self.grant_timeout_ms)
         result: RoundResult = run_round(
             self.books.grants(), requests + parked, limits, now, timeout_ms, _new_grant_id,
             leases=self.books.leases(), policy=self.lease_policy, lease_ids=self.books.lease_ids(),
             held_over=[index for index, waiting in enumerate(batch) if not waiting.heartbeat]
             + list(range(len(requests), len(requests) + len(parked))),
             fair=_fair_policy(self.fair_share, requests + parked, self.books.grants()),
-            rate=rate, placed=self.rate.placed(), pace_room=self.rate.pace_room(rate, now),
+            **self.rate.round_options(rates, now),
         )
         calls = _commit_round(self, result, asked, answered)
-        self.rate.after_round(rate, result, now, self.books.grants())
+        self.rate.after_round(rates, result, now, self.books.grants())
         self._contended = result.contended
         self._full = any(reason == BlockedReason.LIMIT for outcome in result.outcomes.values()
                          for reason, _ in outcome.blocked.values())
@@ -359,7 +366,7 @@ class DurabilitySemaphore:
             # parent's lends. (Not for a client whose calls fail, nor for
             # demand its rules refuse: no beat would serve those.)
             self._round_later(_parked_round_at(self))
-        _round_when_rate_allows(self, rate, result, now)
+        _round_when_rate_allows(self, rates, result, now)
 
     def _resolve_limits(self, requests: list[Request]) -> Limits:
         """The user's callbacks, once per round: for every group in demand, and

@@ -11,6 +11,7 @@ or the wire beyond ``Usage``.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from ..._common.clock import now_ms
@@ -45,21 +46,25 @@ def _usage_info(holder: DurabilitySemaphore) -> Usage:
         retired_footprint=sum(lease.footprint for lease in leases if lease.retired or lease.expires_at <= now_ms()),
         grants=len(grants),
         leases=len(leases),
-        groups=_group_usages(grants, leases, holder.limits),
+        groups=_group_usages(grants, leases, holder.limits, lambda group: _rate(holder, group),
+                             holder.rate.last.groups),
         waiting=_waiting_by_reason(holder._blocked, now_ms()),
         **_sharing(holder.fair_share, grants, holder._blocked),
         rate=_rate(holder),
     )
 
 
-def _rate(holder: DurabilitySemaphore) -> RateUsage | None:
-    """The start rate and its window, over every grant the book keeps for it."""
-    rate = holder.rate.usage(holder.books.grants().values(), now_ms())
+def _rate(holder: DurabilitySemaphore, group: str | None = None) -> RateUsage | None:
+    """The key's start rate (or ``group``'s own) and its window, over every grant the book keeps for it."""
+    rate = holder.rate.usage(holder.books.grants().values(), now_ms(), group)
     return None if rate is None else RateUsage(**rate)
 
 
-def _group_usages(grants: list[Grant], leases: list[Lease], limits: UserLimits) -> dict[str, GroupUsage]:
-    """Per group: permits outstanding, in use, idle, leased, and its own ceiling."""
+def _group_usages(grants: list[Grant], leases: list[Lease], limits: UserLimits,
+                  rates: Callable[[str], RateUsage | None] = lambda _: None,
+                  rated: Iterable[str] = ()) -> dict[str, GroupUsage]:
+    """Per group: permits outstanding, in use, idle, leased, its own ceiling,
+    and its own start rate (``rated``: groups with one, outstanding or not)."""
     _, groups = usage(grants)
     _, leased_groups = lease_usage(leases)
     in_use: dict[str, int] = {}
@@ -68,12 +73,12 @@ def _group_usages(grants: list[Grant], leases: list[Lease], limits: UserLimits) 
     for lease in leases:
         in_use[lease.group] = in_use.get(lease.group, 0) + lease.drawn - lease.released
     per_group = {}
-    for group in sorted(set(groups) | set(leased_groups)):
+    for group in sorted(set(groups) | set(leased_groups) | set(rated)):
         outstanding = groups.get(group, 0) + leased_groups.get(group, 0)
         ceiling = limits.ceiling(group)
-        per_group[group] = GroupUsage(outstanding, in_use[group], outstanding - in_use[group],
-                                      leased_groups.get(group, 0),
-                                      None if isinstance(ceiling, ResolutionFailed) else ceiling)
+        used = in_use.get(group, 0)
+        per_group[group] = GroupUsage(outstanding, used, outstanding - used, leased_groups.get(group, 0),
+                                      None if isinstance(ceiling, ResolutionFailed) else ceiling, rates(group))
     return per_group
 
 

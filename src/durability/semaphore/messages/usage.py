@@ -30,17 +30,20 @@ class GroupUsage:
     reserved: int  #: granted and not claimed yet, or leased and not drawn yet
     lease_footprint: int  #: what the group's leases charge
     limit: int | None  #: the group's own ceiling (None: none, or its callback failed)
+    rate: RateUsage | None = None  #: the group's own start rate (None: none)
 
     def to_wire(self) -> dict[str, Any]:
         return {"outstanding": self.outstanding, "inUse": self.in_use, "reserved": self.reserved,
-                "leaseFootprint": self.lease_footprint, "limit": self.limit}
+                "leaseFootprint": self.lease_footprint, "limit": self.limit,
+                "rate": None if self.rate is None else self.rate.to_wire()}
 
     @classmethod
     def parse(cls, wire: Any, where: str = "group") -> GroupUsage:
         entry = _reply_object(wire, where)
         return cls(_tally(entry, "outstanding", where), _tally(entry, "inUse", where),
                    _tally(entry, "reserved", where), _tally(entry, "leaseFootprint", where),
-                   _optional_count(entry, "limit", where))
+                   _optional_count(entry, "limit", where),
+                   None if entry.get("rate") is None else RateUsage.parse(entry["rate"], f"{where}.rate"))
 
 
 @dataclass(frozen=True)

@@ -106,7 +106,9 @@ def run_round(book: dict[str, Grant], requests: list[Request], limits: Limits, n
               leases: dict[str, Lease] | None = None, policy: LeasePolicy | None = None,
               lease_ids: LeaseIds | None = None, held_over: Iterable[int] = (),
               fair: FairPolicy | None = None, rate: Rate | None = None,
-              placed: Mapping[str, float] | None = None, pace_room: int | None = None) -> RoundResult:
+              placed: Mapping[str, float] | None = None, pace_room: int | None = None,
+              group_rates: Mapping[str, Rate] | None = None,
+              group_pace_room: Mapping[str, int] | None = None) -> RoundResult:
     """One allocation round over every request that arrived for it.
 
     Reports are applied first (a request whose reports touch another
@@ -123,12 +125,14 @@ def run_round(book: dict[str, Grant], requests: list[Request], limits: Limits, n
     must apply. ``held_over``: the indexes of requests the holder held
     over from an earlier round, whose reports heartbeat no lease.
     ``fair``: how keys share the room (``fairness``); grants only.
-    ``rate``: the start rate, with ``placed`` (grant id -> when its client
-    had heard of it) and ``pace_room`` (``rate.Pace``); grants only.
+    ``rate``: the key's start rate, with ``placed`` (grant id -> when its
+    client had heard of it) and ``pace_room`` (``rate.Pace``);
+    ``group_rates`` and ``group_pace_room``: the groups' own; grants only.
     """
     lease_ids = lease_ids if lease_ids is not None else LeaseIds("", 0)
     terms = RoundTerms(limits, now, grant_timeout_ms, new_grant_id, policy, lease_ids,
-                       budgets_for(policy, limits.total), frozenset(held_over), fair, rate, placed or {}, pace_room)
+                       budgets_for(policy, limits.total), frozenset(held_over), fair, rate, group_rates or {},
+                       placed or {}, pace_room, group_pace_room or {})
     state = RoundState(Working(book, leases), issued=lease_ids.issued)
     apply_request_reports(state, terms, requests)
     retire(state, terms)

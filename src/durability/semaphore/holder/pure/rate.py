@@ -77,7 +77,7 @@ class Rate(NamedTuple):
 
     @classmethod
     def parse(cls, value: Any) -> Rate:
-        """A rate from a ``Rate``, a ``(limit, period_ms[, burst])`` tuple, a
+        """A rate from a ``Rate``, a ``(limit, period_ms[, burst])`` tuple (or list), a
         ``{"limit", "period_ms", "burst"}`` dict or a string such as
         ``"60/min"`` or ``"60/min, burst 10"``; a clear ``ValueError`` otherwise."""
         if isinstance(value, str):
@@ -87,6 +87,8 @@ class Rate(NamedTuple):
             if unknown:
                 raise ValueError(f"a rate has limit, period_ms and burst, not {sorted(unknown)}")
             value = (value.get("limit"), value.get("period_ms"), value.get("burst", 0))
+        if isinstance(value, list):  # (as JSON spells a tuple)
+            value = tuple(value)
         if not isinstance(value, tuple) or len(value) not in (2, 3):
             raise ValueError(f"a rate is (limit, period_ms) or (limit, period_ms, burst), not {value!r}")
         limit, period_ms, burst = (*value, 0) if len(value) == 2 else value
@@ -120,12 +122,13 @@ def started_by(grant: Grant, placed: Mapping[str, float]) -> float:
     return min(grant.claim_deadline, placed.get(grant.grant_id, math.inf), grant.placed_at or math.inf)
 
 
-def stamped(grant: Grant, placed_at: float, rate: Rate) -> Grant:
+def stamped(grant: Grant, placed_at: float, kept_for_ms: float) -> Grant:
     """The grant with its placement kept in its row (written anyway: its
     release, say), so that a new instance of the holder counts it as this
-    one does; it is kept in the book a period past it."""
+    one does; it is kept in the book a period (``kept_for_ms``, the longest
+    of the rates that count it) past it."""
     at = min(placed_at, grant.claim_deadline)
-    return grant._replace(placed_at=at, kept_until=at + rate.period_ms)
+    return grant._replace(placed_at=at, kept_until=at + kept_for_ms)
 
 
 def _starts(grants: Iterable[Grant], placed: Mapping[str, float], now: float, period_ms: float) -> list[float]:

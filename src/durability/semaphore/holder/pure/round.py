@@ -37,6 +37,10 @@ def retire(state: RoundState, terms: RoundTerms) -> None:
     if terms.rate is not None:
         left = rate_room(state.working.grants(), terms.placed, terms.now, terms.rate)
         state.rate_left = left if terms.pace_room is None else min(left, terms.pace_room)
+    for group, rate in terms.group_rates.items():
+        left = rate_room((g for g in state.working.grants() if g.group == group), terms.placed, terms.now, rate)
+        pace = terms.group_pace_room.get(group)
+        state.group_rate_left[group] = left if pace is None else min(left, pace)
 
 
 def held_for_demand(state: RoundState, now: float) -> dict[tuple[str, str], int]:
@@ -118,7 +122,8 @@ def issue_grant(state: RoundState, terms: RoundTerms, wanted: Wanted, most: int 
     room_limit = terms.budgets.grant_room(state.granted, state.leased)
     room_total = state.grant_room(terms.budgets)
     room_group = state.group_room(wanted.group, wanted.ceiling, room_total)
-    give = max(0, min(wanted.want, room_total, room_group, wanted.want if most is None else most))
+    room_rate = state.group_rate_left.get(wanted.group, room_group)
+    give = max(0, min(wanted.want, room_total, room_group, room_rate, wanted.want if most is None else most))
     outcome = state.outcomes[wanted.client_id]
     if give:
         # A client that takes what it is granted gets it claimed: the
@@ -127,7 +132,8 @@ def issue_grant(state: RoundState, terms: RoundTerms, wanted: Wanted, most: int 
         deadline = terms.now + terms.grant_timeout_ms
         # Under a start rate the grant stays in the book, settled, while its
         # starts count in the window (``rate`` notes).
-        kept_until = deadline + terms.rate.period_ms if terms.rate is not None else 0.0
+        kept_for = terms.kept_for_ms(wanted.group)
+        kept_until = deadline + kept_for if kept_for else 0.0
         new = Grant(terms.new_grant_id(), wanted.client_id, wanted.group, give, claimed, 0, deadline,
                     False, kept_until)
         state.working.put(new)
@@ -136,14 +142,22 @@ def issue_grant(state: RoundState, terms: RoundTerms, wanted: Wanted, most: int 
         _add(state.granted_groups, wanted.group, give)
         if state.rate_left is not None:
             state.rate_left -= give
+        if wanted.group in state.group_rate_left:
+            state.group_rate_left[wanted.group] -= give
     if give < wanted.want:
-        outcome.blocked[wanted.group] = (_held_back_by(wanted, room_limit, room_total, room_group), wanted.want - give)
+        reason = _held_back_by(wanted, room_limit, room_total, room_group, room_rate)
+        outcome.blocked[wanted.group] = (reason, wanted.want - give)
 
 
-def _held_back_by(wanted: Wanted, room_limit: int, room_total: int, room_group: int) -> str:
-    """Why a grant came short: the group's own ceiling whenever it leaves no
+def _held_back_by(wanted: Wanted, room_limit: int, room_total: int, room_group: int, room_rate: int) -> str:
+    """Why a grant came short: the group's own start rate when it leaves less
+    room than anything else; the group's own ceiling whenever it leaves no
     more room than the total does (a total below usage leaves none); else
-    the start rate, when it leaves less room than the limit; else the limit."""
+    the key's start rate when it leaves less room than the limit; else the
+    limit. (A reason that holds until permits come back needs no round
+    before they do; one of a rate gets a round when its window allows.)"""
+    if room_rate < min(room_group, room_total):
+        return RATE  # the group's own rate, alone
     if wanted.ceiling is not None and room_group <= max(room_total, 0):
         return GROUP_LIMIT
     return RATE if room_total < room_limit else LIMIT

@@ -46,10 +46,17 @@ class RoundTerms:
     #: were heard then, and are no heartbeat now (the client may be gone since)
     held_over: frozenset[int] = frozenset()
     fair: FairPolicy | None = None  #: how keys share the room (None: oldest first)
-    rate: Rate | None = None  #: the start rate (None: none)
+    rate: Rate | None = None  #: the key's start rate (None: none)
+    group_rates: Mapping[str, Rate] = field(default_factory=dict)  #: the groups' own start rates
     #: grant id -> when the holder knew its client had heard of it (``rate.started_by``)
     placed: Mapping[str, float] = field(default_factory=dict)
-    pace_room: int | None = None  #: what the rate's pace lets start now (``rate.Pace``)
+    pace_room: int | None = None  #: what the key rate's pace lets start now (``rate.Pace``)
+    group_pace_room: Mapping[str, int] = field(default_factory=dict)  #: the same per group rate
+
+    def kept_for_ms(self, group: str) -> float:
+        """How long past its start a grant of ``group`` counts in a window (0: no rate counts it)."""
+        periods = [r.period_ms for r in (self.rate, self.group_rates.get(group)) if r is not None]
+        return max(periods, default=0.0)
 
     @property
     def ttl_ms(self) -> float:
@@ -79,7 +86,8 @@ class RoundState:
     #: each served client's ``held_of`` before the round's new grants: its
     #: reply lists these with the new ones, so the book is read for it once
     held: dict[str, list[Grant]] = field(default_factory=dict)
-    rate_left: int | None = None  #: permits the start rate lets this round grant still (None: no rate)
+    rate_left: int | None = None  #: permits the key's start rate lets this round grant still (None: no rate)
+    group_rate_left: dict[str, int] = field(default_factory=dict)  #: the same per group with a rate
 
     def grant_room(self, budgets: Budgets) -> int:
         """Room for grants in the total: under the limit, and the start rate."""
