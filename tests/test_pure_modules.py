@@ -18,7 +18,8 @@ LIB = SRC / "durability"
 PURE_STDLIB = {"__future__", "bisect", "collections", "collections.abc", "dataclasses", "enum", "functools",
                "hashlib", "heapq", "itertools", "json", "math", "operator", "typing"}
 #: pure modules outside a pure/ folder
-PURE_SHARED = ("durability._common.checks", "durability._common.wire", "durability.locks.line",
+PURE_SHARED = ("durability._common.checks", "durability._common.wire", "durability._common.rates",
+               "durability.locks.line",
                "durability.jobs.retention")
 PURE_FOLDERS = ("durability.semaphore.messages",)
 
@@ -31,8 +32,8 @@ MAY_IMPORT = {
     "durability.outbox": ["durability._common", "durability.retry", "durability.scheduler"],
     "durability.semaphore.messages": ["durability._common.checks", "durability._common.wire",
                                       "durability.semaphore.messages"],
-    "durability.semaphore.holder.pure": ["durability._common.checks", "durability.semaphore.messages",
-                                         "durability.semaphore.holder.pure"],
+    "durability.semaphore.holder.pure": ["durability._common.checks", "durability._common.rates",
+                                         "durability.semaphore.messages", "durability.semaphore.holder.pure"],
     "durability.semaphore.queue.pure": ["durability._common.checks", "durability.semaphore.messages",
                                         "durability.semaphore.queue.pure"],
     "durability.semaphore.tree.pure": ["durability.semaphore.messages", "durability.semaphore.holder.pure",
