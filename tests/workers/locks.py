@@ -38,12 +38,12 @@ class Slots(SemaphoreHolder):
         store = self.semaphore_places.store
         insert = store.insert
 
-        def insert_and_record(place):  # when the holder admitted it, by its own clock
+        def insert_and_record(place, over=None):  # when the holder admitted it, by its own clock
             WORLD["admitted_at"][place.token] = place.granted_at
             # Two admissions at one instant (sub-2 ms waits do not move the
             # clock, as in Pyodide) are told apart by their order.
             WORLD["admission_seq"].setdefault(place.token, len(WORLD["admission_seq"]))
-            insert(place)
+            insert(place, over)
 
         store.insert = insert_and_record
 
@@ -53,7 +53,8 @@ class Uploader(DurableObject):
 
     async def upload(self, job):
         uploads = semaphore(self.env.SLOTS, job.get("name", "uploads"), limit=job.get("limit", 3),
-                            ttl=job.get("ttl", 30), wait=job.get("wait"), max_hold=job.get("max_hold"))
+                            ttl=job.get("ttl", 30), wait=job.get("wait"), max_hold=job.get("max_hold"),
+                            rate=job.get("rate"))
         held = uploads.try_hold(job["key"]) if job.get("try") else uploads.hold(job["key"])
         record = {"id": job["id"], "key": job["key"], "limit": uploads.options.limit, "asked": now_ms()}
         try:

@@ -70,7 +70,7 @@ CallDuration = Duration | None | Literal[_FromOpen.FROM_OPEN]
 
 
 def semaphore(namespace: Any, name: str, *, limit: int, ttl: Duration = 30.0, wait: Duration | None = None,
-              max_hold: Duration | None = None) -> Semaphore:
+              max_hold: Duration | None = None, rate: Any = None) -> Semaphore:
     """Open the semaphore ``name`` over the holder objects of ``namespace`` (e.g. ``env.UPLOADS``).
 
     Durations are seconds (``30``, ``0.5``), a string with a unit (``"30s"``,
@@ -83,20 +83,24 @@ def semaphore(namespace: Any, name: str, *, limit: int, ttl: Duration = 30.0, wa
             after its last renewal.
         wait: the longest time ``hold`` stands in line (None: as long as it takes).
         max_hold: the longest time a place is kept (None: while the code runs).
+        rate: at most this many holds of a key start per period, next to
+            ``limit``: ``"60/min"``, ``"5/s, burst 10"``, ``(60, 60_000)``
+            (None: no rate). A hold waits in line for the window as it waits
+            for a place; exact in every window (see docs/locks.md).
     """
-    return Semaphore(namespace, name, limit=limit, ttl=ttl, wait=wait, max_hold=max_hold)
+    return Semaphore(namespace, name, limit=limit, ttl=ttl, wait=wait, max_hold=max_hold, rate=rate)
 
 
 class Semaphore:
     """The places of one semaphore name, per key, by this open's limit, ttl, wait and max_hold."""
 
     def __init__(self, namespace: Any, name: str, *, limit: int, ttl: Duration = 30.0,
-                 wait: Duration | None = None, max_hold: Duration | None = None) -> None:
+                 wait: Duration | None = None, max_hold: Duration | None = None, rate: Any = None) -> None:
         if not callable(getattr(namespace, "getByName", None)):
             raise InvalidOption(f"a semaphore needs a Durable Object namespace such as env.UPLOADS, not {namespace!r}")
         self.namespace = namespace
         self.name = check_name(name)
-        self.options = HoldOptions.parse(limit=limit, ttl=ttl, wait=wait, max_hold=max_hold)
+        self.options = HoldOptions.parse(limit=limit, ttl=ttl, wait=wait, max_hold=max_hold, rate=rate)
 
     def __repr__(self) -> str:
         return f"semaphore({self.name!r}, limit={self.options.limit})"
@@ -211,7 +215,7 @@ class Semaphore:
                 remaining = math.inf if deadline is None else max(0.0, deadline - sent)
                 call_wait_ms = min(remaining, m.MAX_CALL_WAIT_MS)
                 message = m.Acquire(request_id, options.limit, options.ttl_ms, call_wait_ms,
-                                    remaining > m.MAX_CALL_WAIT_MS, options.max_hold_ms).to_wire()
+                                    remaining > m.MAX_CALL_WAIT_MS, options.max_hold_ms, options.rate).to_wire()
                 try:
                     reply = await self._call(key, "semaphore_acquire", message, call_wait_ms + CALL_SLACK_MS)
                 except Exception as error:
@@ -225,6 +229,13 @@ class Semaphore:
                     continue
                 failures = 0
                 if reply.status == m.GRANTED and reply.token is not None:
+                    if reply.start_by_ms is not None and now_ms() > sent + reply.start_by_ms:
+                        # Under a start rate, a place that came too late to start
+                        # within its window is given back (counted from ``sent``, as
+                        # the lease is); the hold stands in line again.
+                        await self._release(key, reply.token)
+                        request_id = secrets.token_hex(16)
+                        continue
                     # The holder counts the lease from the call's arrival, which is no
                     # earlier than ``sent``: counted from ``sent``, it ends no later.
                     return Permit(self, key, reply.token, sent + reply.lease_ms, reply.final, options)

@@ -59,7 +59,8 @@ class PlaceKeeper:
     @property
     def line(self) -> Line:
         if self._line is None:
-            self._line = Line(self.store.load())
+            held, gone = self.store.load()
+            self._line = Line(held, gone)
         return self._line
 
     # -- messages -----------------------------------------------------------------
@@ -74,12 +75,13 @@ class PlaceKeeper:
         if place is None:  # not granted yet (a retry whose grant was lost finds its place above)
             leave_at = arrived + request.wait_ms + (REJOIN_GRACE_MS if request.more else 0)
             self.line.join(request.request_id, limit=request.limit, ttl_ms=request.ttl_ms,
-                           max_hold_ms=request.max_hold_ms, now=arrived, leave_at=leave_at)
+                           max_hold_ms=request.max_hold_ms, now=arrived, leave_at=leave_at, rate=request.rate)
             waited = await self._wait_for_place(request, arrived)
             if isinstance(waited, dict):
                 return waited
             place = waited
-        return m.granted(place.token, place.expires_at - arrived, place.final)
+        start_by = None if place.start_by is None else place.start_by - arrived
+        return m.granted(place.token, place.expires_at - arrived, place.final, start_by)
 
     async def renew(self, message: Any) -> dict[str, Any]:
         try:
@@ -158,18 +160,31 @@ class PlaceKeeper:
         settled = self.line.settle(now, _new_token)
         gone = [*freed, *settled.expired]
         if gone or settled.granted:
+            reused = self._rows_to_reuse(settled.granted, now)
+
             def write() -> None:
                 for place in gone:
                     self.store.delete(place)
                 for place in settled.granted:
-                    self.store.insert(place)
+                    self.store.insert(place, over=reused.get(place.token))
 
             self._write(write)
         for place in settled.granted:
             self._resolve(place.request_id, place)
         for waiter in settled.left:
             self._resolve(waiter.request_id, None)
-        self._arm(self.line.next_wakeup())
+        self._arm(self.line.next_wakeup(now))
+
+    def _rows_to_reuse(self, granted: list[Place], now: float) -> dict[str, Place]:
+        """Per place granted under a start rate, a gone place out of every
+        window whose row it takes over (``PlaceStore.insert``)."""
+        reused: dict[str, Place] = {}
+        for place in granted:
+            old = self.line.reusable(now) if place.start_by is not None else None
+            if old is not None:
+                del self.line.gone[old.token]
+                reused[place.token] = old
+        return reused
 
     def _write(self, fn: Callable[[], T]) -> T:
         try:

@@ -15,6 +15,11 @@ Rules:
   open it came through); nobody behind it is admitted before it, even one
   whose larger limit would let it in. A smaller limit therefore never
   starves, and never sends a holder away: it only lets fewer in.
+- A waiter whose open has a start rate is admitted only while fewer than
+  the rate's ``limit + burst`` places, held or gone, were granted within
+  its period before now (each counted from ``RATE_START_MS`` past its
+  grant, the latest its work may start); the line waits for the window
+  as it waits for a place, first come first served.
 - The table keeps a lease end at least as late as the one in memory
   (``stored_until``), written half a lease ahead so that only about every
   other renewal costs a write. A restarted holder reads that later end: it
@@ -25,6 +30,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+
+from .._common.rates import Rate
+
+#: a hold under a start rate starts within this of its grant, on the holder's
+#: clock, or gives its place back (its client checks, counting from the time
+#: it sent the call): a place counts in its window that much past its grant
+RATE_START_MS = 1_000.0
 
 
 @dataclass
@@ -37,6 +49,11 @@ class Place:
     expires_at: float  #: the lease's end; the place is free from this moment
     hold_until: float | None  #: granted_at + max_hold: renewals never go past it
     stored_until: float  #: the lease end the table holds, never earlier than expires_at
+    #: under a start rate: the work starts by then or gives the place back
+    #: (``RATE_START_MS`` past its grant), and it counts in its rate's window
+    #: until ``start_by + period_ms``, gone or not; None: no rate
+    start_by: float | None = None
+    period_ms: float = 0.0
 
     @property
     def final(self) -> bool:
@@ -52,6 +69,7 @@ class Waiter:
     max_hold_ms: float | None
     arrived_at: float
     leave_at: float  #: it leaves the line at this time unless admitted first
+    rate: Rate | None = None  #: its open's start rate
 
 
 def lease_end(now: float, ttl_ms: float, hold_until: float | None) -> float:
@@ -80,10 +98,13 @@ class NotHolder(LookupError):
 class Line:
     """The places and the waiting line of one key."""
 
-    def __init__(self, places: Iterable[Place] = ()) -> None:
+    def __init__(self, places: Iterable[Place] = (), gone: Iterable[Place] = ()) -> None:
         self.places: dict[str, Place] = {}
         self._tokens: dict[str, str] = {}  # request id -> token
         self.waiters: list[Waiter] = []
+        #: places granted under a start rate and gone (released, expired), kept
+        #: while they count in its window; past it, their rows are reused
+        self.gone: dict[str, Place] = {p.token: p for p in gone}
         for place in sorted(places, key=lambda p: (p.granted_at, p.token)):
             self._add(place)
 
@@ -98,8 +119,9 @@ class Line:
     def waiter(self, request_id: str) -> Waiter | None:
         return next((w for w in self.waiters if w.request_id == request_id), None)
 
-    def next_wakeup(self) -> float | None:
-        """When something can next change for a waiter: a lease ending or a waiter leaving.
+    def next_wakeup(self, now: float | None = None) -> float | None:
+        """When something can next change for a waiter: a lease ending, a waiter
+        leaving, or (given ``now``) the head's start rate letting it in.
 
         With nobody waiting there is nothing to wake for: an expired place is
         noticed by the next call, which is the first that could care.
@@ -108,7 +130,32 @@ class Line:
             return None
         times = [w.leave_at for w in self.waiters]
         times += [p.expires_at for p in self.places.values()]
+        rate = self.waiters[0].rate
+        if rate is not None and now is not None and not self.rate_allows(rate, now):
+            times.append(self._rate_allows_at(rate, now))  # the head waits for its window
         return min(times)
+
+    # -- the start rate ---------------------------------------------------------
+    def _counted(self, rate: Rate, now: float) -> list[float]:
+        """The start_by of every place (held or gone) in the window of ``rate`` that ends now."""
+        since = now - rate.period_ms
+        return sorted(p.start_by for p in [*self.places.values(), *self.gone.values()]
+                      if p.start_by is not None and p.start_by > since)
+
+    def rate_allows(self, rate: Rate | None, now: float) -> bool:
+        """May a hold under ``rate`` start now? (See ``holder/pure/rate`` for why
+        counting each place until its start_by leaves the window is exact.)"""
+        return rate is None or len(self._counted(rate, now)) < rate.most
+
+    def _rate_allows_at(self, rate: Rate, now: float) -> float:
+        counted = self._counted(rate, now)
+        over = len(counted) - rate.most
+        return now if over < 0 else counted[over] + rate.period_ms
+
+    def reusable(self, now: float) -> Place | None:
+        """A gone place out of every window now: its row may hold a new place."""
+        return next((p for p in self.gone.values() if p.start_by is not None and p.start_by + p.period_ms <= now),
+                    None)
 
     # -- changes ---------------------------------------------------------------
     def expire(self, now: float) -> list[Place]:
@@ -119,13 +166,13 @@ class Line:
         return gone
 
     def join(self, request_id: str, *, limit: int, ttl_ms: float, max_hold_ms: float | None,
-             now: float, leave_at: float) -> Waiter:
+             now: float, leave_at: float, rate: Rate | None = None) -> Waiter:
         """Stand in line, or, for a request already in line, stay in place and wait longer."""
         waiter = self.waiter(request_id)
         if waiter is not None:
             waiter.leave_at = max(waiter.leave_at, leave_at)
             return waiter
-        waiter = Waiter(request_id, limit, ttl_ms, max_hold_ms, now, leave_at)
+        waiter = Waiter(request_id, limit, ttl_ms, max_hold_ms, now, leave_at, rate)
         self.waiters.append(waiter)
         return waiter
 
@@ -139,7 +186,8 @@ class Line:
         expired = self.expire(now)
         left = self._leave(lambda w: w.leave_at < now)
         granted: list[Place] = []
-        while self.waiters and self.held() < self.waiters[0].limit:
+        while (self.waiters and self.held() < self.waiters[0].limit
+               and self.rate_allows(self.waiters[0].rate, now)):
             waiter = self.waiters.pop(0)
             granted.append(self._grant(waiter, now, new_token()))
         left += self._leave(lambda w: w.leave_at <= now)
@@ -176,9 +224,11 @@ class Line:
     # -- internals ---------------------------------------------------------------
     def _grant(self, waiter: Waiter, now: float, token: str) -> Place:
         hold_until = None if waiter.max_hold_ms is None else now + waiter.max_hold_ms
+        rate = waiter.rate
         place = Place(token, waiter.request_id, waiter.limit, waiter.ttl_ms, now,
                       lease_end(now, waiter.ttl_ms, hold_until), hold_until,
-                      stored_end(now, waiter.ttl_ms, hold_until))
+                      stored_end(now, waiter.ttl_ms, hold_until),
+                      None if rate is None else now + RATE_START_MS, 0.0 if rate is None else rate.period_ms)
         self._add(place)
         return place
 
@@ -195,3 +245,5 @@ class Line:
     def _remove(self, place: Place) -> None:
         del self.places[place.token]
         self._tokens.pop(place.request_id, None)
+        if place.start_by is not None:
+            self.gone[place.token] = place

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .._common.checks import MAX_SAFE_INTEGER, int_in, number_in, storable_text
+from .._common.rates import Rate
 from .._common.wire import ErrorCode, ProtocolError as ProtocolError
 from .options import MAX_DURATION_MS, MAX_LIMIT, MAX_TTL_MS, MIN_LIMIT, MIN_TTL_MS
 
@@ -52,10 +53,14 @@ class Acquire:
     wait_ms: float  #: how long this call stands in line
     more: bool  #: the client calls again after ``wait_ms`` if it has no place by then
     max_hold_ms: float | None
+    rate: Rate | None = None  #: the open's start rate (sent only when it has one)
 
     def to_wire(self) -> dict[str, Any]:
-        return {"v": VERSION, "requestId": self.request_id, "limit": self.limit, "ttlMs": self.ttl_ms,
+        wire = {"v": VERSION, "requestId": self.request_id, "limit": self.limit, "ttlMs": self.ttl_ms,
                 "waitMs": self.wait_ms, "more": self.more, "maxHoldMs": self.max_hold_ms}
+        if self.rate is not None:
+            wire["rate"] = [self.rate.limit, self.rate.period_ms, self.rate.burst]
+        return wire
 
 
 def _object(value: Any) -> dict[str, Any]:
@@ -101,7 +106,18 @@ def parse_acquire(message: Any) -> Acquire:
     max_hold_ms = _optional_ms(message, "maxHoldMs", 0, MAX_DURATION_MS)
     if max_hold_ms == 0:
         raise ProtocolError(INVALID_MESSAGE, "maxHoldMs must be longer than 0")
-    return Acquire(request_id, limit, ttl_ms, wait_ms, more, max_hold_ms)
+    return Acquire(request_id, limit, ttl_ms, wait_ms, more, max_hold_ms, _rate(message.get("rate")))
+
+
+def _rate(value: Any) -> Rate | None:
+    """``[limit, periodMs, burst]``: the open's start rate, or absent."""
+    if value is None:
+        return None
+    if (not isinstance(value, list) or len(value) != 3 or not int_in(value[0], MIN_LIMIT, MAX_LIMIT)
+            or not number_in(value[1], 1, MAX_DURATION_MS) or not int_in(value[2], 0, MAX_LIMIT)):
+        raise ProtocolError(INVALID_MESSAGE, f"rate must be [limit from {MIN_LIMIT} to {MAX_LIMIT}, a period of "
+                                             f"1 to {MAX_DURATION_MS:g} ms, a burst from 0 to {MAX_LIMIT}]")
+    return Rate(value[0], float(value[1]), value[2])
 
 
 def parse_token(message: Any) -> str:
@@ -130,6 +146,9 @@ class HolderReply:
     status: str
     token: str | None = None  #: ``granted``: the place's token
     lease_ms: float = 0.0  #: ``granted``, ``renewed``: the lease, counted from the call's arrival
+    #: ``granted`` under a start rate: the work must start within this, counted from
+    #: the call's arrival, or give the place back (None: no rate)
+    start_by_ms: float | None = None
     final: bool = False  #: ``granted``, ``renewed``: max_hold is reached with this lease: no renewal
     refused: ProtocolError | None = None  #: any status this client does not know: the refusal it is
 
@@ -140,7 +159,11 @@ class HolderReply:
         reply = dict(reply) if isinstance(reply, dict) else {"message": repr(reply)}
         status = reply.get("status")
         if status == GRANTED:
-            return cls(GRANTED, _identifier(reply, "token"), _lease_ms(reply), _final(reply))
+            start_by = reply.get("startByMs")
+            if start_by is not None and not number_in(start_by, -MAX_SAFE_INTEGER, MAX_SAFE_INTEGER):
+                raise ProtocolError(INVALID_MESSAGE, "startByMs must be a number of ms")
+            return cls(GRANTED, _identifier(reply, "token"), _lease_ms(reply), final=_final(reply),
+                       start_by_ms=None if start_by is None else float(start_by))
         if status == RENEWED:
             return cls(RENEWED, lease_ms=_lease_ms(reply), final=_final(reply))
         if status in (PENDING, TIMEOUT, RELEASED, NOT_HELD, CANCELLED):
@@ -167,10 +190,14 @@ def refusal(reply: dict[str, Any]) -> ProtocolError:
     return ProtocolError(reply.get("code", "unknown"), reply.get("message", repr(reply)))
 
 
-def granted(token: str, lease_ms: float, final: bool) -> dict[str, Any]:
+def granted(token: str, lease_ms: float, final: bool, start_by_ms: float | None = None) -> dict[str, Any]:
     """``lease_ms`` counts from the call's arrival, on the holder's clock: a client that
-    adds it to the time it sent the call gets a lease end no later than the holder's."""
-    return {"status": GRANTED, "v": VERSION, "token": token, "leaseMs": lease_ms, "final": final}
+    adds it to the time it sent the call gets a lease end no later than the holder's.
+    So does ``start_by_ms``, under a start rate: the time by which the work must start."""
+    reply = {"status": GRANTED, "v": VERSION, "token": token, "leaseMs": lease_ms, "final": final}
+    if start_by_ms is not None:
+        reply["startByMs"] = start_by_ms
+    return reply
 
 
 def renewed(lease_ms: float, final: bool) -> dict[str, Any]:

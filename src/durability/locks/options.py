@@ -22,6 +22,7 @@ from datetime import timedelta
 from typing import Any
 
 from .._common.checks import is_int
+from .._common.rates import Rate
 
 #: What a duration may be written as: seconds (an int or a float), a string
 #: with a unit ("500ms", "30s", "2m", "1.5h", "1d") or a ``timedelta``.
@@ -193,8 +194,23 @@ class HoldOptions:
     ttl_ms: float
     wait_ms: float | None  #: None: stand in line as long as it takes
     max_hold_ms: float | None  #: None: keep the place while the code runs
+    rate: Rate | None = None  #: at most rate.limit (+ burst) holds start per period (None: no rate)
 
     @classmethod
-    def parse(cls, *, limit: Any, ttl: Any, wait: Any, max_hold: Any) -> HoldOptions:
+    def parse(cls, *, limit: Any, ttl: Any, wait: Any, max_hold: Any, rate: Any = None) -> HoldOptions:
         return cls(check_limit(limit), parse_ttl_ms(ttl), parse_optional_ms(wait, "wait", allow_zero=True),
-                   parse_optional_ms(max_hold, "max_hold", allow_zero=False))
+                   parse_optional_ms(max_hold, "max_hold", allow_zero=False), check_rate(rate))
+
+
+def check_rate(value: Any) -> Rate | None:
+    """A hold's start rate: ``"60/min"``, ``(60, 60_000)`` and the forms ``Rate.parse`` reads, or None."""
+    if value is None:
+        return None
+    try:
+        rate = Rate.parse(value)
+    except ValueError as error:
+        raise InvalidOption(str(error)) from None
+    if not 1 <= rate.limit <= MAX_LIMIT or rate.burst > MAX_LIMIT or rate.period_ms > MAX_DURATION_MS:
+        raise InvalidOption(f"a rate's limit must be from 1 to {MAX_LIMIT:,}, its burst at most that, "
+                            f"and its period at most {MAX_DURATION_MS / 3_600_000:g} h, not {value!r}")
+    return rate
