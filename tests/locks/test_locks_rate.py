@@ -4,8 +4,7 @@ import asyncio
 
 import pytest
 
-from durability.locks import InvalidOption, semaphore
-from durability.locks import messages as m
+from durability.locks import InvalidOption, messages as m, semaphore
 from durability.locks.line import RATE_START_MS, Line
 from support import locks_runtime_fixture  # noqa: F401  (the runtime fixture)
 
