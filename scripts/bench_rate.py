@@ -2,7 +2,7 @@
 """A start rate next to concurrency, on the example Worker: exact in every window, and used while work waits.
 
     uv run scripts/bench_rate.py [--rate 60/min] [--minutes 10] [--shards 24] [--seed N] [--faults]
-                                 [--quick] [--json]
+                                 [--quick] [--json] [--plot PATH]
 
 Floods one account at ten times its rate for ``--minutes`` (jobs of 1 to
 5 s, arriving evenly, each to one of ``--shards`` shards) on the embedded
@@ -27,13 +27,15 @@ at once, the permits the holder still counts once every job is done
 (leaked), and rows written and requests per admitted job. ``--faults``
 adds the demo's faults (calls lost, duplicated and delayed, evictions,
 crashes, alarm failures, 5% of releases lost). ``--quick``: two minutes
-of flood.
+of flood. ``--plot`` writes a PNG: per run, the starts in the window of
+the period that ends at each second, against ``limit + burst``.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import bisect
 import contextlib
 import json
 import random
@@ -151,6 +153,7 @@ def run(name: str, args, rate: Rate) -> dict:
         "rows_written_per_admission": round(totals["rows_written"] / max(jobs, 1), 2),
         "requests_per_admission": round(totals["requests"] / max(jobs, 1), 2),
         "real_seconds": round(time.perf_counter() - began, 1),
+        "_starts": sorted(starts.values()),
     }
 
 
@@ -158,6 +161,42 @@ COLUMNS = [("run", "run"), ("max_in_any_window", "most in a window"), ("windows_
            ("achieved_per_period", "starts / period while waiting"), ("busy_while_waiting", "of the rate"),
            ("p99_start_delay_ms", "start delay p99 ms"), ("max_running", "most running"), ("leaked_permits", "leaked"),
            ("rows_written_per_admission", "rows / job"), ("requests_per_admission", "requests / job")]
+
+
+def in_window_each_second(starts: list[float], period_ms: float) -> tuple[list[float], list[int]]:
+    """(minutes since the first start, starts in the window ending then), one point per second."""
+    if not starts:
+        return [], []
+    first, points, counts = starts[0], [], []
+    for second in range(int((starts[-1] - first) / 1000) + 2):
+        at = first + second * 1000
+        points.append(second / 60)
+        counts.append(bisect.bisect_right(starts, at) - bisect.bisect_right(starts, at - period_ms))
+    return points, counts
+
+
+def plot(rows: list[dict], rate: Rate, path: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rated = [row for row in rows if row["windows_over"] is not None]
+    figure, axes = plt.subplots(len(rated), 1, figsize=(10, 2.6 * len(rated)), constrained_layout=True,
+                                squeeze=False)
+    for axis, row in zip(axes[:, 0], rated):
+        minutes, counts = in_window_each_second(row["_starts"], rate.period_ms)
+        axis.plot(minutes, counts, linewidth=0.7, label="starts in the window ending then")
+        axis.axhline(rate.most, color="tab:red", linewidth=0.8, linestyle="--", label="limit + burst")
+        axis.set_title(f"{row['run']}: most in a window {row['max_in_any_window']}, "
+                       f"{row['windows_over']} windows over", fontsize=9)
+        axis.set_ylabel("starts per window")
+        axis.set_ylim(0, rate.most * 1.2)
+        axis.legend(fontsize=7, loc="lower right")
+    axes[-1, 0].set_xlabel("virtual minutes since the first start")
+    figure.suptitle(title, fontsize=10)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=110)
 
 
 def table(rows: list[dict]) -> str:
@@ -177,16 +216,20 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="two minutes of flood")
     parser.add_argument("--run", action="append", choices=list(RUNS), help="only these runs")
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
+    parser.add_argument("--plot", type=Path, help="write starts per window over time to this PNG")
     args = parser.parse_args()
     if args.quick:
         args.minutes = 2.0
     rate = Rate.parse(args.rate)
     rows = [run(name, args, rate) for name in args.run or RUNS]
+    title = (f"rate {args.rate}, {args.minutes:g} minutes of flood at ten times it, {args.shards} shards, "
+             f"seed {args.seed}{', faults' if args.faults else ''}; most allowed in a window: {rate.most}")
+    if args.plot:
+        plot(rows, rate, args.plot, title)
     if args.json:
-        print(json.dumps(rows, indent=1))
+        print(json.dumps([{k: v for k, v in row.items() if not k.startswith("_")} for row in rows], indent=1))
     else:
-        print(f"rate {args.rate}, {args.minutes:g} minutes of flood at ten times it, {args.shards} shards, "
-              f"seed {args.seed}{', faults' if args.faults else ''}; most allowed in a window: {rate.most}")
+        print(title)
         print(table(rows))
     return 0
 
