@@ -135,3 +135,19 @@ def test_a_place_that_reaches_its_client_too_late_to_start_in_its_window_is_give
     assert first["status"] == second["status"] == "granted" and first["startByMs"] <= RATE_START_MS
     assert token == second["token"] != first["token"]  # the late place went back, a new one was taken
     assert usage["held"] == 1
+
+
+def test_a_gone_place_is_kept_for_the_longest_window_any_open_counted_it_in():
+    line, tokens = Line(), iter(f"t{n}" for n in range(99))
+    slow, fast = m.Rate(2, 100_000), m.Rate(5, 1_000)
+
+    def hold(request_id, at, rate):
+        line.join(request_id, limit=10, ttl_ms=30_000, max_hold_ms=None, now=at, leave_at=at + 10**9, rate=rate)
+        granted = line.settle(at, lambda: next(tokens)).granted
+        return granted[0] if granted else None
+
+    line.release(hold("a0", 0, slow).token)
+    line.release(hold("b0", 1_000, fast).token)
+    assert line.reusable(3_000) is None  # out of fast's window, not of slow's
+    assert hold("b1", 3_000, fast) is not None
+    assert hold("a1", 3_500, slow) is None  # three started in slow's window: it waits

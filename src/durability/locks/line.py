@@ -105,6 +105,8 @@ class Line:
         #: places granted under a start rate and gone (released, expired), kept
         #: while they count in its window; past it, their rows are reused
         self.gone: dict[str, Place] = {p.token: p for p in gone}
+        #: the longest period of a rate this line has seen (a gone place counts in every such window)
+        self.longest_period = 0.0
         for place in sorted(places, key=lambda p: (p.granted_at, p.token)):
             self._add(place)
 
@@ -153,9 +155,12 @@ class Line:
         return now if over < 0 else counted[over] + rate.period_ms
 
     def reusable(self, now: float) -> Place | None:
-        """A gone place out of every window now: its row may hold a new place."""
-        return next((p for p in self.gone.values() if p.start_by is not None and p.start_by + p.period_ms <= now),
-                    None)
+        """A gone place out of every window now, that of every open with a rate
+        it has seen (the longest period): its row may hold a new place."""
+        longest = max([p.period_ms for p in [*self.places.values(), *self.gone.values()]]
+                      + [w.rate.period_ms for w in self.waiters if w.rate is not None] + [self.longest_period])
+        self.longest_period = longest
+        return next((p for p in self.gone.values() if p.start_by is not None and p.start_by + longest <= now), None)
 
     # -- changes ---------------------------------------------------------------
     def expire(self, now: float) -> list[Place]:

@@ -172,6 +172,38 @@ def test_a_group_rate_holds_its_group_and_one_that_does_not_resolve_fails_closed
     assert broken["blocked"]["reason"] == "limit_resolution_error"
 
 
+def test_a_group_window_is_kept_for_the_group_period_when_a_round_does_not_read_it(runtime):
+    # The key's rate is short, the group's long: g's grants must stay counted
+    # for g's period even when they settle in rounds that serve only h.
+    runtime.module.CONFIG.update(rate=(100, 1_000), group_rates={"g": (2, 20_000)})
+
+    async def scenario():
+        await runtime.env.SHARD.getByName("a").submit(queue_jobs("a", 2, ms=2_000))
+        await asyncio.sleep(1)
+        await runtime.env.SHARD.getByName("b").submit(queue_jobs("b", 3, ms=300, group="h"))
+        await asyncio.sleep(3)  # a's g grants were released meanwhile, after rounds that served h alone
+        await runtime.env.SHARD.getByName("c").submit(queue_jobs("c", 2, ms=300))
+        await asyncio.sleep(40)
+
+    runtime.run(scenario())
+    world = runtime.module.WORLD
+    g_starts = [at for item, at in world["started"].items() if item[0] in "ac"]
+    assert len(g_starts) == 4 and most_in_any_window(g_starts, 20_000) == 2
+
+
+def test_under_a_rate_a_client_that_claims_in_two_steps_is_not_served(runtime):
+    # It starts when it hears its claim confirmed, any time later: no window could count it.
+    runtime.module.CONFIG.update(two_phase=True, calls=False)
+
+    async def scenario():
+        await flood(runtime, "a", 2, 500, 60)  # (its request is held: it hears at the end of its wait)
+        return await runtime.env.SHARD.getByName("a").status("a0")
+
+    status = runtime.run(scenario())
+    assert runtime.module.WORLD["started"] == {}
+    assert status["blocked"]["reason"] == "not_permitted"
+
+
 @pytest.mark.parametrize("seed", range(20))
 def test_no_window_of_real_starts_holds_more_than_the_rate_wherever_each_start_falls(seed):
     # Rounds at random times; each grant's permits start anywhere between its

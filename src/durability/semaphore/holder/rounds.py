@@ -163,5 +163,6 @@ def _round_when_rate_allows(holder: DurabilitySemaphore, rates: RoundRates, resu
         held_back = {group for outcome in result.outcomes.values()
                      for group, (reason, _) in outcome.blocked.items() if reason == BlockedReason.RATE}
     at = holder.rate.next_at(rates, held_back, holder.books.grants().values(), now) if held_back else None
-    if at is not None:
-        holder._round_later(max(at, now))
+    if at is None:
+        return
+    holder._round_later(max(at, now, _round_time(holder, soon=True, spacing=None)), exact=True)

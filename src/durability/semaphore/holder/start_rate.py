@@ -44,10 +44,6 @@ class RoundRates:
     def __bool__(self) -> bool:
         return self.key is not None or bool(self.groups)
 
-    def kept_for_ms(self, group: str) -> float:
-        periods = [r.period_ms for r in (self.key, self.groups.get(group)) if r is not None]
-        return max(periods, default=0.0)
-
 
 def _checked(option: Any) -> Any:
     if option is not None and not callable(option):
@@ -139,9 +135,8 @@ class StartRate:
             return
         for grant_id, grant in list(changes.written.items()):
             at = self.placed_at.get(grant_id)
-            kept_for = self.last.kept_for_ms(grant.group)
-            if at is not None and grant.kept_until and not grant.placed_at and kept_for:
-                changes.written[grant_id] = stamped(grant, at, kept_for)
+            if at is not None and grant.kept_until and not grant.placed_at:
+                changes.written[grant_id] = stamped(grant, at)
 
     def after_round(self, rates: RoundRates, result: RoundResult, now: float, book: Mapping[str, Grant]) -> None:
         """The paces move by what the round granted; placements of grants the

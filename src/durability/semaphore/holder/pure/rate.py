@@ -60,13 +60,14 @@ def started_by(grant: Grant, placed: Mapping[str, float]) -> float:
     return min(grant.claim_deadline, placed.get(grant.grant_id, math.inf), grant.placed_at or math.inf)
 
 
-def stamped(grant: Grant, placed_at: float, kept_for_ms: float) -> Grant:
+def stamped(grant: Grant, placed_at: float) -> Grant:
     """The grant with its placement kept in its row (written anyway: its
     release, say), so that a new instance of the holder counts it as this
-    one does; it is kept in the book a period (``kept_for_ms``, the longest
-    of the rates that count it) past it."""
+    one does. It stays in the book as long past its placement as the rates
+    that counted it when it was made said past its claim deadline (the
+    longest of their periods)."""
     at = min(placed_at, grant.claim_deadline)
-    return grant._replace(placed_at=at, kept_until=at + kept_for_ms)
+    return grant._replace(placed_at=at, kept_until=at + (grant.kept_until - grant.claim_deadline))
 
 
 def _starts(grants: Iterable[Grant], placed: Mapping[str, float], now: float, period_ms: float) -> list[float]:

@@ -73,11 +73,15 @@ def oldest_first(state: RoundState) -> list[tuple[str, Demand]]:
     return [(client_id, demand) for _, _, _, client_id, demand in entries]
 
 
-def refusal(terms: RoundTerms, wanted: Wanted) -> str | None:
+def refusal(state: RoundState, terms: RoundTerms, wanted: Wanted) -> str | None:
     """Why this demand gets nothing at all this round, if it does not."""
     if terms.budgets is None or isinstance(wanted.ceiling, ResolutionFailed):
         return LIMIT_RESOLUTION_ERROR
     if not terms.limits.permitted.get((wanted.client_id, wanted.group), True):
+        return NOT_PERMITTED
+    if (terms.rate is not None or wanted.group in terms.group_rates) and not state.latest[wanted.client_id].claims:
+        # A client that claims in two steps starts when it hears its claim
+        # confirmed, which may be any time later: no window could count it.
         return NOT_PERMITTED
     return None
 
@@ -102,7 +106,7 @@ def serve_grants(state: RoundState, terms: RoundTerms) -> list[Wanted]:
         if want <= 0:
             continue
         wanted = Wanted(client_id, demand.group, want, terms.limits.groups.get(demand.group))
-        reason = refusal(terms, wanted)
+        reason = refusal(state, terms, wanted)
         if reason is not None:
             state.outcomes[client_id].blocked[demand.group] = (reason, want)
         elif not may_lease(state, terms, wanted):
