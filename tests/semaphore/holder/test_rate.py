@@ -277,6 +277,23 @@ def test_a_restarted_holder_counts_the_window_its_rows_keep(runtime):
     assert len(times) >= 15
 
 
+def test_a_holder_evicted_while_it_waits_for_the_window_serves_the_line_when_it_opens(runtime):
+    # The round for the next window is on the alarm: evicted, the holder is
+    # started again by it, and does not wait for its clients' fallback (30 s).
+    runtime.module.CONFIG.update(rate=(2, 3_000))
+
+    async def scenario():
+        await flood(runtime, "ab", 3, 100, 2.2)  # two start; the window opens at about 3 s
+        await flood(runtime, "c", 1, 100, 0.3)  # a round now: the window's round is due within a second
+        runtime.evict(runtime.env.HOLDER.getByName("holder"))
+        await asyncio.sleep(15)
+
+    runtime.run(scenario())
+    times = sorted(admitted_times(runtime))
+    assert len(times) == 7 and times[-1] - times[0] < 12_000
+    assert most_in_any_window(times, 3_000) == 2
+
+
 def test_usage_says_the_rate_and_status_says_rate_is_why_work_waits(runtime):
     async def scenario():
         await flood(runtime, "a", 8, 60_000, 2)  # the limit (4) binds: four run a minute

@@ -152,9 +152,7 @@ def _round_time(holder: DurabilitySemaphore, soon: bool, spacing: float | None) 
 def _round_when_rate_allows(holder: DurabilitySemaphore, rates: RoundRates, result: RoundResult | None,
                             now: float) -> None:
     """Demand a start rate held back (``result``; None: a new instance,
-    whose line may be) is served by a round when the window allows, on
-    the alarm (a row and a request per such round; a window's starts
-    that leave it together share one)."""
+    whose line may be) is served by a round when the window allows."""
     if not rates or holder._parked is None or not holder._parked.line:
         return
     if result is None:
@@ -165,4 +163,8 @@ def _round_when_rate_allows(holder: DurabilitySemaphore, rates: RoundRates, resu
     at = holder.rate.next_at(rates, held_back, holder.books.grants().values(), now) if held_back else None
     if at is None:
         return
-    holder._round_later(max(at, now, _round_time(holder, soon=True, spacing=None)), exact=True)
+    # On the alarm, however soon: a round waiting in memory dies with an
+    # evicted instance, and nothing else calls a holder whose line waits
+    # (its clients sleep until their fallback). A row and a request per
+    # such round; the starts a window lets go together share one.
+    holder._round_later(max(at, now, _round_time(holder, soon=True, spacing=None)), on_alarm=True)
