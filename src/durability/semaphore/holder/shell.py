@@ -274,7 +274,7 @@ class DurabilitySemaphore:
             self._commit(Changes())
         await self.scheduler.sync()
 
-    def _round_later(self, at: float, on_alarm: bool = False) -> None:
+    def _round_later(self, at: float, backstop_ms: float | None = None) -> None:
         """A round for the parked requests at ``at``. One due within
         ``MEMORY_ROUND_MS`` waits in memory: the holder is awake meanwhile
         (a tenth of a second in the example: $0.16 per million such
@@ -282,11 +282,14 @@ class DurabilitySemaphore:
         it back, and the run ($2.15 per million). A later one waits on the
         alarm, and the holder sleeps. In a tree every round waits on the
         alarm: its holders run one each beat while work waits, and one
-        waiting in memory would keep each awake half of every period."""
-        if at - now_ms() <= MEMORY_ROUND_MS and not self.tree.keeps_beat and not on_alarm:
-            self._ensure_round(soon=True)
+        waiting in memory would keep each awake half of every period.
+        ``backstop_ms``: at ``at`` exactly, and on the alarm that much later (``rounds`` says why)."""
+        if at - now_ms() <= MEMORY_ROUND_MS and not self.tree.keeps_beat:
+            self._ensure_round(soon=True, at=at if backstop_ms is not None else None)
         else:
             self.scheduler.schedule(PARTICIPANT, ROUND, at)
+        if backstop_ms is not None:
+            self.scheduler.schedule_by(PARTICIPANT, ROUND, at + backstop_ms)
 
     def _round_now(self, extra: list[_Waiting], answered: str | None = None) -> None:
         """A round now, over the requests held (and ``extra``) and the parked ones."""
@@ -300,9 +303,9 @@ class DurabilitySemaphore:
                     waiting.reply.set_exception(error)
 
     # -- rounds -----------------------------------------------------------------
-    def _ensure_round(self, soon: bool = False, spacing: float | None = None) -> None:
-        """The next round, at ``_round_time``; an earlier one replaces a later one still asleep."""
-        at = _round_time(self, soon, spacing)
+    def _ensure_round(self, soon: bool = False, spacing: float | None = None, at: float | None = None) -> None:
+        """The next round, at ``_round_time`` (or ``at``); an earlier one replaces a later one still asleep."""
+        at = _round_time(self, soon, spacing) if at is None else at
         if self._round is not None:
             if self._round_due <= at:
                 return
