@@ -121,7 +121,11 @@ async def drive(runtime: Runtime, work: list[tuple[float, dict]], ledger: measur
     while len(ledger.ended_at) < len(work) and runtime.now_ms() < deadline:
         await asyncio.sleep(10)
     await asyncio.sleep(120)  # the last releases reach the holder
-    return (await runtime.env.ACCOUNT_LIMIT.getByName(ACCOUNT).usage())["outstanding"]
+    while True:  # (under faults the read itself may fail: read again)
+        try:
+            return (await runtime.env.ACCOUNT_LIMIT.getByName(ACCOUNT).usage())["outstanding"]
+        except JsException:
+            await asyncio.sleep(1)
 
 
 def run(name: str, args, rate: Rate) -> dict:
