@@ -4,6 +4,7 @@ import asyncio
 
 import pytest
 
+from bench.rates import most_in_any_window
 from durability.locks import InvalidOption, messages as m, semaphore
 from durability.locks.line import RATE_START_MS, Line
 from support import locks_runtime_fixture  # noqa: F401  (the runtime fixture)
@@ -15,13 +16,6 @@ def holder(runtime, key, name="uploads"):
     return runtime.env.SLOTS.getByName(f"{name}:{key}")
 
 
-def most_in_any_window(times, period_ms):
-    times, most, first = sorted(times), 0, 0
-    for last, at in enumerate(times):
-        while at - times[first] >= period_ms:
-            first += 1
-        most = max(most, last - first + 1)
-    return most
 
 
 def granted_times(runtime):

@@ -10,6 +10,7 @@ import random
 
 import pytest
 
+from bench.rates import most_in_any_window
 from durability.semaphore import DurabilitySemaphore
 from durability.semaphore.holder.pure.allocation import Grant, Limits, run_round
 from durability.semaphore.holder.pure.rate import Pace, Rate, next_start_at, rate_room, starts_in_window
@@ -25,14 +26,6 @@ def grant(grant_id, at, permits=1, timeout=10_000, settled=False):
     return Grant(grant_id, "c", "g", permits, permits, released, at + timeout, False, at + timeout + MINUTE)
 
 
-def most_in_any_window(times, period):
-    times = sorted(times)
-    most, first = 0, 0
-    for last, at in enumerate(times):
-        while at - times[first] >= period:
-            first += 1
-        most = max(most, last - first + 1)
-    return most
 
 
 # -- the option ------------------------------------------------------------------------
