@@ -4,8 +4,9 @@ Lives here: ``Ledger`` (what every system under test reports: a job
 submitted, started, ended, and in which object it ran) and the figures every
 benchmark prints the same way (``docs/design.md``, cost model): the busy
 share while jobs wait, the out-of-order share, waits, the makespan against
-its lower bound, the dollars per million jobs, and the objects' awake time
-split into the jobs' own run and coordination. Must not know: which system
+its lower bound, the dollars per million jobs (rows and requests, the
+Worker invocations and queue operations a system makes by itself), and the
+objects' awake time split into the jobs' own run and coordination. Must not know: which system
 ran the jobs.
 """
 
@@ -15,13 +16,19 @@ import bisect
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from durability.testing import current_object
+from durability.testing import WorkerStats, current_object
 
 #: Durable Objects' prices per million rows and requests
 PRICE_PER_MILLION = {"rows_written": 1.00, "rows_read": 0.001, "requests": 0.15}
 #: and per million GB-s awake, at 128 MB an object: $1.60 per million object-seconds
 PRICE_PER_MILLION_GB_S = 12.50
 OBJECT_GB = 0.128
+#: a stateless Worker's prices per million requests and CPU milliseconds, and Queues' per million operations
+#: (a message written, read and deleted is three)
+WORKER_REQUEST, WORKER_CPU_MS, QUEUE_OPERATION = 0.30, 0.02, 0.40
+#: the Worker invocations a system makes by itself (its Cron Trigger's sweeps, its queues' batches); the
+#: submissions every system receives alike, through whatever entrypoint, are left out of its bill
+OWN_INVOCATIONS = ("scheduled", "queue")
 
 
 @dataclass
@@ -166,6 +173,14 @@ def dollars_per_million(totals: dict[str, float], jobs: int) -> float:
 def awake_dollars_per_million(object_seconds: float, jobs: int) -> float:
     """What Cloudflare bills for ``object_seconds`` awake, per million admitted jobs."""
     return object_seconds * OBJECT_GB * PRICE_PER_MILLION_GB_S / max(jobs, 1)
+
+
+def stateless_dollars_per_million(worker: WorkerStats, queue_operations: int, jobs: int) -> float:
+    """What Cloudflare bills per million admitted jobs for the Worker invocations a
+    system makes by itself (requests and their CPU) and its queues' operations."""
+    requests = sum(worker.by_kind.get(kind, 0) for kind in OWN_INVOCATIONS)
+    cpu_ms = 1000 * sum(worker.cpu_s_by_kind.get(kind, 0.0) for kind in OWN_INVOCATIONS)
+    return (requests * WORKER_REQUEST + cpu_ms * WORKER_CPU_MS + queue_operations * QUEUE_OPERATION) / max(jobs, 1)
 
 
 def running_object() -> str | None:

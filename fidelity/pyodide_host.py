@@ -50,7 +50,8 @@ def run_host(task: dict[str, Any], *, wrangler: Path = ROOT / "wrangler.toml",
     ``module_dir`` replaces the directory of the main module (to run a
     variant of the Worker); ``sdk_dir`` gives an SDK tree to use instead of
     the installed one (the deployment's ``python_modules``, say); ``worker``
-    (``main``, ``module_dir``, ``vars``, ``durableObjects``) replaces the
+    (``main``, ``module_dir``, ``vars``, ``durableObjects``, and ``queues``:
+    ``{"producers": {binding: queue}, "consumers": [...]}``) replaces the
     configuration read from ``wrangler``. ``stub_fetch`` answers the
     Worker's requests to ``https://hooks.test`` with ``fetch_stub.mjs``.
     """
@@ -69,7 +70,8 @@ def run_host(task: dict[str, Any], *, wrangler: Path = ROOT / "wrangler.toml",
             ],
             "paths": ["/worker", "/sdk", "/fidelity"],
             "main": config["main"],
-            "config": {"vars": config["vars"], "durableObjects": config["durableObjects"]},
+            "config": {"vars": config["vars"], "durableObjects": config["durableObjects"],
+                       "queues": config.get("queues", {})},
             "task": task,
             "stubFetch": stub_fetch,
         }

@@ -183,6 +183,8 @@ def run_system(system: str, args, work, limits: dict) -> dict:
         in_jobs_s, coordinating_s = measure.awake_split(awake, ledger, runtime.loop.loop_time_for)
         by_class = awake_by_class(awake, ledger, runtime.loop.loop_time_for)
         bills = bills_by_class(runtime.hosts(), len(ledger.started_at))
+        stateless = measure.stateless_dollars_per_million(runtime.worker_stats, totals["queue_operations"],
+                                                          len(ledger.started_at))
     jobs = len(ledger.started_at)
     refills = measure.refills_ms(ledger)
     rows_and_requests = measure.dollars_per_million(totals, jobs)
@@ -204,8 +206,10 @@ def run_system(system: str, args, work, limits: dict) -> dict:
         "awake_by_class_s_per_job": {name: [round(s / max(jobs, 1), 3) for s in split]
                                      for name, split in by_class.items()},
         "coordination_dollars_per_million_jobs": round(coordinating, 2),
+        #: the Worker invocations the system makes by itself (sweeps, queue batches) and queue operations
+        "workers_and_queues_dollars_per_million_jobs": round(stateless, 2),
         "all_in_dollars_per_million_jobs": round(
-            coordinating + measure.awake_dollars_per_million(in_jobs_s, jobs), 2),
+            coordinating + stateless + measure.awake_dollars_per_million(in_jobs_s, jobs), 2),
         "bills_by_class_per_job": bills,
         "busy_while_waiting": round(busy, 4), "busy_per_account": {a: round(b, 4) for a, b in busy_per_account.items()},
         "refill_p50_ms": round(measure.percentile(refills, 0.5)),
@@ -277,13 +281,14 @@ def timeline(ledger: measure.Ledger, limits: dict) -> dict[str, list[tuple[float
 def table(rows: list[dict]) -> str:
     columns = ("system", "rows written / job", "rows read / job", "requests / job", "rows + requests $/M",
                "awake coordinating (object-s / job)", "coordination $/M (rows, requests, that time)",
-               "awake in the jobs' run (object-s / job)", "all in $/M",
+               "awake in the jobs' run (object-s / job)", "Workers, Queues $/M", "all in $/M",
                "busy while jobs wait", "refill p50 / p99 (ms)", "out of oldest-first order", "p50 / p99 wait (s)",
                "makespan / bound (s)")
     return tables.markdown(columns, ((
         r["system"], r["rows_written_per_job"], r["rows_read_per_job"], r["requests_per_job"],
         r["dollars_per_million_jobs"], r["awake_coordinating_s_per_job"], r["coordination_dollars_per_million_jobs"],
-        r["awake_in_jobs_s_per_job"], r["all_in_dollars_per_million_jobs"],
+        r["awake_in_jobs_s_per_job"], r["workers_and_queues_dollars_per_million_jobs"],
+        r["all_in_dollars_per_million_jobs"],
         f"{r['busy_while_waiting']:.1%}", f"{r['refill_p50_ms']} / {r['refill_p99_ms']}", f"{r['out_of_order']:.1%}",
         f"{r['p50_wait_s']} / {r['p99_wait_s']}", f"{r['makespan_s']} / {r['makespan_bound_s']}") for r in rows))
 

@@ -34,6 +34,13 @@ class PyodideDriver:
     def now_ms(self):
         return float(self._now_ms())
 
+    async def settle_queues(self):
+        """Deliver what every queue holds until nothing is left; per queue, its
+        counts (sent, acked, retried, dropped)."""
+        stats = (await self._host.settleQueues()).to_py()
+        return {name: {k: int(counts[k]) for k in ("sent", "acked", "retried", "dropped")}
+                for name, counts in stats.items()}
+
     def lose_alarm(self, class_name, name):
         """As if the runtime gave up on the object's alarm and evicted it."""
         self._host.loseAlarm(class_name, name)

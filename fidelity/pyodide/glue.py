@@ -4,7 +4,7 @@ Lives here: constructing an object from JavaScript ``ctx`` / ``env``, calling
 an RPC method (arguments through ``python_from_rpc``, the reply through
 ``python_to_rpc``, as workerd's Python entrypoint does), calling ``fetch``
 with the JavaScript Request, calling ``alarm``
-with its raw info object and relaxed arity, and listing a module's
+with its raw info object and relaxed arity, calling ``queue`` with a batch, and listing a module's
 entrypoint classes. Must not know: storage, stubs, time (the JavaScript
 side owns them) or any Worker.
 """
@@ -34,6 +34,14 @@ async def call_method(instance, name, *args):
 async def call_fetch(instance, request):
     """``fetch`` gets the JavaScript Request as it is: workerd converts nothing for it."""
     return await instance.fetch(request)
+
+
+async def call_queue(instance, batch):
+    """``queue`` as workerd calls a class entrypoint's handler: the batch,
+    then env and ctx as undefined (they are on the instance)."""
+    result = instance.queue(batch, None, None)
+    if inspect.isawaitable(result):
+        await result
 
 
 async def call_alarm(instance, info):

@@ -7,6 +7,7 @@
 // alarm delivery with retries. Must not know: Pyodide internals (Python is
 // reached only through the `glue` functions handed in) or any Worker.
 import { createHash, randomBytes } from "node:crypto";
+import { queueBindings } from "./queues.mjs";
 import { SqlStorage, runInSavepoint } from "./sql.mjs";
 
 const ALARM_MAX_RETRIES = 6;
@@ -253,6 +254,23 @@ export class WorkerHost {
     for (const binding of config.durableObjects) {
       this.env[binding.name] = new DurableObjectNamespace(this, binding.className);
     }
+    const { brokers, bindings } = queueBindings(this, config.queues);
+    this.queues = brokers;
+    Object.assign(this.env, bindings);
+  }
+
+  defaultEntrypoint() {
+    return this.glue.construct(this.pythonClass("Default"), new ExecutionContext(this), this.env);
+  }
+
+  // Deliver what every queue holds until nothing is left; what each queue did.
+  async settleQueues() {
+    const stats = {};
+    for (const [name, broker] of this.queues) {
+      await broker.settle();
+      stats[name] = broker.stats;
+    }
+    return stats;
   }
 
   pythonClass(className) {

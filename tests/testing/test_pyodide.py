@@ -12,10 +12,10 @@ import shutil
 import pytest
 from webhook_receiver import Receiver
 
-from durability.testing import Runtime
+from durability.testing import QueueConsumer, Runtime, load_worker_module
 from fidelity.embedded import EmbeddedDriver
 from fidelity.pyodide_host import ROOT, PyodideHostError, run_host
-from fidelity.scenarios import account_jobs, deep_input, http_bodies, resume, uploads, webhooks
+from fidelity.scenarios import account_jobs, deep_input, http_bodies, queue_consumer, resume, uploads, webhooks
 
 pytestmark = [pytest.mark.pyodide]
 
@@ -196,3 +196,28 @@ def test_a_read_resumes_a_lost_alarm_in_pyodide_as_on_cpython():
         embedded = runtime.run(resume.run(EmbeddedDriver(runtime)))
     assert in_pyodide["result"] == embedded == {"before": 0, "count": 5, "after": 5}
     assert in_pyodide["background_errors"] == []
+
+
+def test_a_queue_consumer_meets_its_batches_in_pyodide_as_on_cpython():
+    # The real SDK wraps env.JOBS (a WorkerQueue) and the batch workerd hands
+    # Default.queue(batch, env, ctx): bodies, attempts, ids, timestamps and
+    # every word the handler says come out the same on both tiers.
+    workers = ROOT / "tests" / "workers"
+    consumer = {"queue": "jobs", "max_batch_size": 3, "max_retries": 1}
+    worker = {"main": "queues", "module_dir": workers, "vars": {},
+              "durableObjects": [{"name": "SENDER", "className": "Sender"}],
+              "queues": {"producers": {"JOBS": "jobs"}, "consumers": [consumer]}}
+    in_pyodide = run_host({"kind": "scenario", "module": "scenarios.queue_consumer", "function": "run"},
+                          worker=worker)["result"]
+    module = load_worker_module(workers / "queues.py")
+    module.SEEN.clear()
+    with Runtime(module, {"SENDER": "Sender"}, queues={"JOBS": "jobs"},
+                 consumers=[QueueConsumer(**consumer)]) as runtime:
+        embedded = runtime.run(queue_consumer.run(EmbeddedDriver(runtime)))
+    assert in_pyodide == embedded
+    # 6 retried and dropped (max_retries 1); 7 and 8 retried by retryAll, 9 by the raise, then 8 and 9
+    # dropped; 7 acked at its second delivery by the ackAll() of 10, which joined its batch.
+    assert embedded["counts"] == {"jobs": {"sent": 10, "acked": 7, "retried": 7, "dropped": 3}}
+    kinds = {entry[2] for entry in embedded["seen"]}
+    assert kinds == {"JsDict", "str", "int", "list"}
+    assert {tuple(entry[3:]) for entry in embedded["seen"]} == {("str", 32, "datetime")}

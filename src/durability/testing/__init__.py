@@ -23,6 +23,8 @@ from ._clock import DEFAULT_EPOCH_MS, Deadlock, RealClockLoop, VirtualClockLoop
 from ._dev_vars import parse_dev_vars
 from ._faults import Faults, Outage
 from ._host import ALARM_MAX_RETRIES, HIBERNATE_AFTER_MS, ObjectHost, ObjectStats, current_object
+from ._queue_values import MessageBatch, QueueConsumer, WorkerStats
+from ._queues import QueueBroker, QueueStats
 from ._runtime import DurableObjectNamespace, DurableObjectStub, Runtime, load_worker_module
 from ._serve import LocalServer, local_runtime, serve
 from ._storage import DurableObjectId
@@ -44,12 +46,17 @@ __all__ = [
     "JsDict",
     "JsException",
     "LocalServer",
+    "MessageBatch",
     "ObjectHost",
     "ObjectStats",
     "Outage",
+    "QueueBroker",
+    "QueueConsumer",
+    "QueueStats",
     "RealClockLoop",
     "Runtime",
     "VirtualClockLoop",
+    "WorkerStats",
     "install_workers_standin",
     "load_worker_module",
     "local_runtime",

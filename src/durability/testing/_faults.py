@@ -54,7 +54,8 @@ class Faults:
 
     Calls between objects are subject to faults; calls from the test that
     drives the runtime are too when ``external`` is true. ``targets`` limits
-    faults to calls into the named classes (all classes when empty).
+    faults to calls into the named classes (all classes when empty), and the
+    queue faults to the queues it names.
     """
 
     lost_request: float = 0.0  #: the call never reaches the callee; the caller sees an error
@@ -67,12 +68,15 @@ class Faults:
     alarm_failure: float = 0.0  #: an alarm invocation fails after its handler ran
     duplicate_alarm: float = 0.0  #: a successful alarm is delivered once more
     outages: tuple[Outage, ...] = ()  #: objects out of order for a while (see ``Outage``)
+    #: a queue consumer's invocation dies within ``evict_window_ms`` of its start: the whole batch comes again
+    consumer_crash: float = 0.0
+    lost_ack: float = 0.0  #: a message its consumer acked comes again, as a redelivery
     external: bool = False
     targets: frozenset[str] = field(default_factory=frozenset)
 
     def __post_init__(self) -> None:
         for name in ("lost_request", "lost_reply", "duplicate", "evict",
-                     "crash_before_commit", "alarm_failure", "duplicate_alarm"):
+                     "crash_before_commit", "alarm_failure", "duplicate_alarm", "consumer_crash", "lost_ack"):
             rate = getattr(self, name)
             if not 0.0 <= rate <= 1.0:
                 raise ValueError(f"Faults.{name} must be a probability from 0 to 1, not {rate!r}")
@@ -149,3 +153,16 @@ class FaultPlanner:
 
     def duplicate_alarm(self, class_name: str) -> bool:
         return self._applies(class_name, True) and self._chance(self.faults.duplicate_alarm)
+
+    def _queue_applies(self, queue: str) -> bool:
+        f = self.faults
+        return self.enabled and not self.paused and (not f.targets or queue in f.targets)
+
+    def consumer_crash(self, queue: str) -> float | None:
+        """Milliseconds into a consumer's invocation at which it dies, or None."""
+        if self._queue_applies(queue) and self._chance(self.faults.consumer_crash):
+            return self.rng.uniform(0, self.faults.evict_window_ms)
+        return None
+
+    def ack_lost(self, queue: str) -> bool:
+        return self._queue_applies(queue) and self._chance(self.faults.lost_ack)

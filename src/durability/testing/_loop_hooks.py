@@ -1,7 +1,7 @@
 """What the runtime's event loop asks about objects: whose is a step, a timer, a task.
 
 Lives here: the hooks the runtime sets on its loop: the meter a step run in
-an object's context charges its CPU to, the object a timer keeps awake,
+an object's context (or a stateless invocation's) charges its CPU to, the object a timer keeps awake,
 and the task factory that gives every task an object's code starts to that
 object's instance, so that eviction stops it. Must not know: the clock or
 the runtime; each hook finds the object in the context (``current_host``,
@@ -16,12 +16,16 @@ from collections.abc import Callable
 from typing import Any
 
 from ._host import ObjectHost, current_generation, current_host
+from ._queue_values import current_invocation
 
 
 def _cpu_meter(context: contextvars.Context) -> Callable[[float], None] | None:
-    """Each step run in an object's context is charged to that object."""
+    """Each step run in an object's context is charged to that object, and
+    one run in a stateless invocation of the Worker to the Worker."""
     host = context.get(current_host)
-    return host.charge_cpu if host is not None else None
+    if host is not None:
+        return host.charge_cpu
+    return context.get(current_invocation)
 
 
 def _timer_owner(context: contextvars.Context | None) -> ObjectHost | None:

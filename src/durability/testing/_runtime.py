@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
-import inspect
 import os
 import random
 import tomllib
@@ -27,6 +26,7 @@ from typing import Any, Literal
 from ._bindings import DurableObjectNamespace, DurableObjectStub, Env
 from ._clock import DEFAULT_EPOCH_MS, RealClockLoop, RuntimeLoop, VirtualClockLoop, patched_wall_clock
 from ._cron import CronSchedule
+from ._entrypoint import Entrypoint
 from ._faults import FaultPlanner, Faults
 from ._host import (
     DEFAULT_CPU_LIMIT_MS,
@@ -37,11 +37,12 @@ from ._host import (
     ObjectHost,
     current_generation,
     current_host,
-    python_error,
     reset_error,
 )
 from ._loop_hooks import _cpu_meter, _task_factory, _timer_owner
-from ._storage import DurableObjectId, ExecutionContext
+from ._queue_values import QueueConsumer
+from ._queues import Queues, consumers_of, producers_of
+from ._storage import DurableObjectId
 from ._values import JsDict, JsException, rpc_copy
 from ._worker_module import load_worker_module
 
@@ -88,7 +89,8 @@ class Runtime:
                  crons: Sequence[str] = (),
                  max_requests_per_s: float | None = DEFAULT_MAX_REQUESTS_PER_S,
                  cpu_limit_ms: float | None = DEFAULT_CPU_LIMIT_MS,
-                 hibernate_after_ms: float | None = None) -> None:
+                 hibernate_after_ms: float | None = None,
+                 queues: dict[str, str] | None = None, consumers: Sequence[QueueConsumer] = ()) -> None:
         if clock not in ("virtual", "real"):
             raise ValueError(f"clock must be 'virtual' or 'real', not {clock!r}")
         self.module = module
@@ -106,7 +108,6 @@ class Runtime:
         self.trace: list[tuple[float, str, str, str]] = []  #: (ms, object, event, detail)
         self._hosts: dict[tuple[str, str], ObjectHost] = {}
         self._system_tasks: set[asyncio.Task[Any]] = set()
-        self._entrypoint = getattr(module, entrypoint, None)
         #: the Cron Triggers: ``Default.scheduled`` runs at each, on the runtime's clock
         self.crons = tuple(CronSchedule.parse(cron) for cron in crons)
         self._crons_started = False
@@ -117,8 +118,14 @@ class Runtime:
                 raise ValueError(f"binding {binding}: {module.__name__} has no class {class_name}")
             bindings[binding] = DurableObjectNamespace(self, class_name, cls)
         self.namespaces: dict[str, DurableObjectNamespace] = dict(bindings)
+        #: each queue by name: producers' bindings send to it, its consumer's batches go to ``Default.queue``
+        self.queues = Queues(self.loop, self.faults, self.spawn_system, self.log_queue)
+        bindings.update(self.queues.set_up(queues or {}, consumers, lambda batch: self.entrypoint.queue(batch)))
         bindings.update(vars or {})
         self.env = Env(bindings)
+        #: ``Default``: its invocations (fetch, RPC, crons, queue batches) and what they are billed for
+        self.entrypoint = Entrypoint(getattr(module, entrypoint, None), module.__name__, self.env, self.spawn_system)
+        self.worker_stats = self.entrypoint.stats
         self._host_services = HostServices(
             loop=self.loop, rng=self.rng, env=self.env, faults=self.faults,
             max_requests_per_s=max_requests_per_s, cpu_limit_ms=cpu_limit_ms,
@@ -143,6 +150,8 @@ class Runtime:
         }
         merged = dict(settings.get("vars", {}))
         merged.update(vars or {})
+        options.setdefault("queues", producers_of(settings))
+        options.setdefault("consumers", consumers_of(settings))
         options.setdefault("crons", settings.get("triggers", {}).get("crons", ()))
         if "cpu_ms" in settings.get("limits", {}):
             options.setdefault("cpu_limit_ms", settings["limits"]["cpu_ms"])
@@ -219,11 +228,14 @@ class Runtime:
     def totals(self) -> dict[str, float]:
         """Billing figures summed over every object (rows read and written,
         requests, calls refused as overloaded, seconds awake and the GB-s
-        they bill at 128 MB an object), and the highest requests per second
-        any one object took."""
+        they bill at 128 MB an object), the highest requests per second
+        any one object took, the Worker's stateless requests and their CPU,
+        and the operations of every queue."""
         totals: dict[str, float] = {
             "rows_read": 0, "rows_written": 0, "requests": 0, "alarm_invocations": 0, "evictions": 0,
-            "overloaded": 0, "peak_requests_per_s": 0, "awake_s": 0.0, "gb_s": 0.0}
+            "overloaded": 0, "peak_requests_per_s": 0, "awake_s": 0.0, "gb_s": 0.0,
+            "worker_requests": self.worker_stats.requests, "worker_cpu_ms": self.worker_stats.cpu_s * 1000,
+            "queue_operations": self.queues.operations()}
         for host in self._hosts.values():
             totals["rows_read"] += host.db.rows_read
             totals["rows_written"] += host.db.rows_written + host.stats.alarm_writes
@@ -247,6 +259,9 @@ class Runtime:
         where = f"{host.class_name}:{host.name}" if host else "runtime"
         self.errors.append((where, error))
         self.log_event(host, "background error", repr(error))
+
+    def log_queue(self, event: str, detail: str) -> None:
+        self.log_event(None, event, detail)
 
     def log_event(self, host: ObjectHost | None, event: str, detail: str = "") -> None:
         name = f"{host.class_name}:{host.name}" if host else "-"
@@ -308,42 +323,13 @@ class Runtime:
 
     async def scheduled(self, cron: str = "", scheduled_time: float | None = None) -> None:
         """Run ``Default.scheduled(controller, env, ctx)`` once, as a Cron Trigger does."""
-        instance = self._entrypoint_instance()
-        handler = getattr(instance, "scheduled", None)
-        if handler is None:
-            raise ValueError(f"{self.module.__name__}: Default has no scheduled() handler")
-        when = self.loop.now_ms() if scheduled_time is None else scheduled_time
-        controller = JsDict(cron=cron, scheduledTime=when, type="scheduled")
         self.log_event(None, "scheduled", cron)
-        args = [controller, self.env, ExecutionContext(self.spawn_system)]
-        try:
-            taken = len(inspect.signature(handler).parameters)
-        except (TypeError, ValueError):
-            taken = len(args)
-        result = handler(*args[:max(1, taken)])
-        if inspect.isawaitable(result):
-            await result
+        await self.entrypoint.scheduled(cron, self.loop.now_ms() if scheduled_time is None else scheduled_time)
 
     # -- the Default entrypoint ---------------------------------------------
-    def _entrypoint_instance(self) -> Any:
-        if self._entrypoint is None:
-            raise ValueError(f"{self.module.__name__} has no Default entrypoint class")
-        return self._entrypoint(ExecutionContext(self.spawn_system), self.env)
-
     async def call_entrypoint(self, method: str, *args: Any) -> Any:
         """Call a method of ``Default`` as another Worker would over a service binding."""
-        instance = self._entrypoint_instance()
-        if method.startswith("_") or not callable(getattr(type(instance), method, None)):
-            raise JsException(f"Method {method} does not exist", name="TypeError")
-        try:
-            result = getattr(instance, method)(*[rpc_copy(a) for a in args])
-            if asyncio.iscoroutine(result) or isinstance(result, asyncio.Future):
-                result = await result
-            return rpc_copy(result)
-        except JsException:
-            raise
-        except Exception as error:
-            raise python_error(error) from None
+        return await self.entrypoint.call(method, *args)
 
     async def fetch(self, url: str, **init: Any) -> Any:
         """Send an HTTP request to ``Default.fetch`` and return its Response.
@@ -353,9 +339,7 @@ class Runtime:
         ``JsException`` (``SyntaxError``) there and here alike."""
         from ._workers_standin import IncomingRequest
 
-        request = IncomingRequest(url, **init)
-        instance = self._entrypoint_instance()
-        return await instance.fetch(request)
+        return await self.entrypoint.fetch(IncomingRequest(url, **init))
 
 
 def _hibernation(given: float | None) -> float | None:
