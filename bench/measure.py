@@ -44,6 +44,7 @@ class Ledger:
     ran_in: dict[str, str] = field(default_factory=dict)  #: job -> the object that ran it ("Class:name")
     running: dict[str, set[str]] = field(default_factory=dict)
     max_running: dict[str, int] = field(default_factory=dict)
+    runs: dict[str, int] = field(default_factory=dict)  #: job -> how many times its work started
 
     def submitted(self, job_id: str, account: str, work_ms: float, at: float) -> None:
         self.account[job_id], self.work_ms[job_id] = account, work_ms
@@ -59,6 +60,7 @@ class Ledger:
         running.add(job_id)
         self.max_running[account] = max(self.max_running.get(account, 0), len(running))
         self.started_at.setdefault(job_id, at)
+        self.runs[job_id] = self.runs.get(job_id, 0) + 1
 
     def ended(self, job_id: str, at: float) -> None:
         self.running.get(self.account[job_id], set()).discard(job_id)

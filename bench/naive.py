@@ -4,9 +4,12 @@ Lives here: a Worker module with ``NaiveLimit`` (one per account:
 ``acquire(job_id)`` inserts a holder row while fewer than the limit hold,
 ``release(job_id)`` deletes it, and the alarm sweeps holders past their ttl,
 so a lost release costs capacity for a while, not for good) and
-``NaiveShard`` (queues jobs; its alarm ends jobs whose work is done,
-releasing them, and polls ``acquire`` for its queued jobs every
-``POLL_MS``, oldest first per account, stopping at the first refusal).
+``NaiveShard`` (queues jobs; polls ``acquire`` for its queued jobs every
+``POLL_MS`` on its alarm, oldest first per account, stopping at the first
+refusal, and runs each job it is granted inside itself, as the simplest
+Durable Object awaits its work or its webhook: a task that waits out the
+job's work, then ends it and releases its permit; the alarm ends a job whose
+task went with an evicted instance).
 Honest and reasonably efficient: WITHOUT ROWID tables with no index, an
 alarm only while there is something to do, an idempotent ``acquire`` so a
 lost reply is not a lost permit, one refusal per account per poll. Must not
@@ -17,6 +20,7 @@ know: the benchmark or the library.
 library's benchmark loses releases (bench/workload.py, LostReleases).
 """
 
+import asyncio
 import json
 import time
 
@@ -86,17 +90,41 @@ class NaiveShard(DurableObject):
             await self.ctx.storage.setAlarm(now_ms())
         return {"id": job["id"], "state": "queued"}
 
+    async def _end(self, job_id, account):
+        """The job's work is done: it ends, and its permit goes back."""
+        sql = self.ctx.storage.sql
+        if not sql.exec("SELECT id FROM jobs WHERE id = ?", job_id).toArray():
+            return  # ended already
+        sql.exec("DELETE FROM jobs WHERE id = ?", job_id)
+        try:
+            if not (LOSE_RELEASES and RNG.random() < LOSE_RELEASES):
+                await self.env.NAIVE_LIMIT.getByName(account).release(job_id)
+        except Exception:
+            pass  # lost: the holder's ttl sweep takes the row back
+
+    async def _run(self, job_id, account, work_ms):
+        try:
+            await asyncio.sleep(work_ms / 1000)  # the work itself, awaited in the object
+        finally:
+            LEDGER.ended(job_id, now_ms())  # done, or cut short with its instance
+        await self._end(job_id, account)
+        await self.alarm()  # its permit is free: start what waits now, not at the next poll
+
+    def _polling(self):
+        """One poll at a time: the alarm's and a finished job's would start a job twice."""
+        if not hasattr(self, "_poll_lock"):
+            self._poll_lock = asyncio.Lock()
+        return self._poll_lock
+
     async def alarm(self, alarm_info=None):
+        async with self._polling():
+            await self._poll()
+
+    async def _poll(self):
         sql = self.ctx.storage.sql
         now = now_ms()
         for job in sql.exec("SELECT id, account FROM jobs WHERE ends_at <= ?", now).toArray():
-            LEDGER.ended(job["id"], now)
-            try:
-                if not (LOSE_RELEASES and RNG.random() < LOSE_RELEASES):
-                    await self.env.NAIVE_LIMIT.getByName(job["account"]).release(job["id"])
-            except Exception:
-                pass  # lost: the holder's ttl sweep takes the row back
-            sql.exec("DELETE FROM jobs WHERE id = ?", job["id"])
+            await self._end(job["id"], job["account"])  # its task went with an evicted instance: release
         refused = set()
         queued = sql.exec("SELECT id, account, work_ms FROM jobs WHERE ends_at IS NULL ORDER BY submitted_at").toArray()
         for job in queued:
@@ -113,8 +141,10 @@ class NaiveShard(DurableObject):
             start = now_ms()
             sql.exec("UPDATE jobs SET ends_at = ? WHERE id = ?", start + job["work_ms"], job["id"])
             LEDGER.started(job["id"], start, where=running_object())
+            self.ctx.waitUntil(self._run(job["id"], job["account"], job["work_ms"]))
         ends = sql.exec("SELECT min(ends_at) AS at FROM jobs").one()["at"]
         waiting = sql.exec("SELECT count(*) AS n FROM jobs WHERE ends_at IS NULL").one()["n"]
-        due = [at for at in (ends, now_ms() + POLL_MS if waiting else None) if at is not None]
+        # A job's own task ends it; the alarm only backs that up, a margin later.
+        due = [at for at in (ends and ends + TTL_MARGIN_MS, now_ms() + POLL_MS if waiting else None) if at]
         if due:
             await self.ctx.storage.setAlarm(min(due))

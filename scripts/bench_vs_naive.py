@@ -5,13 +5,17 @@
                                      [--plot PATH] [--json] [--record PATH]
 
 Runs, on the embedded runtime in virtual time and on exactly the same
-arrivals: the example Worker with grants, the example Worker with leases in
-each provisioning mode (strict; under, reserving 2 permits for grants; over,
-letting work reach limit + half of it, against which its busy share and
-safety are measured), the example Worker with its holders holding requests
-instead of calling shards back ("grants, requests held":
+arrivals: the example Worker with grants (each job's attempt run by the
+consumer of its job-attempts queue), the same with each attempt run inside
+its shard ("grants, jobs in the shard": ``JOBS_RUN_IN = "shard"``), the
+example Worker with leases in each provisioning mode (strict; under,
+reserving 2 permits for grants; over, letting work reach limit + half of
+it, against which its busy share and safety are measured), the example
+Worker as it ran before its holders called shards back, its requests held
+and its jobs run in the shard ("grants, requests held":
 ``ACCOUNT_CALLS_SHARDS = "false"``), and the naive Worker of
-``bench/naive.py`` polling every 5 s and every 1 s. Every object
+``bench/naive.py`` polling every 5 s and every 1 s (its jobs run inside its
+shards). Every object
 hibernates after 10 s with nothing pending but its alarm, as in
 production. Prints, per system, rows written, rows read and requests per
 admitted job, dollars per million jobs (rows written $1, rows read $0.001,
@@ -25,8 +29,9 @@ wait, how long a freed permit waits for its next job (refill p50 and p99),
 the share of admissions made out of oldest-first order, p50 and p99
 wait, and the makespan against its lower bound; all from ground truth
 measured outside the objects. ``--faults`` adds the demo's faults (2% of
-calls lost, duplicated, delayed; evictions, crashes; 5% of releases lost)
-to every system. ``--plot`` writes a PNG (running ÷ limit over time per
+calls lost, duplicated, delayed, those of a queue's consumer included;
+evictions, crashes; 2% of consumer invocations dying partway and of acks
+lost; 5% of releases lost) to every system. ``--plot`` writes a PNG (running ÷ limit over time per
 account for each system, and dollars per million jobs as bars).
 ``--record`` writes every semaphore message a queue sent and the reply or
 failure it got, one JSON line each, in order: a refactor that keeps the
@@ -59,7 +64,9 @@ LEASE_MODES = {"strict leases": {"mode": "strict"}, "under leases": {"mode": "un
                "over leases": {"mode": "over", "extra": {"ratio": 0.5}}}
 #: the example as it ran before its holders called shards back: each shard's request held open (a long poll)
 HELD = "grants, requests held"
-SYSTEMS = ["grants", *LEASE_MODES, HELD, "naive, polling every 5 s", "naive, polling every 1 s"]
+#: the example with each job's attempt run inside its shard instead of the queue's consumer (JOBS_RUN_IN)
+IN_SHARD = "grants, jobs in the shard"
+SYSTEMS = ["grants", IN_SHARD, *LEASE_MODES, HELD, "naive, polling every 5 s", "naive, polling every 1 s"]
 
 
 def leases_of(system: str, permits_per_lease: int = 2) -> dict | None:
@@ -79,7 +86,7 @@ def faults_of(on: bool | Faults) -> Faults | None:
         return on
     rate = 0.02
     return Faults(lost_request=rate, lost_reply=rate, duplicate=rate, latency_ms=(1, 30), evict=rate / 2,
-                  crash_before_commit=rate / 4, alarm_failure=rate) if on else None
+                  crash_before_commit=rate / 4, alarm_failure=rate, consumer_crash=rate, lost_ack=rate) if on else None
 
 
 def example_runtime(system: str, args, limits: dict, ledger: measure.Ledger) -> Runtime:
@@ -87,7 +94,8 @@ def example_runtime(system: str, args, limits: dict, ledger: measure.Ledger) -> 
                                     hibernate_after_ms=HIBERNATE_AFTER_MS, vars={
         "ACCOUNT_LIMITS": json.dumps(limits), "SHARDS": str(args.shards),
         "ACCOUNT_LEASES": json.dumps(leases_of(system, getattr(args, "permits_per_lease", 2))),
-        "ACCOUNT_CALLS_SHARDS": "false" if system == HELD else "true"})
+        "ACCOUNT_CALLS_SHARDS": "false" if system == HELD else "true",
+        "JOBS_RUN_IN": "shard" if system in (HELD, IN_SHARD) else "queue"})
     module = runtime.module
     real_run_job = module.run_job
 
@@ -219,6 +227,8 @@ def run_system(system: str, args, work, limits: dict) -> dict:
         "makespan_s": round(span / 1000, 1), "makespan_bound_s": round(bound / 1000, 1),
         "over_limit": {a: ledger.max_running.get(a, 0) > ceilings[a] for a in limits},
         "run_twice_at_once": ledger.overlaps, "real_seconds": round(time.perf_counter() - started, 1),
+        #: runs beyond each job's first: retries of failed attempts, and runs repeated (a redelivery, a crash)
+        "runs_beyond_one_per_job": sum(n - 1 for n in ledger.runs.values()),
         "rows_written_by_table": [list(row) for row in writes.rows(jobs)]
                                  + [["setAlarm", "", round(alarms / max(jobs, 1), 2)]],
         "_timeline": timeline(ledger, ceilings),

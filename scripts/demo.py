@@ -7,8 +7,10 @@
 
 Jobs of random durations arrive in bursts for a few accounts with small
 limits; tens of shards queue them; each account's holder admits them oldest
-first; some jobs fail, some releases are lost, and calls between objects
-are lost, duplicated, delayed and reordered while objects are evicted. All
+first; the consumer of the job-attempts queue runs each admitted job and
+reports to its shard; some jobs fail, some releases are lost, calls
+between objects are lost, duplicated, delayed and reordered while objects
+are evicted, and consumers die mid-batch and lose acks. All
 of it runs in virtual time. The summary checks the promises against ground
 truth (jobs actually running, measured outside the objects) and prints what
 it cost in the units Cloudflare bills. With ``--leases``, each account's
@@ -54,7 +56,8 @@ LEASE_TTL_MS = 10 * 60_000
 def ceiling(limit: int, leases: str | None) -> int:
     """What work may really reach: the limit, or limit + extra for leases "over"."""
     return limit + limit // 2 if leases == "over" else limit
-FAULT_EVENTS = ("lost request", "lost reply", "duplicate", "alarm failed")  #: runtime trace events
+FAULT_EVENTS = ("lost request", "lost reply", "duplicate", "alarm failed", "queue consumer died",
+                "queue ack lost")  #: runtime trace events
 
 
 class LogCounter(logging.Handler):
@@ -209,7 +212,8 @@ def main() -> int:
     limits = dict(zip(accounts, LIMITS))
     rate = args.fault_rate
     faults = Faults(lost_request=rate, lost_reply=rate, duplicate=rate, latency_ms=(1, 30),
-                    evict=rate / 2, crash_before_commit=rate / 4, alarm_failure=rate) if rate else None
+                    evict=rate / 2, crash_before_commit=rate / 4, alarm_failure=rate,
+                    consumer_crash=rate, lost_ack=rate) if rate else None
     logs = LogCounter()
     logging.getLogger().addHandler(logging.StreamHandler() if args.verbose else logs)
     started = time.perf_counter()
@@ -262,9 +266,13 @@ def main() -> int:
         "awake_coordinating_s_per_admission": round(coordinating_s / max(admitted, 1), 3),
         "awake_in_jobs_s_per_admission": round(in_jobs_s / max(admitted, 1), 3),
         "rows_and_requests_dollars_per_million": round(measure.dollars_per_million(totals, admitted), 2),
+        # ... and the Worker invocations it makes by itself (the queue's consumer, the sweep) and
+        # the queue's operations (bench/measure.py).
         "all_in_dollars_per_million": round(measure.dollars_per_million(totals, admitted)
                                             + measure.awake_dollars_per_million(in_jobs_s + coordinating_s,
-                                                                                admitted), 2),
+                                                                                admitted)
+                                            + measure.stateless_dollars_per_million(
+                                                runtime.worker_stats, totals["queue_operations"], admitted), 2),
         "leaked_permits": sum(u["outstanding"] for u in usages.values())
         - sum(len(r) for r in ledger.running.values()),
         "evictions": totals["evictions"],
@@ -312,7 +320,8 @@ def human(s: dict) -> str:
     lines.append(f"awake, every object together, per admission: {s['awake_coordinating_s_per_admission']} "
                  f"object-s coordinating, {s['awake_in_jobs_s_per_admission']} in the jobs' own run; "
                  f"$ per million admissions: {s['rows_and_requests_dollars_per_million']} rows and requests, "
-                 f"{s['all_in_dollars_per_million']} all in (duration at 128 MB, $12.50 per million GB-s)")
+                 f"{s['all_in_dollars_per_million']} all in (duration at 128 MB, $12.50 per million GB-s; "
+                 "Workers requests and CPU; Queues operations)")
     lines.append("  (rows as Durable Object SQLite bills them: every row a query scans is read, so the "
                  "queue's scans of its items read many; a million reads cost what a thousand writes do)")
     lines.append(f"jobs run twice at once: {s['jobs_run_twice_at_once']}; work repeated after a crash lost "

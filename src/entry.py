@@ -14,11 +14,14 @@ admits them, oldest first across all shards, within the account's limit
 workflow's limit (``WORKFLOW_LIMITS``); with ``ACCOUNT_FAIR_SHARE`` set,
 the account's workflows share its limit by weight, floor and priority
 instead of oldest first across them. An admitted job runs through the
-``DurabilityJobs`` runner; its permit goes back when the job ends, and the
-queue's ``finished()`` sweep returns any permit whose release was lost.
+``DurabilityJobs`` runner, each attempt handed to the consumer of the
+``job-attempts`` queue (``Default.queue``), which runs it where a stateless
+Worker bills CPU only and reports to the shard (``JOBS_RUN_IN``: "shard"
+runs it in the shard instead); its permit goes back when the job ends, and
+the queue's ``finished()`` sweep returns any permit whose release was lost.
 
 Webhooks: a job submitted with a ``url`` is POSTed there once its work is
-done, inside its attempt, so under the account's permit: never more
+done, inside its attempt (in the consumer), so under the account's permit: never more
 deliveries of an account at once than its limit. A delivery that gets no
 answer, or a 5xx, 408, 425 or 429, fails the attempt and the runner retries
 it; any other answer outside 2xx (a redirect included: none is followed)
@@ -65,7 +68,16 @@ from urllib.parse import urlsplit
 from workers import DurableObject, Response, WorkerEntrypoint, fetch as fetch_url
 
 import operator_pages
-from durability import Backoff, DurabilityJobs, DurabilityOutbox, DurabilityScheduler, NonRetryableError, locks
+from durability import (
+    Backoff,
+    DurabilityJobs,
+    DurabilityOutbox,
+    DurabilityScheduler,
+    JobConsumer,
+    NonRetryableError,
+    QueueHandoff,
+    locks,
+)
 from durability.locks import PlaceLost, WaitTimeout, semaphore
 from durability.semaphore import DurabilitySemaphore, DurabilitySemaphoreQueue
 from durability.transforms import timeout
@@ -257,7 +269,9 @@ class AccountLimit(DurableObject):
 # leaves room for the queue's long poll (request_wait_ms, 240 s here) and a round.
 limits = DurabilitySemaphore.client(binding="ACCOUNT_LIMIT").with_(timeout, 250_000)
 
-MAX_WORK_MS = 15 * 60_000
+# A job's work and its webhook run in a queue consumer (JOBS_RUN_IN), whose
+# invocation lasts 15 minutes at most: the work gets 14 of them.
+MAX_WORK_MS = 14 * 60_000
 MAX_URL_LENGTH = 2_048
 MAX_PAYLOAD_BYTES = 16_384
 MAX_PAYLOAD_DEPTH = 64  #: arrays and objects within one another; checked without recursion
@@ -426,6 +440,7 @@ class JobShard(DurableObject):
             handlers={"run": lambda job: run_job(self.env, job)},
             on_lifecycle_event=self._on_job_event,
             retries=Backoff(initial_ms=1_000, max_attempts=3),
+            runs_in=_attempts_queue(env, ctx),
             # Finished jobs go after the library's 30 days (or beyond the
             # newest 100,000 of the shard), one row written each, except
             # while the queue keeps their item (see _queue_keeps).
@@ -470,11 +485,26 @@ class JobShard(DurableObject):
             lease_report_delay_ms=1_000,
             # Its holder may answer at once and call back (semaphore_reply).
             woken=_calls_shards(env),
+            # A job handed to the queue's consumer lives on when the shard
+            # hibernates, and its report releases its permit: a new instance
+            # hands its admitted items in again, and the finished() sweep runs,
+            # at the shard's next event, or a minute later at most, not on an
+            # alarm of their own (two rows and a request each time).
+            checks_wait_ms=0 if self.jobs.runs_in is None else 60_000,
         )
 
     async def semaphore_reply(self, key, reply):
         """The account holder's call, once a round has permits for this shard."""
         return await self.permits.hear(key, reply)
+
+    async def job_report(self, report):
+        """The queue consumer's call: how an attempt it ran ended (or whether it is still out)."""
+        answer = await self.jobs.report(report)
+        if answer["status"] in ("completed", "failed"):
+            # Its end is when its release may be lost: finished() is asked
+            # about it now (reads only), not at the sweep a minute on.
+            await self.permits.check_finished([report["job"]])
+        return answer
 
     async def submit(self, job):
         job = _job(job)
@@ -563,6 +593,29 @@ async def run_upload(user, work_ms, permit):
         left -= step
 
 
+def _attempts_queue(env, ctx):
+    """JOBS_RUN_IN: "queue" (the default) runs each attempt in the
+    JOB_ATTEMPTS queue's consumer (Default.queue), billed by CPU while it
+    awaits its work and its webhook, the shard asleep until the consumer
+    reports; "shard" runs it inside the shard, which bills every second
+    the attempt takes (docs/jobs.md, which to pick)."""
+    where = str(getattr(env, "JOBS_RUN_IN", "queue")).lower()
+    if where == "shard":
+        return None
+    if where != "queue":
+        raise ValueError(f'JOBS_RUN_IN must be "queue" or "shard", not {where!r}')
+    if getattr(env, "JOB_ATTEMPTS", None) is None:
+        raise ValueError('JOBS_RUN_IN is "queue" but the Worker has no JOB_ATTEMPTS queue binding')
+    return QueueHandoff(env.JOB_ATTEMPTS, ctx.id.toString(), run_within_ms=MAX_WORK_MS + WEBHOOK_TIMEOUT_S * 1000)
+
+
+def _job_consumer(env):
+    """What Default.queue runs: the attempts shards hand to JOB_ATTEMPTS, and
+    the dead letters that end theirs as failed (wrangler.toml's queues)."""
+    return JobConsumer({"run": lambda job: run_job(env, job)}, binding="JOB_SHARD",
+                       dead_letter_queue="job-attempts-dead")
+
+
 def _shard_count(env):
     return int(getattr(env, "SHARDS", "16"))
 
@@ -647,6 +700,11 @@ class Default(WorkerEntrypoint):
 
     async def job_status(self, job_id):
         return await _shard(self.env, _name(job_id, "id")).status(job_id)
+
+    async def queue(self, batch, env=None, ctx=None):
+        """The consumer of the job-attempts queue (and of its dead letters):
+        runs each attempt a shard handed over, and reports it to that shard."""
+        await _job_consumer(self.env).handle(batch, self.env)
 
     async def scheduled(self, controller, env=None, ctx=None):
         """The sweep (a Cron Trigger): every shard is called once. A shard

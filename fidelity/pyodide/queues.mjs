@@ -6,12 +6,12 @@
 //
 // Lives here: WorkerQueue (send, sendBatch), QueueMessage and MessageBatch
 // (ack, retry, ackAll, retryAll, kept as workerd keeps them: the first word
-// about a message stands and outranks the batch's), and QueueBroker.settle():
-// deliver what waits until nothing is left, a batch once max_batch_size
+// about a message stands and outranks the batch's), and QueueBroker: from each
+// send on, deliver what waits until nothing is left, a batch once max_batch_size
 // messages are ready or the oldest ready one has waited max_batch_timeout,
-// on the virtual clock, one batch at a time (the embedded runtime's tests
+// on the virtual clock, every batch due at once (the embedded runtime's tests
 // show the rest of the broker's rules; this tier shows the handler's
-// shape). Must not know: any Worker.
+// shape); settle() waits for it. Must not know: any Worker.
 import { randomBytes } from "node:crypto";
 
 export class WorkerQueue {
@@ -77,10 +77,19 @@ export class QueueBroker {
     this.consumer = { max_batch_size: 10, max_batch_timeout: 5, max_retries: 3, retry_delay: 0, ...consumer };
     this.waiting = [];
     this.sequence = 0;
+    this.handling = 0;  // batches being handled
+    this.timer = null;
     this.stats = { sent: 0, batches: 0, acked: 0, retried: 0, dropped: 0 };
   }
 
+  // Delivered in the background from the send on, as the runtime does:
+  // every batch due is handed out at once, and the next comes due on a timer.
   put(body, options) {
+    this.store(body, options);
+    this.kick();
+  }
+
+  store(body, options) {
     const type = options.contentType ?? "json";
     if (type === "text" && typeof body !== "string") throw new TypeError('Content Type "text" requires a value of type string');
     const stored = type === "json" ? JSON.parse(JSON.stringify(body)) : structuredClone(body);
@@ -90,18 +99,21 @@ export class QueueBroker {
     this.stats.sent += 1;
   }
 
-  async settle() {
-    while (this.waiting.length > 0) {
-      const batches = this.dueBatches(Date.now());
-      if (batches.length === 0) {
-        await new Promise((resolve) => setTimeout(resolve, this.nextDue(Date.now()) - Date.now()));
-        continue;
-      }
-      // Every batch due now is formed before any is handled, as the broker
-      // hands them out together; what they retry waits for the next pass.
-      for (const batch of batches) this.waiting = this.waiting.filter((m) => !batch.includes(m));
-      for (const batch of batches) await this.deliver(batch);
+  kick() {
+    clearTimeout(this.timer);
+    this.timer = null;
+    const batches = this.dueBatches(Date.now());
+    for (const batch of batches) this.waiting = this.waiting.filter((m) => !batch.includes(m));
+    for (const batch of batches) {
+      this.handling += 1;
+      this.host.track(this.deliver(batch).finally(() => { this.handling -= 1; this.kick(); }));
     }
+    if (this.waiting.length > 0) this.timer = setTimeout(() => this.kick(), this.nextDue(Date.now()) - Date.now());
+  }
+
+  // Wait until the queue has handled everything it holds.
+  async settle() {
+    while (this.handling > 0 || this.waiting.length > 0) await new Promise((resolve) => setTimeout(resolve, 100));
   }
 
   dueBatches(now) {

@@ -5,6 +5,8 @@ only this package, the standard library and the ``workers`` SDK;
 ``durability.testing`` (the embedded runtime) is for tests and demos.
 """
 
+from .jobs.consumer import JobConsumer
+from .jobs.handoff import QueueHandoff
 from .jobs.retention import JobRetention
 from .jobs.runner import Durability, DurabilityJobs, JobContext, JobEvent, NonRetryableError, current_job
 from .outbox import DurabilityOutbox, OutboxChannel, OutboxMessage
@@ -17,12 +19,14 @@ __all__ = [
     "DurabilityJobs",
     "DurabilityOutbox",
     "DurabilityScheduler",
+    "JobConsumer",
     "JobContext",
     "JobEvent",
     "JobRetention",
     "NonRetryableError",
     "OutboxChannel",
     "OutboxMessage",
+    "QueueHandoff",
     "Timer",
     "current_job",
 ]

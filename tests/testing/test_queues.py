@@ -164,6 +164,19 @@ def test_sends_that_break_a_limit_fail_for_their_sender_and_queue_nothing():
     assert runtime.queues["jobs"].stats.sent == 0 and runtime.queues["jobs"].waiting() == 0
 
 
+def test_a_message_an_object_sends_waits_for_its_writes_and_goes_nowhere_if_they_are_lost():
+    runtime = queue_runtime(QueueConsumer("jobs", max_batch_size=1),
+                            faults=Faults(crash_before_commit=1.0, targets={"Sender"}))
+
+    async def scenario():
+        with pytest.raises(JsException):
+            await runtime.env.SENDER.getByName("s").record_and_send({"n": 1})
+        await asyncio.sleep(5)
+
+    runtime.run(scenario())
+    assert runtime.queues["jobs"].stats.sent == 0 and delivered(runtime) == []
+
+
 def test_under_faults_delivery_is_at_least_once_and_a_seed_replays_the_same_run():
     def run_with(seed):
         runtime = queue_runtime(QueueConsumer("jobs", max_batch_size=4),

@@ -23,6 +23,12 @@ class Sender(DurableObject):
     async def send(self, body, options=None):
         await self.env.JOBS.send(body, **(options or {}))
 
+    async def record_and_send(self, body):
+        """A write, then a send that must not leave before the write is durable."""
+        self.ctx.storage.sql.exec("CREATE TABLE IF NOT EXISTS sent (n INTEGER)")
+        self.ctx.storage.sql.exec("INSERT INTO sent VALUES (?)", body["n"])
+        await self.env.JOBS.send(body)
+
 
 class Default(WorkerEntrypoint):
     async def send(self, body, options=None):

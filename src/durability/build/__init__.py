@@ -206,14 +206,17 @@ def wrangler_settings(path: Path) -> dict[str, Any]:
 
 # -- 4. the import in Pyodide ------------------------------------------------------------------
 def wrangler_config(path: Path) -> dict[str, Any]:
-    """What the Pyodide host needs of ``wrangler.toml``: the main module, its directory, vars, bindings."""
+    """What the Pyodide host needs of ``wrangler.toml``: the main module, its directory, vars, bindings, queues."""
     settings = wrangler_settings(path)
     bindings = settings.get("durable_objects", {}).get("bindings", [])
+    queues = settings.get("queues", {})
     return {
         "main": Path(settings["main"]).stem,
         "module_dir": (path.parent / settings["main"]).parent,
         "vars": {k: str(v) for k, v in settings.get("vars", {}).items()},
         "durableObjects": [{"name": b["name"], "className": b["class_name"]} for b in bindings],
+        "queues": {"producers": {p["binding"]: p["queue"] for p in queues.get("producers", [])},
+                   "consumers": list(queues.get("consumers", []))},
     }
 
 

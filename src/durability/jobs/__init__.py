@@ -1,11 +1,14 @@
 """Durable jobs: each run to completion or final failure, retried with backoff, kept a while, then purged.
 
-Lives here: the runner (``runner``), a job's record and its vocabulary
-(``records``), which finished jobs go and when (``retention``, pure) and
+Lives here: the runner (``runner``) and what callers hand jobs in with
+(``run_call``), attempts run by a Queue consumer (``handoff``, ``consumer``),
+a job's record and its vocabulary (``records``), which finished jobs go and when (``retention``, pure) and
 the purge that deletes them (``purge``). Must not know: what a handler
 does, or who calls ``run``.
 """
 
+from .consumer import JobConsumer as JobConsumer
+from .handoff import QueueHandoff as QueueHandoff
 from .records import (
     JobContext as JobContext,
     JobEvent as JobEvent,

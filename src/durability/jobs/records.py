@@ -111,6 +111,10 @@ class JobContext:
     id: str
     attempt: int  #: from 1; a retry's attempt is one more than the last
     handler: str  #: the handler's name
+    #: for an attempt run by a queue's consumer (``jobs/consumer``), the queue's
+    #: delivery of it, from 1: more than 1 when the attempt may have run before
+    #: (its ack or its report was lost), so its effects must be idempotent on ``id``
+    delivery: int = 1
 
 
 Handler = Callable[[Any], Any]  # payload -> result, or an awaitable of it

@@ -1,12 +1,13 @@
 """DurabilityJobs: durable jobs, each run to completion or final failure, retried with backoff.
 
-Lives here: ``run(id=..., payload=...)`` that records a job
-idempotently on its id together with the scheduler timer that will run it,
-running one attempt per timer firing, retrying failed attempts under a
-``retry.Backoff``, results and errors, and best-effort lifecycle events.
-The jobs' table, a job's statuses and events, and ``current_job()`` live
-in ``jobs/records``; finished jobs are purged under a ``JobRetention`` by
-``jobs/purge``.
+Lives here: running one attempt per timer firing (or, with ``runs_in``,
+sending it to a queue's consumer and settling it on the consumer's
+report), retrying failed attempts under a ``retry.Backoff``, results and
+errors, and best-effort lifecycle events. ``run(id=..., payload=...)``,
+which records a job idempotently on its id, is in ``jobs/run_call``; the
+jobs' table, a job's statuses and events, and ``current_job()`` in
+``jobs/records``; the hand-off's messages and limits in ``jobs/handoff``;
+finished jobs are purged under a ``JobRetention`` by ``jobs/purge``.
 Must not know: what a handler does with its payload, or what a listener
 does with an event.
 
@@ -32,6 +33,12 @@ row. Each firing of the timer runs one attempt:
    to ``pending``) or, once the attempts are spent or the handler raised
    ``NonRetryableError`` (another attempt would fail the same way), makes
    the job ``failed``.
+
+With ``runs_in`` (a ``QueueHandoff``), step 2 is a message to the queue:
+the attempt stays ``running`` until its consumer reports (``report``), and
+its timer, set for when any run of it has ended (``span_ms``), takes it for
+lost if no report came, as an interrupted attempt. A new instance finds such
+an attempt ``running`` and waits out the same span, for it may still run.
 
 Timers run at least once, so a firing for a job that is already completed
 or failed does nothing. An attempt cut short after its handler had
@@ -70,6 +77,7 @@ from .._common.schema import migrate, public_migrate
 from .._common.sql import Sql
 from ..retry import Backoff, RetryDecision, decide_retry
 from ..scheduler.alarm import DurabilityScheduler, Timer
+from .handoff import AttemptReport, QueueHandoff
 from .purge import JobPurge, Keep
 from .records import (
     _SCHEMA,
@@ -84,90 +92,15 @@ from .records import (
     JobStatus as JobStatus,
     Listener,
     NonRetryableError as NonRetryableError,
-    _checked,
     _current_job,
     _error_text,
     _state,
     current_job as current_job,
 )
 from .retention import JobRetention
-
-PARTICIPANT = "durability.jobs"
+from .run_call import PARTICIPANT, RunCall
 
 log = logging.getLogger("durability.jobs")
-
-
-class RunCall:
-    """``jobs.run``: call it to start a job; ``get_result(id)`` reads one."""
-
-    def __init__(self, durability: DurabilityJobs) -> None:
-        self._durability = durability
-
-    async def __call__(self, id: str, payload: Any = None, handler: str | None = None) -> dict[str, Any]:
-        """Record job ``id`` and schedule its first attempt now; idempotent on ``id``.
-
-        A job already recorded under ``id`` is left as it is (whatever
-        payload or handler this call gives) and its state is returned, as
-        ``get_result`` reads it. Raises ``ValueError`` for an empty or
-        over-long id, an unknown handler or a payload that is not JSON;
-        nothing is stored then.
-        """
-        d = self._durability
-        name, text = _checked(d, id, payload, handler)
-        if id in d._kept:
-            return {"status": JobStatus.PENDING}  # run here with its caller's record, no row yet
-        existing = d.sql.transaction(lambda: d._record(id, name, text))
-        if existing is not None:
-            return existing
-        d._first_attempt_due.add(id)  # before any await: its timer cannot fire sooner
-        await d.scheduler.sync()
-        return {"status": JobStatus.PENDING}
-
-    async def kept(self, id: str, payload: Any = None, handler: str | None = None, *,
-                   resumed: bool = False) -> dict[str, Any]:
-        """Run job ``id`` whose record the caller keeps until the job's
-        terminal event: a semaphore queue's admitted item, say. No row is
-        written for it until its first attempt settles (one row written per
-        job, where ``run`` writes two). Idempotent on ``id`` as ``run`` is.
-
-        The caller's record stands for the job while its first attempt
-        runs, so the caller hands the job in again from every new instance
-        for as long as it keeps that record, with ``resumed=True``. A job
-        handed in again with no row here is recorded then, as ``run``
-        records one, and starts over: a first attempt the old instance had
-        begun left no row to count it by, so it is not counted, but every
-        attempt cut short from then on is (at most one run more than
-        ``retries`` allows, for a job that brings its instance down each time).
-        """
-        d = self._durability
-        name, text = _checked(d, id, payload, handler)
-        if id in d._kept or id in d._in_flight:
-            return {"status": JobStatus.PENDING}  # this instance runs it already
-        if resumed:
-            return await self(id, payload, handler)
-        existing = d._row(id)
-        if existing is not None:
-            return _state(existing)
-        d._kept[id] = (name, text, now_ms())
-        d._first_attempt_due.add(id)
-        d.scheduler.schedule(PARTICIPANT, id, now_ms())  # (kept in memory: no row)
-        await d.scheduler.sync()
-        return {"status": JobStatus.PENDING}
-
-    async def get_result(self, id: str) -> dict[str, Any]:
-        """``{"status": "pending"}`` (also while an attempt runs), ``{"status":
-        "completed", "result": ...}``, ``{"status": "failed", "error": "..."}``
-        or ``{"status": "not_found"}``: no job has this id, either because
-        none was run under it or because it finished and ``retention``
-        purged it (a purged job leaves no row to tell the two apart)."""
-        d = self._durability
-        d.scheduler.resume_if_overdue()  # a read resumes an object whose alarm was lost
-        if not isinstance(id, str):
-            return {"status": JobStatus.NOT_FOUND}
-        row = d._row(id)
-        if row is None:
-            return {"status": JobStatus.PENDING if id in d._kept else JobStatus.NOT_FOUND}
-        return _state(row)
 
 
 class DurabilityJobs:
@@ -195,7 +128,7 @@ class DurabilityJobs:
     def __init__(self, scheduler: DurabilityScheduler, *, handlers: Mapping[str, Handler],
                  on_lifecycle_event: Listener | None = None,
                  retries: Backoff | None = None, retention: JobRetention | None = None,
-                 keep: Keep | None = None) -> None:
+                 keep: Keep | None = None, runs_in: QueueHandoff | None = None) -> None:
         if not handlers:
             raise ValueError("DurabilityJobs needs at least one handler")
         for name, handler in handlers.items():
@@ -207,6 +140,10 @@ class DurabilityJobs:
             raise ValueError(f"retention must be a JobRetention, not {retention!r}")
         if keep is not None and not callable(keep):
             raise ValueError("keep must be callable: keep(ids) -> the ids still needed")
+        if runs_in is not None and not isinstance(runs_in, QueueHandoff):
+            raise ValueError(f"runs_in must be a QueueHandoff, not {runs_in!r}")
+        #: where attempts run: None, in this object; a ``QueueHandoff``, in that queue's consumer
+        self.runs_in = runs_in
         self.scheduler = scheduler
         self.sql: Sql = scheduler.sql
         self.handlers = dict(handlers)
@@ -230,12 +167,20 @@ class DurabilityJobs:
 
     def _derive_timers(self) -> None:
         """A new instance sets again the timer of every job not settled: a
-        pending one when its row says, a running one (cut short) at once."""
+        pending one when its row says, a running one (cut short) at once, or
+        when one out in a queue would be taken for lost (``running_again_at``)."""
         rows = self.sql.exec(
             "SELECT id, status, due_at FROM durability_jobs WHERE status IN ('pending', 'running')")
         for row in rows:
-            due = row["due_at"] if row["status"] == JobStatus.PENDING and row["due_at"] is not None else now_ms()
-            self.scheduler.schedule(PARTICIPANT, row["id"], due)
+            pending = row["status"] == JobStatus.PENDING and row["due_at"] is not None
+            self.scheduler.schedule(PARTICIPANT, row["id"], row["due_at"] if pending else self.running_again_at())
+
+    def running_again_at(self) -> float:
+        """When an attempt that a new instance finds started is run again: at
+        once when attempts run here (the old instance's went with it), but
+        one that went out to a queue may still be running, and is taken for
+        lost only once any run of it has ended (``QueueHandoff.span_ms``)."""
+        return now_ms() + (self.runs_in.span_ms if self.runs_in is not None else 0.0)
 
     migrate = public_migrate("jobs", _TABLES, "the jobs' table")
 
@@ -254,19 +199,20 @@ class DurabilityJobs:
             job_id,
         )
 
-    def _record(self, job_id: str, name: str, text: str) -> dict[str, Any] | None:
+    def _record(self, job_id: str, name: str, text: str, due_at: float | None = None) -> dict[str, Any] | None:
         """Inside a transaction: the state of the job kept under ``job_id``,
         or None once its row is written with its first attempt counted (see
-        the module's docstring) and its timer set for now."""
+        the module's docstring) and its timer set, for now unless ``due_at``."""
         existing = self._row(job_id)
         if existing is not None:
             return _state(existing)
+        now = now_ms()
         self.sql.exec(
             "INSERT INTO durability_jobs (id, handler, payload, status, attempt, created_at, due_at) "
             "VALUES (?, ?, ?, 'running', 1, ?, ?)",
-            job_id, name, text, now_ms(), now_ms(),
+            job_id, name, text, now, now,
         )
-        self.scheduler.schedule(PARTICIPANT, job_id, now_ms())
+        self.scheduler.schedule(PARTICIPANT, job_id, now if due_at is None else due_at)
         return None
 
     def _row_or_kept(self, job_id: str) -> dict[str, Any] | None:
@@ -298,7 +244,10 @@ class DurabilityJobs:
 
     # -- one attempt per timer firing ---------------------------------------
     async def _on_timer(self, timer: Timer) -> None:
-        job_id = timer.key
+        await self.start_attempt(timer.key)
+
+    async def start_attempt(self, job_id: str) -> None:
+        """Run the job's next attempt now (its timer's work), unless one is running here."""
         if job_id in self._in_flight:
             return  # its attempt, still running here, settles and reschedules itself
         row = self._row_or_kept(job_id)
@@ -308,7 +257,9 @@ class DurabilityJobs:
         if job_id in self._first_attempt_due:
             self._first_attempt_due.discard(job_id)  # its row counts it already
         elif row["status"] == JobStatus.RUNNING:
-            error = f"attempt {attempt} was interrupted before it settled (the object was evicted or crashed)"
+            error = (f"attempt {attempt} was interrupted before it settled (the object was evicted or crashed)"
+                     if self.runs_in is None else
+                     f"attempt {attempt}: no report from its queue's consumer within {self.runs_in.span_ms:.0f} ms")
             await self._emit(self._fail(job_id, attempt, error))
             return
         else:
@@ -316,6 +267,9 @@ class DurabilityJobs:
             self.sql.exec(
                 "UPDATE durability_jobs SET status = 'running', attempt = ? WHERE id = ?", attempt, job_id
             )
+        if self.runs_in is not None:
+            await self._hand_off(job_id, attempt, row)
+            return
         self._in_flight.add(job_id)
         try:
             await self._emit([JobEvent(JobEventType.ATTEMPT_STARTED, job_id, attempt)])
@@ -330,6 +284,55 @@ class DurabilityJobs:
         finally:
             self._in_flight.discard(job_id)
         await self._emit(events)
+
+    async def _hand_off(self, job_id: str, attempt: int, row: dict[str, Any]) -> None:
+        """Send the attempt to its queue; it settles when its consumer reports
+        (``report``), or fails once its timer finds it still out."""
+        assert self.runs_in is not None
+        self._in_flight.add(job_id)
+        try:
+            await self._emit([JobEvent(JobEventType.ATTEMPT_STARTED, job_id, attempt)])
+            try:
+                lost_at = await self.runs_in.send(job_id, attempt, row["handler"], json.loads(row["payload"]), now_ms())
+            except Exception as error:
+                events = self._fail(job_id, attempt, f"could not send the attempt to its queue: {_error_text(error)}")
+            else:
+                # (The timer is running, so this always moves it: its alarm re-arms afterwards.)
+                self.scheduler.schedule(PARTICIPANT, job_id, lost_at)
+                events = []
+        finally:
+            self._in_flight.discard(job_id)
+        await self._emit(events)
+
+    async def report(self, report: Any) -> dict[str, Any]:
+        """What a queue's consumer tells of an attempt handed to it (an
+        ``AttemptReport`` as a dict): its outcome settles the attempt if it is
+        the job's attempt out now, and changes nothing otherwise (a report
+        repeated, or of an attempt already taken for lost). Returns
+        ``{"out": bool, **state}``: whether that attempt is still out, with
+        the job's state as ``get_result`` reads it. A report with no outcome
+        only asks. Raises ``ValueError`` for what is not a report."""
+        if self.runs_in is None:
+            raise ValueError("this runner runs its attempts itself: no report is expected")
+        parsed = AttemptReport.parse(report)
+        row = self._row_or_kept(parsed.job)
+        if row is None:
+            return {"out": False, "status": JobStatus.NOT_FOUND}
+        out = row["status"] == JobStatus.RUNNING and int(row["attempt"]) == parsed.attempt
+        if not out or parsed.outcome is None or parsed.job in self._in_flight:
+            return {"out": out, **_state(row)}
+        if parsed.outcome == "completed":
+            events = self._complete(parsed.job, parsed.attempt, compact_json(parsed.result, "its result"),
+                                    parsed.result)
+            self.scheduler.cancel(PARTICIPANT, parsed.job)
+        else:
+            assert parsed.error is not None
+            events = self._fail(parsed.job, parsed.attempt, parsed.error, final=parsed.final)
+            if parsed.final:
+                self.scheduler.cancel(PARTICIPANT, parsed.job)
+        await self.scheduler.sync()
+        await self._emit(events)
+        return {"out": False, **_state(self._row_or_kept(parsed.job) or {"status": JobStatus.NOT_FOUND})}
 
     async def _call(self, job: JobContext, payload: Any) -> tuple[Any, str]:
         """Run the handler; return its result and the result's JSON text."""

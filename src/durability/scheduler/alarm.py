@@ -69,12 +69,15 @@ _SCHEMA = {
 _TABLES = ["durability_timers"]
 
 _UNKNOWN = object()
+_CHECKING = object()  #: a new instance's check of the alarm, under the runtime's blockConcurrencyWhile
 BACKSTOP_MS = 60_000
 #: an alarm this long past its time that has not run is taken as lost (the
 #: runtime gave up on it): the next sync or ``resume_if_overdue()`` sets it again. Longer
 #: than the runtime's own retries take to start (6, from 2 s doubling: 2.1
 #: to 2.6 min with jitter), so an alarm still being retried is left alone.
 OVERDUE_MS = 180_000
+#: a due alarm starts within this of its time, or was lost (production starts one within milliseconds)
+DELIVERY_MS = 1_000
 
 
 def _name(value: Any, what: str) -> str:
@@ -121,7 +124,7 @@ class DurabilityScheduler(AlarmDispatch):
         self._armed: Any = _UNKNOWN
         self._armed_at = 0.0  #: when ``_armed`` was set or read: an alarm set anew is not overdue yet
         self._alarm_runs = 0  #: alarm() calls in this instance, so that resume() never undoes one
-        self._resume_task: asyncio.Task[None] | None = None  #: a check of the alarm under way
+        self._resume_task: asyncio.Task[None] | object | None = None  #: a check of the alarm under way
         self._sync_lock = asyncio.Lock()
         # Timers whose handler is running now: scheduling one of them always
         # moves its version, or the run's end would delete the new request.
@@ -134,7 +137,7 @@ class DurabilityScheduler(AlarmDispatch):
         self._wake = asyncio.Event()
         migrate(self.sql, "scheduler", _SCHEMA)
         self._rows = SqlTimers(self.sql)
-        self._start_resume()
+        self._start_resume(first=True)
 
     migrate = public_migrate("scheduler", _TABLES, "the scheduler's tables")
 
@@ -155,22 +158,34 @@ class DurabilityScheduler(AlarmDispatch):
             self._volatile.add(participant)
 
     # -- timers (synchronous: call them inside the transaction that needs them)
-    def schedule(self, participant: str, key: str, at_ms: float) -> None:
-        """Set the timer ``(participant, key)`` to fire at ``at_ms``, replacing any time it had."""
-        self._upsert(participant, key, at_ms, earlier_only=False)
+    def schedule(self, participant: str, key: str, at_ms: float, *, alarm_by: float | None = None) -> None:
+        """Set the timer ``(participant, key)`` to fire at ``at_ms``, replacing any time it had
+        (``alarm_by``: as for ``schedule_by``)."""
+        self._upsert(participant, key, at_ms, earlier_only=False, alarm_by=alarm_by)
 
-    def schedule_by(self, participant: str, key: str, at_ms: float) -> None:
-        """Make sure the timer fires no later than ``at_ms``; an earlier time is kept."""
-        self._upsert(participant, key, at_ms, earlier_only=True)
+    def schedule_by(self, participant: str, key: str, at_ms: float, *, alarm_by: float | None = None) -> None:
+        """Make sure the timer fires no later than ``at_ms``; an earlier time is kept.
 
-    def _upsert(self, participant: str, key: str, at_ms: float, *, earlier_only: bool) -> None:
+        ``alarm_by`` (a ``durable=False`` participant's timer only): the timer
+        is due at ``at_ms`` for any alarm run that comes, and for its
+        participant to run itself in another event, but the alarm need not
+        move for it before ``alarm_by``: an alarm the object has set for
+        something else already costs no row."""
+        self._upsert(participant, key, at_ms, earlier_only=True, alarm_by=alarm_by)
+
+    def _upsert(self, participant: str, key: str, at_ms: float, *, earlier_only: bool,
+                alarm_by: float | None = None) -> None:
         _name(participant, "participant")
         _name(key, "timer key")
         at_ms = _time(at_ms)
         self._wake.set()
         # A running timer's due time is being consumed: any request is a new one.
         always = (participant, key) in self._running
-        self._store_of(participant).upsert(participant, key, at_ms, earlier_only=earlier_only, always=always)
+        if participant in self._volatile:
+            alarm_at = at_ms if alarm_by is None else max(at_ms, _time(alarm_by))
+            self._memory.upsert(participant, key, at_ms, earlier_only=earlier_only, always=always, alarm_at=alarm_at)
+        else:
+            self._rows.upsert(participant, key, at_ms, earlier_only=earlier_only, always=always)
 
     def _store_of(self, participant: str) -> SqlTimers | MemoryTimers:
         return self._memory if participant in self._volatile else self._rows
@@ -261,16 +276,27 @@ class DurabilityScheduler(AlarmDispatch):
                     self._armed = _UNKNOWN
                     raise
 
-    def _start_resume(self) -> None:
+    def _start_resume(self, *, first: bool = False) -> None:
         """Once the constructor is done (participants have derived their
         timers), check the alarm: this instance may have been started by a
         read after the runtime gave up on it. Nothing runs this outside an
-        event (no loop runs then, and no instance serves anything)."""
+        event (no loop runs then, and no instance serves anything).
+
+        ``first`` (from the constructor): the check holds the instance's
+        events (``blockConcurrencyWhile``) until it has read the alarm, so
+        that the first event's timers move it only if they must: a sync
+        that arms without asking rewrites the alarm a hibernated object had
+        left where it belonged, one row each time it wakes."""
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:
             return
-        self._resume_task = loop.create_task(self._resume_quietly())  # kept: a loop holds tasks weakly
+        block = getattr(self.ctx, "blockConcurrencyWhile", None) if first else None
+        if block is not None:
+            self._resume_task = _CHECKING  # (what block() returns need not be kept: the runtime holds it)
+            block(self._resume_quietly)
+        else:
+            self._resume_task = loop.create_task(self._resume_quietly())  # kept: a loop holds tasks weakly
 
     async def _resume_quietly(self) -> None:
         try:
@@ -293,10 +319,12 @@ class DurabilityScheduler(AlarmDispatch):
         if self._dispatching:
             return  # alarm() is running: it re-arms at its end
         async with self._sync_lock:
-            if self._earliest() is None:
+            if self._earliest() is None and self._armed is not _UNKNOWN:
                 return  # nothing is owed; an alarm left set fires once for nothing
             runs = self._alarm_runs
             current = await self.sql.get_alarm()
+            if current is None and self._fired_not_started():
+                return  # the alarm it set came due: the runtime delivers it next (it re-arms at its end)
             if runs == self._alarm_runs:  # no alarm started meanwhile (it knows better)
                 self._note_armed(current)
         await self.sync()
@@ -308,6 +336,14 @@ class DurabilityScheduler(AlarmDispatch):
         checked its alarm by itself.)"""
         if not self._dispatching and self._resume_task is None and self._overdue():
             self._start_resume()
+
+    def _fired_not_started(self) -> bool:
+        """The alarm this instance set came due within the last
+        ``DELIVERY_MS``: the runtime has taken it (``getAlarm`` reads none)
+        and delivers it next. Setting it again cost a row and a second run
+        for nothing. One due longer ago that has not run was lost: set again."""
+        armed = self._armed
+        return armed not in (None, _UNKNOWN) and now_ms() - DELIVERY_MS < armed <= now_ms()
 
     def _note_armed(self, at: Any) -> None:
         self._armed, self._armed_at = at, now_ms()

@@ -92,13 +92,19 @@ class MemoryTimers:
         self._rows: dict[Timer, Row] = {}
         self._versions = itertools.count(1)
 
-    def upsert(self, participant: str, key: str, at_ms: float, *, earlier_only: bool, always: bool) -> None:
+    def upsert(self, participant: str, key: str, at_ms: float, *, earlier_only: bool, always: bool,
+               alarm_at: float | None = None) -> None:
+        """``alarm_at``: the alarm need not fire before then for this timer
+        (its caller runs it sooner itself); the due time by default."""
+        alarm_at = at_ms if alarm_at is None else alarm_at
         current = self._rows.get((participant, key))
         if current is not None and not always and (
                 at_ms >= current["due_at"] if earlier_only else at_ms == current["due_at"]):
+            current["alarm_at"] = min(current["alarm_at"], alarm_at)  # a caller that needs the alarm sooner
             return
         self._rows[(participant, key)] = {"participant": participant, "key": key, "due_at": at_ms,
-                                          "attempt": 0, "version": next(self._versions), "memory": True}
+                                          "alarm_at": alarm_at, "attempt": 0, "version": next(self._versions),
+                                          "memory": True}
 
     def cancel(self, participant: str, key: str) -> None:
         self._rows.pop((participant, key), None)
@@ -113,7 +119,8 @@ class MemoryTimers:
         return [dict(row) for row in self._rows.values() if row["due_at"] <= now]
 
     def earliest(self) -> list[float]:
-        return [row["due_at"] for row in self._rows.values()]
+        """When the alarm must fire for each timer (see ``upsert``)."""
+        return [row["alarm_at"] for row in self._rows.values()]
 
     def next_due(self, running: Container[Timer]) -> list[float]:
         return [row["due_at"] for timer, row in self._rows.items() if timer not in running]
@@ -129,7 +136,7 @@ class MemoryTimers:
     def retry(self, participant: str, key: str, version: int, at_ms: float, attempt: int) -> None:
         current = self._rows.get((participant, key))
         if current is not None and current["version"] == version:
-            current.update(due_at=at_ms, attempt=attempt, version=next(self._versions))
+            current.update(due_at=at_ms, alarm_at=at_ms, attempt=attempt, version=next(self._versions))
 
     def snapshot(self) -> dict[Timer, Row]:
         return {timer: dict(row) for timer, row in self._rows.items()}

@@ -17,7 +17,7 @@ from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 from ._errors import python_error
-from ._queue_values import WorkerStats, current_invocation
+from ._queue_values import WorkerStats, current_invocation, in_consumer
 from ._storage import ExecutionContext
 from ._values import JsDict, JsException, rpc_copy
 
@@ -50,7 +50,8 @@ class Entrypoint:
         try:
             yield
         finally:
-            current_invocation.reset(token)
+            with contextlib.suppress(ValueError):  # (closed from another context: a loop closing on it)
+                current_invocation.reset(token)
 
     async def scheduled(self, cron: str, when: float) -> None:
         handler = self._handler("scheduled")
@@ -63,10 +64,15 @@ class Entrypoint:
         class entrypoint's handler: with all three arguments, env and ctx
         None (they are on ``self``), so a handler must take them."""
         handler = self._handler("queue")
-        with self.invocation("queue"):
-            result = handler(batch, None, None)
-            if inspect.isawaitable(result):
-                await result
+        token = in_consumer.set(True)
+        try:
+            with self.invocation("queue"):
+                result = handler(batch, None, None)
+                if inspect.isawaitable(result):
+                    await result
+        finally:
+            with contextlib.suppress(ValueError):  # (closed from another context: a loop closing on it)
+                in_consumer.reset(token)
 
     async def call(self, method: str, *args: Any) -> Any:
         instance = self.instance()

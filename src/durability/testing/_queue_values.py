@@ -207,3 +207,7 @@ class WorkerStats:
 #: what the CPU of the stateless invocation whose code runs now is charged to (None: an object's, or the test's)
 current_invocation: contextvars.ContextVar[Callable[[float], None] | None] = contextvars.ContextVar(
     "durability_current_invocation", default=None)
+
+#: True while a queue's consumer runs: the calls it makes to objects are faulted
+#: as an object's are (nothing drives a consumer but its queue, not the test)
+in_consumer: contextvars.ContextVar[bool] = contextvars.ContextVar("durability_in_consumer", default=False)

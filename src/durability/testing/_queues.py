@@ -200,6 +200,7 @@ class QueueBroker:
             self.stats.operations += operations(message.size)
             if self.faults.ack_lost(self.name):
                 self.stats.acks_lost += 1
+                self.log("queue ack lost", message.id)
                 self._again(message, 0.0)
             return
         self.stats.retried += 1
@@ -224,15 +225,20 @@ class QueueBroker:
 
 
 class QueueProducer:
-    """``env.BINDING`` for a queue: what a Worker or an object sends with."""
+    """``env.BINDING`` for a queue: what a Worker or an object sends with. A
+    send from an object waits for its output gate: a message never leaves
+    before the writes made ahead of it are durable (and never, if they are lost)."""
 
-    def __init__(self, broker: QueueBroker) -> None:
+    def __init__(self, broker: QueueBroker, gate: Callable[[], Awaitable[Any]]) -> None:
         self._broker = broker
+        self._gate = gate
 
     async def send(self, body: Any, options: Any = None, **extra: Any) -> None:
         """Queue one message (``contentType``, ``delaySeconds`` in ``options`` or as keywords)."""
         _, size = encoded(body, options, extra)
-        self._broker.put(body, size, delay_of(options, extra))
+        delay = delay_of(options, extra)
+        await self._gate()
+        self._broker.put(body, size, delay)
 
     async def sendBatch(self, messages: Any, options: Any = None, **extra: Any) -> None:
         """Queue up to 100 messages (``[{"body": ..., "delaySeconds": ...}]``), all or none."""
@@ -252,6 +258,7 @@ class QueueProducer:
         if total > MAX_BATCH_BYTES:
             raise JsException(f"Queue sendBatch failed: batch of {total} bytes exceeds limit of "
                               f"{MAX_BATCH_BYTES}", name="Error")
+        await self._gate()
         for body, size, delay in checked:
             self._broker.put(body, size, delay)
 
@@ -259,9 +266,10 @@ class QueueProducer:
 class Queues:
     """Every queue of a runtime, by name, wired to producers and consumers."""
 
-    def __init__(self, loop: RuntimeLoop, faults: FaultPlanner,
-                 spawn: Callable[[Awaitable[Any]], Any], log: Callable[[str, str], None]) -> None:
+    def __init__(self, loop: RuntimeLoop, faults: FaultPlanner, spawn: Callable[[Awaitable[Any]], Any],
+                 log: Callable[[str, str], None], gate: Callable[[], Awaitable[Any]]) -> None:
         self._services = (loop, faults, spawn, log)
+        self._gate = gate  #: a sender's output gate
         self.brokers: dict[str, QueueBroker] = {}
 
     def __getitem__(self, name: str) -> QueueBroker:
@@ -280,7 +288,7 @@ class Queues:
             broker.consumer, broker.invoke = consumer, invoke
             if consumer.dead_letter_queue is not None:
                 broker.dead_letters = self[consumer.dead_letter_queue]
-        return {binding: QueueProducer(self[name]) for binding, name in producers.items()}
+        return {binding: QueueProducer(self[name], self._gate) for binding, name in producers.items()}
 
     def operations(self) -> int:
         return sum(broker.stats.operations for broker in self.brokers.values())

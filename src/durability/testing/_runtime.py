@@ -40,7 +40,7 @@ from ._host import (
     reset_error,
 )
 from ._loop_hooks import _cpu_meter, _task_factory, _timer_owner
-from ._queue_values import QueueConsumer
+from ._queue_values import QueueConsumer, in_consumer
 from ._queues import Queues, consumers_of, producers_of
 from ._storage import DurableObjectId
 from ._values import JsDict, JsException, rpc_copy
@@ -119,7 +119,7 @@ class Runtime:
             bindings[binding] = DurableObjectNamespace(self, class_name, cls)
         self.namespaces: dict[str, DurableObjectNamespace] = dict(bindings)
         #: each queue by name: producers' bindings send to it, its consumer's batches go to ``Default.queue``
-        self.queues = Queues(self.loop, self.faults, self.spawn_system, self.log_queue)
+        self.queues = Queues(self.loop, self.faults, self.spawn_system, self.log_queue, self._output_gate)
         bindings.update(self.queues.set_up(queues or {}, consumers, lambda batch: self.entrypoint.queue(batch)))
         bindings.update(vars or {})
         self.env = Env(bindings)
@@ -271,22 +271,17 @@ class Runtime:
     async def _send(self, stub: DurableObjectStub, method: str, args: list[Any]) -> Any:
         if stub._broken is not None:
             raise stub._broken
-        caller = current_host.get()
-        if caller is not None and current_generation.get() != caller.generation:
-            raise reset_error(caller.reset_reason)  # code of an instance that is gone reaches nobody
-        if caller is not None and caller.db.in_batch:
-            # The output gate holds outgoing calls too: nothing leaves an
-            # object before the writes made ahead of it are durable.
-            await caller.flushed()
+        caller = await self._output_gate()
         host = self._host(stub._namespace, stub.id)
         if stub.id.name is not None and host.object_id.name is None:
             host.object_id = stub.id  # a name learned (for its alarms and the trace)
-        plan = self.faults.plan_call(host.class_name, caller is not None)
+        faulted = caller is not None or in_consumer.get()  # (the test's own calls only with external)
+        plan = self.faults.plan_call(host.class_name, faulted)
         self.log_event(host, "call", method)
         try:
             if plan.request_delay_ms:
                 await self.loop.sleep_exact(plan.request_delay_ms / 1000)
-            if plan.lose_request or self.faults.out_of_order(host.class_name, host.name, "calls", caller is not None):
+            if plan.lose_request or self.faults.out_of_order(host.class_name, host.name, "calls", faulted):
                 self.log_event(host, "lost request", method)
                 raise reset_error(RESET_MESSAGE)
             if plan.evict_after_ms is not None:
@@ -303,6 +298,17 @@ class Runtime:
         except JsException as error:
             stub._broken = error  # production: recreate a stub after any exception
             raise
+
+    async def _output_gate(self) -> ObjectHost | None:
+        """What leaves an object (a call, a message to a queue) waits for the
+        writes made ahead of it to be durable, and code of an instance that
+        is gone reaches nobody. The calling object, or None."""
+        caller = current_host.get()
+        if caller is not None and current_generation.get() != caller.generation:
+            raise reset_error(caller.reset_reason)
+        if caller is not None and caller.db.in_batch:
+            await caller.flushed()
+        return caller
 
     async def _deliver_duplicate(self, host: ObjectHost, method: str, args: list[Any]) -> None:
         self.log_event(host, "duplicate", method)

@@ -76,12 +76,14 @@ class QueueGrants:
                 held.add(grant.grant_id)
         return held
 
-    def learn(self, key: str, entries: tuple[GrantEntry, ...]) -> bool:
+    def learn(self, key: str, entries: tuple[GrantEntry, ...], *, admits_after: bool = False) -> bool:
         """Keep what the holder lists of the key's grants (new grants, their
         permits and deadlines) and admit on the claims it confirmed: those a
         grant came with, and those an older instance made here and this one
         never knew (see grant_book). True if it gave back claims it heard of
-        past their grant's claim deadline (its items wait for new permits)."""
+        past their grant's claim deadline (its items wait for new permits).
+        ``admits_after``: the caller hands what it admits to ``admit()``
+        once its commit is done (``QueueContext.admit_in_this_event``)."""
         ctx = self.ctx
         gave_back = False  #: claims it heard of too late to take up: given back
         for entry in entries:
@@ -96,7 +98,9 @@ class QueueGrants:
             if unknown > 0:  # the listing is the holder's confirmation: admit on it now
                 admitted = self.answer_claims(learned, usable_claims(entry, known, unknown, now_ms()), 0)
                 learned = replace(learned, extra=learned.extra + unknown - admitted)  # no item left: given back
-                if admitted:
+                if admitted and admits_after:
+                    ctx.admit_in_this_event()
+                elif admitted:
                     ctx.due_by(TimerKind.ADMIT, None, now_ms())
                 if unknown > admitted:  # the holder hears at once of what went back
                     ctx.due_by(TimerKind.REPORT, key, now_ms())
@@ -134,7 +138,7 @@ class QueueGrants:
             if settlement.requeue:
                 self._wake(grant.key, now_ms(), False)
         if admitted:
-            ctx.due_by(TimerKind.ADMIT, None, now_ms())
+            ctx.admit_in_this_event()
 
     def answer_claims(self, grant: LocalGrant, admit: int, requeue: int) -> int:
         """Admit ``admit`` of the items the grant's claims hold, oldest first,

@@ -41,6 +41,9 @@ class QueueOptions:
     #: the object answers its holder's calls (``hear``): requests say so, and
     #: a holder that can reach it answers at once and calls back with news
     woken: bool = False
+    #: how long the object's own checks (admitted items handed in again by a
+    #: new instance, the finished() sweep) may wait for its next event
+    checks_wait_ms: float = 0.0
 
     @property
     def settled_horizon_ms(self) -> float:
@@ -190,16 +193,32 @@ class QueueContext:
             self.due_by(TimerKind.PURGE, None, done_at + self.options.keep_done_ms)
         self.store.move_item(item, state, grant_id, via, done_at, draw)
 
-    def due_at(self, kind: TimerKind, key: str | None, at: float) -> None:
-        """The timer fires at ``at``, whatever time it had."""
-        self.scheduler.schedule(PARTICIPANT, timer_key(kind, key), at)
+    def due_at(self, kind: TimerKind, key: str | None, at: float, *, alarm_by: float | None = None) -> None:
+        """The timer fires at ``at``, whatever time it had (``alarm_by``: see ``DurabilityScheduler.schedule_by``)."""
+        self.scheduler.schedule(PARTICIPANT, timer_key(kind, key), at, alarm_by=alarm_by)
 
-    def due_by(self, kind: TimerKind, key: str | None, at: float) -> None:
+    def due_by(self, kind: TimerKind, key: str | None, at: float, *, alarm_by: float | None = None) -> None:
         """The timer fires no later than ``at``: an earlier time is kept."""
-        self.scheduler.schedule_by(PARTICIPANT, timer_key(kind, key), at)
+        self.scheduler.schedule_by(PARTICIPANT, timer_key(kind, key), at, alarm_by=alarm_by)
 
-    def cancel(self, kind: TimerKind) -> None:
-        self.scheduler.cancel(PARTICIPANT, timer_key(kind))
+    def admit_in_this_event(self) -> None:
+        """Admitted items are handed to ``admit()`` now, by the event that
+        admitted them (a reply's or a report's, once its commit is done):
+        the admit timer is due now but moves no alarm before the key's
+        fallback would. Setting the alarm to now for a pass already under
+        way cost a row, an alarm run and a row to set it back; the alarm
+        stays the backstop for an event cut short (``request_wait_ms`` at
+        most, and a new instance admits at its start)."""
+        now = now_ms()
+        self.due_by(TimerKind.ADMIT, None, now, alarm_by=now + self.options.request_wait_ms)
+
+    def is_due(self, kind: TimerKind, key: str | None = None, by: float | None = None) -> bool:
+        """Whether the timer is set and due (by ``by``, else now)."""
+        timer = self.scheduler.timer(PARTICIPANT, timer_key(kind, key))
+        return timer is not None and timer.due_at <= (now_ms() if by is None else by)
+
+    def cancel(self, kind: TimerKind, key: str | None = None) -> None:
+        self.scheduler.cancel(PARTICIPANT, timer_key(kind, key))
 
     # -- reads ------------------------------------------------------------------------
     def reserved(self, key: str) -> dict[str, int]:

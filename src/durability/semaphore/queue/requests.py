@@ -221,7 +221,7 @@ class KeyRequests:
             ctx.memory.all_listed.discard(key)
         if reply.contended:
             self.leases.return_idle(key)  # _after_reply reports them
-        gave_back = self.claims.learn(key, reply.grants)
+        gave_back = self.claims.learn(key, reply.grants, admits_after=True)
         interval = pacing_interval((reply.next_request_at or now) - now)
         if interval > 0 and not ctx.options.woken:  # (a woken key's pacing is a fallback its items fix)
             self.ctx.store.set_pacing(key, interval)
@@ -250,10 +250,12 @@ class KeyRequests:
             memory.blocked[(key, group)] = value
         if blocked:
             await self._on_blocked(key, {g: {"reason": r, "waiting": w} for g, (r, w) in blocked.items()})
-        await self.claims.report_safely(key)  # claims made from new grants get confirmed now
+        # What the reply admitted starts before any further call (its admit
+        # timer moved no alarm: QueueContext.admit_in_this_event).
+        await self.admission.admit_pending_safely()
+        await self.claims.report_safely(key)  # claims made from new grants get confirmed (and admitted) now
         if reply.contended or self.leases.stops_heard(reply):
             await self.leases.report_all()  # the holder is short, or must hear a stop: now
-        await self.admission.admit_pending_safely()
 
     def _unregister_if_idle(self, key: str) -> None:
         """Drop the key's row if it holds nothing here (see register_key)."""

@@ -108,6 +108,16 @@ class DurabilitySemaphoreQueue(QueueReleases):
         keep_done_ms: how long a released or cancelled item is kept (its id
             stays known: enqueueing it again is a no-op, ``status`` and
             ``release`` still answer for it) before its row is deleted.
+        checks_wait_ms: how long the object's own checks may wait for its
+            next event (a call, a release, an alarm set for something else)
+            before its alarm moves for them: a new instance handing its
+            admitted items to ``admit()`` again, and the ``finished()``
+            sweep. 0 (the default) runs them on time, on the alarm if
+            nothing else comes: work that ran in the object was cut short
+            with the old instance. An ``admit()`` whose work lives on
+            outside the object (a job handed to a queue's consumer, which
+            reports its end) may let them wait: the object then sleeps
+            while its work runs, with no alarm of its own.
     """
 
     def __init__(self, scheduler: DurabilityScheduler, *, server: SemaphoreClient,
@@ -118,7 +128,7 @@ class DurabilitySemaphoreQueue(QueueReleases):
                  attempt_timeout_ms: float = 10_000, finished_check_ms: float = 60_000,
                  report_delay_ms: float = 1_000, request_wait_ms: float = 50_000,
                  lease_report_delay_ms: float = 10_000, keep_done_ms: float = 600_000,
-                 woken: bool = False) -> None:
+                 woken: bool = False, checks_wait_ms: float = 0.0) -> None:
         if not 0 <= request_wait_ms <= MAX_WAIT_MS:
             raise ValueError(f"request_wait_ms must be from 0 to {MAX_WAIT_MS}")
         if not keep_done_ms >= 0:
@@ -127,7 +137,7 @@ class DurabilitySemaphoreQueue(QueueReleases):
         self.server = server
         self.on_lifecycle_event = on_lifecycle_event
         self.options = QueueOptions(attempt_timeout_ms, finished_check_ms, report_delay_ms, request_wait_ms,
-                                    lease_report_delay_ms, keep_done_ms, woken)
+                                    lease_report_delay_ms, keep_done_ms, woken, checks_wait_ms)
         self.store = QueueStore(scheduler.sql)
         self.client_id = self._identity(client_id)
         self.ctx = ctx = QueueContext(scheduler, self.store, server, self.client_id, self.options)
@@ -169,7 +179,7 @@ class DurabilitySemaphoreQueue(QueueReleases):
                     self.server.paced(key, now + interval)
             self._wake(key, now)
         if self.store.admitted():
-            ctx.due_by(TimerKind.ADMIT, None, now)
+            ctx.due_by(TimerKind.ADMIT, None, now, alarm_by=now + self.options.checks_wait_ms)
         for key in sorted({grant.key for grant in self.grants.grants() if self.claims.report_due(grant)}):
             ctx.due_by(TimerKind.REPORT, key, now)  # what the holder may not have heard
         for lease in self.lease_book.leases():
@@ -237,7 +247,18 @@ class DurabilitySemaphoreQueue(QueueReleases):
         await self.ctx.commit(lambda: self._release(item))
         await self._report_at_once_if_contended({item.key})
         await self._emit(QueueEvent("released", item.key, (item.id,)))
+        await self.admission.check_finished_if_due()
         return True
+
+    async def check_finished(self, ids: list[str] | None = None) -> None:
+        """Ask ``finished()`` now, from an event the object has anyway (a
+        report that a job ended, say), so that a release that was lost comes
+        back then, not at the sweep's alarm: about ``ids`` if given (those
+        still admitted), else the sweep, if it is due."""
+        if ids is None:
+            await self.admission.check_finished_if_due()
+        else:
+            await self.admission.ask_finished([identifier(i, "id") for i in ids])
 
     async def cancel(self, item_id: str) -> bool:
         """Remove an item that is still queued."""

@@ -1,0 +1,72 @@
+"""The example Worker's jobs run by the job-attempts queue's consumer (JOBS_RUN_IN), or in their shard."""
+
+import asyncio
+
+import pytest
+
+from durability.testing import HIBERNATE_AFTER_MS, JsException, Runtime
+from support import ROOT, example_runtime
+
+JOB = {"id": "job-1", "account": "acct-a", "work_ms": 20_000}
+
+
+def shard_host(runtime, job_id):
+    return next(h for h in runtime.hosts() if h.class_name == "JobShard" and h.db.inspect(
+        "SELECT 1 FROM durability_jobs WHERE id = ?", job_id))
+
+
+def run_one(runtime, then_s=60):
+    async def scenario():
+        await runtime.call_entrypoint("submit_job", JOB)
+        await asyncio.sleep(then_s)
+        return await runtime.call_entrypoint("job_status", JOB["id"])
+
+    return runtime.run(scenario())
+
+
+def test_a_job_runs_in_the_consumer_while_its_shard_sleeps():
+    runtime = example_runtime(crons=[], hibernate_after_ms=HIBERNATE_AFTER_MS)
+    status = run_one(runtime)
+    assert status["state"] == "released" and status["job"] == {"status": "completed", "result": {"worked_ms": 20_000}}
+    assert shard_host(runtime, "job-1").awake_s() < 1  # its 20 s of work were not the shard's
+    assert runtime.queues["job-attempts"].stats.acked == 1 and runtime.worker_stats.by_kind["queue"] == 1
+
+
+def test_with_jobs_run_in_the_shard_the_shard_is_awake_while_its_job_runs():
+    runtime = Runtime.from_wrangler(ROOT / "wrangler.toml", crons=[], vars={"JOBS_RUN_IN": "shard"})
+    assert run_one(runtime)["job"]["status"] == "completed"
+    assert shard_host(runtime, "job-1").awake_s() >= 20
+    assert runtime.queues["job-attempts"].stats.sent == 0
+
+
+def test_a_release_lost_at_a_job_s_end_comes_back_at_its_report_not_a_minute_later():
+    runtime = example_runtime(crons=[])
+    real_release = runtime.module.DurabilitySemaphoreQueue.release
+
+    async def lose_every_release(queue, item_id):  # as if the application never released it
+        return True
+
+    runtime.module.DurabilitySemaphoreQueue.release = lose_every_release
+
+    async def scenario():
+        await runtime.call_entrypoint("submit_job", JOB)
+        await asyncio.sleep(21)  # the job ran 20 s; its report came
+        return await runtime.call_entrypoint("account_usage", "acct-a")
+
+    try:
+        usage = runtime.run(scenario())
+    finally:
+        runtime.module.DurabilitySemaphoreQueue.release = real_release
+    assert usage["outstanding"] == 0
+
+
+@pytest.mark.parametrize("vars", [{"JOBS_RUN_IN": "elsewhere"}, {"JOBS_RUN_IN": "queue", "JOB_ATTEMPTS": None}])
+def test_a_misconfigured_place_to_run_jobs_is_a_clear_error(vars):
+    runtime = Runtime.from_wrangler(ROOT / "wrangler.toml", crons=[], vars=vars)
+
+    async def scenario():
+        with pytest.raises(JsException) as caught:
+            await runtime.call_entrypoint("submit_job", JOB)
+        return str(caught.value)
+
+    assert "JOBS_RUN_IN" in runtime.run(scenario())
