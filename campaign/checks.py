@@ -33,6 +33,9 @@ The invariants (``docs/testing.md`` explains each bound):
   than its ``limit + burst`` admissions (nor of a group's own rate, its
   group's), each at the time its shard wrote it
   admitted (the write that committed: the last before its work registered).
+- ``run_in_permit``: in mode "consumer", each run of an item's work by the
+  queue's consumer starts while the item holds its permit (admitted, not yet
+  ended), and no two runs of one item overlap.
 """
 
 from __future__ import annotations
@@ -43,16 +46,24 @@ from dataclasses import dataclass, field
 from durability.semaphore.holder.pure.rate import RATE_CLAIM_MS
 
 from .scenario import (
+    CHECKS_WAIT_MS,
     FINISHED_CHECK_MS,
     GRANT_TIMEOUT_MS,
     GRANTS_ONLY,
     LEASE_TTL_MS,
     RETRY_MAX_MS,
+    RUN_WITHIN_MS,
+    START_WITHIN_MS,
     WAKE_AFTER_MS,
     Scenario,
 )
 
 ROUND_MS = 3_000  #: round_wait_ms + round_period_ms of the campaign's holders
+#: mode "consumer": what holds a permit past its work once faults stop: an attempt out whose
+#: message was lost is taken for lost a span after its send (``jobs/handoff``), a report
+#: retried comes within the consumer's doubling delays (5 + 10 + 20 + 40 s), and the
+#: shard's own checks wait ``CHECKS_WAIT_MS``
+CONSUMER_RECOVERY_MS = START_WITHIN_MS + RUN_WITHIN_MS + 60_000 + 75_000 + CHECKS_WAIT_MS
 SWEEP_CRON = "* * * * *"  #: the campaign Worker's sweep: every shard is called once a minute
 SWEEP_MS = 60_000
 #: a holder tries a failed call to a shard again within this (``holder/calls.RETRY_MAX_MS``); the
@@ -89,7 +100,8 @@ def liveness_bound_ms(scenario: Scenario, waiting_work_ms: float, limit: int, ca
     (or over its group's limit), after the longest job running ends.
     """
     recovery = (SWEEP_MS + 2 * RETRY_MAX_MS + 2 * FINISHED_CHECK_MS + LEASE_TTL_MS + GRANT_TIMEOUT_MS
-                + 4 * ROUND_MS + (CALL_RETRY_MS + 6 * WAKE_AFTER_MS if scenario.calls else 0))
+                + 4 * ROUND_MS + (CALL_RETRY_MS + 6 * WAKE_AFTER_MS if scenario.calls else 0)
+                + (CONSUMER_RECOVERY_MS if scenario.mode == "consumer" else 0))
     work = waiting_work_ms / max(limit, 1)
     if cap:
         work = max(work, capped_work_ms / cap)
@@ -160,6 +172,7 @@ class Truth:
         #: per key, and per (key, group), when each registered item was admitted (mode "rate")
         self.admissions: dict[object, list[float]] = collections.defaultdict(list)
         self.stopped: set[str] = set()
+        self.runs_now: set[str] = set()  #: mode "consumer": items whose work a consumer runs now
         self.counted: dict[int, tuple[int, dict[str, int]]] = {}  #: key -> holder's (total, per group)
         leases_on = scenario.mode not in GRANTS_ONLY
         self.leases_on = History(leases_on)
@@ -225,6 +238,19 @@ class Truth:
         if key is not None:
             self.running[key][group].discard(item)
         self.stopped.add(item)
+
+    def run_started(self, item: str) -> None:
+        """Mode "consumer": the queue's consumer starts a run of the item's work."""
+        self.steps += 1
+        key, group = self.where.get(item, (None, None))
+        if key is None or item not in self.running[key][group]:
+            self.violations.add("run_in_permit", f"{item} ran at {self.clock():.0f} ms without its permit")
+        if item in self.runs_now:
+            self.violations.add("run_in_permit", f"{item} ran twice at once at {self.clock():.0f} ms")
+        self.runs_now.add(item)
+
+    def run_ended(self, item: str) -> None:
+        self.runs_now.discard(item)
 
     def holder_committed(self, key: int, counted: tuple[int, dict[str, int]], issued: set[str],
                          moved_back: list[str]) -> None:

@@ -23,7 +23,7 @@ from durability.semaphore.holder.pure import allocation
 from durability.semaphore.holder.store import GRANT_ROWS
 from durability.semaphore.identity import client_label, wire_identity
 from durability.semaphore.tree.pure.rules import holder_for
-from durability.testing import HIBERNATE_AFTER_MS, Faults, Outage, Runtime, load_worker_module
+from durability.testing import HIBERNATE_AFTER_MS, Faults, Outage, QueueConsumer, Runtime, load_worker_module
 
 from .checks import (
     SWEEP_CRON,
@@ -121,9 +121,11 @@ def planted(plant: str | None) -> Iterator[None]:
 # -- the budget modes ---------------------------------------------------------------------
 
 def _run_budget(scenario: Scenario) -> Outcome:
+    consumer = scenario.mode == "consumer"
     runtime = Runtime(load_worker_module(BUDGET_WORKER), {"HOLDER": "Holder", "SHARD": "Shard"},
-                      seed=scenario.seed, faults=_faults(scenario), crons=[SWEEP_CRON],
-                      hibernate_after_ms=_hibernation(scenario))
+                      seed=scenario.seed, faults=_faults(scenario, **dict(scenario.queue_faults)),
+                      crons=[SWEEP_CRON], hibernate_after_ms=_hibernation(scenario),
+                      **(_attempts_queue() if consumer else {}))
     truth = Truth(scenario, runtime.now_ms)
     module = runtime.module
     module.TRUTH = truth
@@ -134,7 +136,8 @@ def _run_budget(scenario: Scenario) -> Outcome:
                          calls=scenario.calls, call_faults=dict(scenario.call_faults),
                          call_rng=random.Random(f"{scenario.mode}:{scenario.seed}:call faults"),
                          evict=runtime.evict, rates=list(scenario.rates),
-                         group_rates={group: tuple(rate) for group, *rate in scenario.group_rates})
+                         group_rates={group: tuple(rate) for group, *rate in scenario.group_rates},
+                         consumer=consumer)
     start = runtime.now_ms()
     try:
         with planted(scenario.plant):
@@ -146,6 +149,15 @@ def _run_budget(scenario: Scenario) -> Outcome:
         runtime.close()
     return Outcome(scenario.mode, scenario.seed, truth.steps, runtime.now_ms() - start, truth.violations,
                    truth.excused, digest)
+
+
+def _attempts_queue() -> dict:
+    """Mode "consumer": the queue the shards hand admitted work to, its dead
+    letters, and their consumer (the Worker's ``Default.queue``)."""
+    return {"queues": {"ATTEMPTS": "attempts"},
+            "consumers": [QueueConsumer("attempts", max_batch_size=5, max_batch_timeout=0, max_retries=3,
+                                        dead_letter_queue="attempts-dead"),
+                          QueueConsumer("attempts-dead", max_batch_size=5, max_batch_timeout=0)]}
 
 
 class _BudgetDriver:

@@ -14,13 +14,14 @@ import random
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, replace
 
-BUDGET_MODES = ("grants", "strict", "under", "over", "tree", "rate")
-#: modes without leases ("tree": a budget tree of holders, grants only; "rate": a start rate on each key)
-GRANTS_ONLY = ("grants", "tree", "rate")
+BUDGET_MODES = ("grants", "strict", "under", "over", "tree", "rate", "consumer")
+#: modes without leases ("tree": a budget tree of holders, grants only; "rate": a start rate on each key;
+#: "consumer": each admitted item's work run by a queue's consumer, which reports to its shard)
+GRANTS_ONLY = ("grants", "tree", "rate", "consumer")
 #: every mode the full campaign and CI's sample run
-MODES = ("grants", "strict", "under", "over", "tree", "rate", "locks")
+MODES = ("grants", "strict", "under", "over", "tree", "rate", "consumer", "locks")
 ALL_MODES = BUDGET_MODES + ("locks",)
-PLANTS = ("over_grant", "double_report", "lost_release", "double_admit", "over_rate")
+PLANTS = ("over_grant", "double_report", "lost_release", "double_admit", "over_rate", "consumer_overlap")
 
 LEASE_TTL_MS = 20_000
 GRANT_TIMEOUT_MS = 5_000
@@ -37,6 +38,13 @@ FAULT_KINDS = ("lost_request", "lost_reply", "duplicate", "evict", "crash_before
 #: way, its answer lost, delivered twice, late (1 to 20 s), delivered and then the shard evicted,
 #: and the holder evicted between its round and the call
 CALL_FAULT_KINDS = ("lost", "lost_reply", "duplicate", "late", "evict_client", "evict_holder")
+#: mode "consumer": a consumer's invocation dies partway, an ack is lost (the message comes again)
+QUEUE_FAULT_KINDS = ("consumer_crash", "lost_ack")
+#: mode "consumer": a consumer starts an attempt within this of its send or drops it, and stops a run
+#: this long after its start (jobs run 20 s at most); the shard's checks wait for its next event this long
+START_WITHIN_MS = 30_000
+RUN_WITHIN_MS = 30_000
+CHECKS_WAIT_MS = 20_000
 
 
 @dataclass(frozen=True)
@@ -151,6 +159,8 @@ class Scenario:
     rates: tuple[tuple[int, float, int], ...] = ()
     #: mode "rate": groups with a start rate of their own, every key: (group, limit, period_ms, burst)
     group_rates: tuple[tuple[str, int, float, int], ...] = ()
+    #: mode "consumer": what befalls the queue's deliveries: kind -> rate (``QUEUE_FAULT_KINDS``)
+    queue_faults: tuple[tuple[str, float], ...] = ()
 
     @property
     def faults_end_ms(self) -> float:
@@ -166,7 +176,7 @@ class Scenario:
         return (len(self.jobs) + len(self.holds) + len(self.changes) + len(self.faults) + len(self.partitions)
                 + len(self.outages) + len(self.restarts)
                 + self.keys + self.shards + (self.latency_ms > 0) + (self.lose_releases > 0) + self.hibernate
-                + self.calls + len(self.call_faults))
+                + self.calls + len(self.call_faults) + len(self.queue_faults))
 
     def to_literal(self) -> str:
         """The scenario as Python source, for a pytest case."""
@@ -214,6 +224,7 @@ def generate(seed: int, mode: str) -> Scenario:
         restarts=_restarts(rng, keys, jobs, fan_out), fan_out=fan_out, hibernate=_hibernates(f"{mode}:{seed}"),
         calls=calls, call_faults=call_faults, rates=_rates(f"{mode}:{seed}", keys) if mode == "rate" else (),
         group_rates=_group_rates(f"{mode}:{seed}") if mode == "rate" else (),
+        queue_faults=_queue_faults(f"{mode}:{seed}") if mode == "consumer" else (),
     )
 
 
@@ -234,6 +245,15 @@ def _group_rates(name: str) -> tuple[tuple[str, int, float, int], ...]:
     if rng.random() >= 0.5:
         return ()
     return ((rng.choice(GROUPS), rng.randint(1, 3), rng.choice([2_000.0, 5_000.0]), rng.choice([0, 1])),)
+
+
+def _queue_faults(name: str) -> tuple[tuple[str, float], ...]:
+    """Mode "consumer": each queue fault on or off, at a rate of its own, one
+    often heavy (drawn apart, as ``_rates``)."""
+    rng = random.Random(f"{name}:queue faults")
+    heavy = rng.choice(QUEUE_FAULT_KINDS + (None,))
+    return tuple((kind, round(rng.uniform(0.2, 0.4) if kind == heavy else rng.uniform(0.01, 0.1), 3))
+                 for kind in QUEUE_FAULT_KINDS if kind == heavy or rng.random() < 0.6)
 
 
 def _hibernates(name: str) -> bool:
@@ -362,7 +382,8 @@ def _holds(rng: random.Random, keys: int) -> tuple[Hold, ...]:
 
 def smaller(scenario: Scenario) -> Iterator[Scenario]:
     """Candidates one step smaller, the biggest cuts first."""
-    for name in ("jobs", "holds", "changes", "partitions", "faults", "outages", "restarts", "call_faults"):
+    for name in ("jobs", "holds", "changes", "partitions", "faults", "outages", "restarts", "call_faults",
+                 "queue_faults"):
         items = getattr(scenario, name)
         n = len(items)
         chunk = n  # all of them, then halves, down to one at a time

@@ -3,7 +3,9 @@
 Lives here: ``Holder`` (a ``DurabilitySemaphore`` per key, its limits read
 from ``CONFIG`` on every round, each commit reported to ``TRUTH``) and
 ``Shard`` (a ``DurabilitySemaphoreQueue`` whose admitted items "run" for the
-time their body names; each start, stop and registration reported to
+time their body names, or in mode "consumer" are handed as jobs to the
+``ATTEMPTS`` queue, whose consumer, ``Default.queue``, runs them and
+reports to the shard; each start, stop, run and registration reported to
 ``TRUTH``), written the way a user writes them, plus the hooks of the
 planted defects. Must not know: how a scenario is drawn or checked.
 
@@ -17,8 +19,17 @@ import time
 
 from workers import DurableObject, WorkerEntrypoint
 
-from campaign.scenario import FINISHED_CHECK_MS, GRANT_TIMEOUT_MS, KEEP_DONE_MS, RETRY_MAX_MS, WAKE_AFTER_MS
-from durability import Backoff, DurabilityScheduler
+from campaign.scenario import (
+    CHECKS_WAIT_MS,
+    FINISHED_CHECK_MS,
+    GRANT_TIMEOUT_MS,
+    KEEP_DONE_MS,
+    RETRY_MAX_MS,
+    RUN_WITHIN_MS,
+    START_WITHIN_MS,
+    WAKE_AFTER_MS,
+)
+from durability import Backoff, DurabilityJobs, DurabilityScheduler, JobConsumer, QueueHandoff, current_job
 from durability.semaphore import DurabilitySemaphore, DurabilitySemaphoreQueue
 from durability.semaphore.holder.pure.allocation import usage
 from durability.semaphore.holder.pure.leases import lease_usage
@@ -45,6 +56,7 @@ CONFIG = {
     "evict": None,  # stub -> None: the runner's eviction of that stub's object
     "rates": [],  # mode "rate": per key, the holder's rate= (limit, period_ms, burst)
     "group_rates": {},  # mode "rate": group -> its own rate (group_rate=), every key
+    "consumer": False,  # mode "consumer": admitted work runs in the ATTEMPTS queue's consumer
 }
 TRUTH = None
 
@@ -229,6 +241,11 @@ class Shard(DurableObject):
 
         server._send = send_unless_partitioned
         lost_all = CONFIG["plant"] == "lost_release"
+        self.jobs = DurabilityJobs(
+            self.scheduler, handlers={"run": run_attempt}, on_lifecycle_event=self._on_job_event,
+            retries=Backoff(initial_ms=500, max_ms=RETRY_MAX_MS),
+            runs_in=QueueHandoff(env.ATTEMPTS, ctx.id.toString(), start_within_ms=START_WITHIN_MS,
+                                 run_within_ms=RUN_WITHIN_MS)) if CONFIG["consumer"] else None
         self.queue = DurabilitySemaphoreQueue(
             self.scheduler, client_id=self.name, server=server, admit=self._admit,
             finished=None if lost_all else self._finished,  # a lost release with no sweep
@@ -239,6 +256,7 @@ class Shard(DurableObject):
             # or not at all, as the example Worker does.
             keep_done_ms=KEEP_DONE_MS if CONFIG["keep_done"] else 0,
             woken=CONFIG["calls"],
+            checks_wait_ms=CHECKS_WAIT_MS if CONFIG["consumer"] else 0,
         )
         # An instance a holder's call made through the shard's id alone has no
         # name: it speaks under the label its queue kept, and is partitioned by it.
@@ -283,19 +301,50 @@ class Shard(DurableObject):
             if twice or not TRUTH.registered[item.id]:
                 if TRUTH.register(item.id):
                     TRUTH.start(item.id, key_index(item.key), item.group)
-            self.scheduler.schedule("work", item.id, TRUTH.admitted_at[item.id] + item.body["ms"])
+            if self.jobs is not None:  # its consumer runs it, and the job's end releases it
+                await self.jobs.run.kept(item.id, {"ms": item.body["ms"]}, resumed=item.resumed)
+            else:
+                self.scheduler.schedule("work", item.id, TRUTH.admitted_at[item.id] + item.body["ms"])
         await self.scheduler.sync()
         if twice and items:
             raise RuntimeError("admit() fails after its work started: it runs again")
 
     async def _work_ends(self, timer):
-        TRUTH.stop(timer.key)
+        await self._ended(timer.key)
+
+    async def _ended(self, item_id):
+        TRUTH.stop(item_id)
         lost = CONFIG["plant"] == "lost_release" or random.random() < CONFIG["lose_releases"]
         if not lost:
-            await self.queue.release(timer.key)
+            await self.queue.release(item_id)
+
+    async def _on_job_event(self, event):
+        if event.type == "terminal":
+            # Its end counts once it is durable: a crash that loses the write
+            # leaves the job out, and the consumer's next delivery runs it again.
+            await self.scheduler.sql.flush()
+            await self._ended(event.id)
+
+    async def job_report(self, report):
+        """The consumer's call (mode "consumer"): an attempt it ran ended, or is it still out?"""
+        if cut_off(self.name):
+            raise lost_connection()
+        answer = await self.jobs.report(report)
+        if answer["status"] in ("completed", "failed"):
+            await self.queue.check_finished([report["job"]])
+        return answer
 
     async def _finished(self, ids):
-        return [i for i in ids if i in TRUTH.stopped]
+        if self.jobs is None:
+            return [i for i in ids if i in TRUTH.stopped]
+        # The runner's word: a job whose terminal event was lost with its instance is over too
+        # (once that word is durable: a read sees the instance's own writes before they commit).
+        done = [i for i in ids if (await self.jobs.run.get_result(i))["status"] in ("completed", "failed")]
+        if done:
+            await self.scheduler.sql.flush()
+        for item_id in done:
+            TRUTH.stop(item_id)
+        return done
 
     async def wake(self):
         await self.scheduler.resume()
@@ -304,7 +353,25 @@ class Shard(DurableObject):
         await self.scheduler.alarm(alarm_info)
 
 
+async def run_attempt(payload):
+    """Mode "consumer": an item's work, run by the queue's consumer for as long as its body says."""
+    item_id = current_job().id
+    TRUTH.run_started(item_id)
+    try:
+        await asyncio.sleep(payload["ms"] / 1000)
+    finally:
+        TRUTH.run_ended(item_id)
+
+
 class Default(WorkerEntrypoint):
+    async def queue(self, batch, env, ctx):
+        """Mode "consumer": the ATTEMPTS queue's batches (and its dead letters')."""
+        consumer = JobConsumer({"run": run_attempt}, binding="SHARD", dead_letter_queue="attempts-dead")
+        if CONFIG["plant"] == "consumer_overlap":  # every batch handled twice at once: runs overlap
+            await asyncio.gather(consumer.handle(batch, self.env), consumer.handle(batch, self.env))
+            return
+        await consumer.handle(batch, self.env)
+
     async def scheduled(self, controller, env, ctx):
         """The sweep (a Cron Trigger every minute), as the example Worker's:
         every shard resumes work whose alarm the runtime gave up on. Holders

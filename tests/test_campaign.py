@@ -70,6 +70,13 @@ def test_a_holder_that_lets_one_start_too_many_is_found_in_mode_rate():
     assert "rate" not in run(generate(found[0], "rate")).violations.counts  # and the seed passes without it
 
 
+def test_a_consumer_that_runs_an_attempt_twice_at_once_is_found_in_mode_consumer():
+    found = [seed for seed in range(10)
+             if "run_in_permit" in run(with_plant(generate(seed, "consumer"), "consumer_overlap")).violations.counts]
+    assert found, "consumer_overlap not found in 10 seeds"
+    assert not run(generate(found[0], "consumer")).violations  # and the seed passes without it
+
+
 def test_the_shrinker_keeps_what_fails():
     scenario = generate(3, "grants")
     # "Fails" while two particular jobs remain: the shrinker must end with exactly those.

@@ -105,7 +105,7 @@ def test_tallies_are_exact_under_faults(seed):
 
     async def scenario():
         expected = {}
-        for round_ in range(30):
+        for round_ in range(40):  # (enough calls that every kind of fault is all but sure to strike)
             for counter in ("a", "b", "c"):
                 tally = f"t{round_ % 2}"
                 try:

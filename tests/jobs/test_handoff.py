@@ -158,15 +158,15 @@ def test_an_attempt_that_never_reaches_a_consumer_is_taken_for_lost_after_its_sp
 
 
 def test_a_message_the_queue_gives_up_on_ends_its_job_as_failed_through_the_dead_letter_queue():
-    # The shard answers no call for 30 s: every report fails, the queue
-    # retries the message until max_retries (deliveries 5 s apart), then
+    # The shard answers no call for 40 s: every report fails, the queue
+    # retries the message until max_retries (5, 10 and 20 s apart), then
     # dead-letters it; the dead-letter queue's report gets through at last.
-    runtime = handoff_runtime(faults=Faults(outages=(Outage("Shard", 100, 30_000, alarms=False, calls=True),),
+    runtime = handoff_runtime(faults=Faults(outages=(Outage("Shard", 100, 40_000, alarms=False, calls=True),),
                                             external=True))
 
     async def scenario():
         await shard(runtime).submit("j1", {"refused": "x", "sleep": 0})
-        await asyncio.sleep(60)
+        await asyncio.sleep(120)
         with runtime.no_faults():
             return await shard(runtime).result("j1")
 
@@ -196,3 +196,35 @@ def test_bad_reports_are_refused_and_change_nothing():
     assert refused == [True] * 6
     assert stale == {"out": False, "status": "pending"} and unknown == {"out": False, "status": "not_found"}
     assert asked == {"out": True, "status": "pending"} and state == {"status": "pending"}
+
+
+def test_a_message_that_is_no_attempt_fails_alone_and_the_others_of_its_batch_run_once():
+    runtime = handoff_runtime()
+
+    async def scenario():
+        await runtime.env.ATTEMPTS.send({"job": "x", "attempt": 1, "handler": "run", "replyTo": "not an id",
+                                         "startBy": runtime.now_ms() + 60_000, "runMs": 1_000})
+        await shard(runtime).submit("j1", {"sleep": 3})
+        await asyncio.sleep(30)
+        return await shard(runtime).result("j1")
+
+    assert runtime.run(scenario())["status"] == "completed"
+    assert runs(runtime, "j1") == [("j1", 1, 1)]
+
+
+def test_what_no_attempt_could_carry_is_refused_at_once():
+    from durability import QueueHandoff
+
+    with pytest.raises(ValueError, match="run_within_ms"):
+        QueueHandoff(object(), "id", run_within_ms=16 * 60_000)
+    with pytest.raises(ValueError, match="reply_to"):
+        QueueHandoff(object(), "")
+    runtime = handoff_runtime(consumer=False)
+
+    async def scenario():
+        with pytest.raises(Exception, match="payload"):
+            await shard(runtime).submit("big", {"blob": "x" * 130_000})
+        return await shard(runtime).result("big")
+
+    assert runtime.run(scenario()) == {"status": "not_found"}
+    assert runtime.queues["attempts"].stats.sent == 0

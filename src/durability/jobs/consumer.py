@@ -30,7 +30,10 @@ from .handoff import AttemptMessage, AttemptReport
 from .records import Handler, JobContext, NonRetryableError, _current_job, _error_text
 
 log = logging.getLogger("durability.jobs.consumer")
-RETRY_DELAY_S = 5  #: a message whose report could not be sent comes again after this
+#: a message whose report could not be sent comes again after this, doubled at each delivery (5, 10, 20 s...):
+#: an object out of reach for half a minute does not send its attempts to the dead-letter queue
+RETRY_DELAY_S = 5
+MAX_RETRY_DELAY_S = 300
 
 
 class JobConsumer:
@@ -60,7 +63,13 @@ class JobConsumer:
         """Run every attempt of ``batch`` at once (each under its own permit), report each, ack each."""
         dead = batch.queue == self.dead_letter_queue
         each: Callable[[Any, Any], Any] = self._dead_letter if dead else self._attempt
-        await asyncio.gather(*(each(message, env) for message in batch.messages))
+        # (A message that fails in an unforeseen way leaves the others to end as they end:
+        # it is retried alone, by the word it did not get.)
+        outcomes = await asyncio.gather(*(each(message, env) for message in batch.messages), return_exceptions=True)
+        for message, outcome in zip(batch.messages, outcomes):
+            if isinstance(outcome, Exception):
+                log.error("a message failed: %r", outcome)
+                message.retry(delaySeconds=_retry_delay(message))
 
     def _object(self, env: Any, message: AttemptMessage) -> Any:
         namespace = getattr(env, self.binding)
@@ -73,21 +82,21 @@ class JobConsumer:
             log.error("dropped a message that is no attempt: %s", error)
             message.ack()  # no delivery could make it one
             return
-        if now_ms() > attempt.start_by:
-            log.warning("job %s: attempt %d came after its start limit: dropped (its object sends another)",
-                        attempt.job, attempt.attempt)
-            message.ack()
-            return
-        target = self._object(env, attempt)
         try:
+            target = self._object(env, attempt)
             if message.attempts > 1 and not (await target.job_report(_question(attempt)))["out"]:
                 message.ack()  # its report was heard, or the attempt was given up: nothing to run
+                return
+            if now_ms() > attempt.start_by:  # (after the question, which takes time too)
+                log.warning("job %s: attempt %d came after its start limit: dropped (its object sends "
+                            "another)", attempt.job, attempt.attempt)
+                message.ack()
                 return
             report = await self._run(attempt, message.attempts)
             await target.job_report(report.to_wire())
         except Exception as error:  # the object is unreachable now: the message comes again
             log.warning("job %s: attempt %d not reported: %r", attempt.job, attempt.attempt, error)
-            message.retry(delaySeconds=RETRY_DELAY_S)
+            message.retry(delaySeconds=_retry_delay(message))
             return
         message.ack()
 
@@ -98,18 +107,20 @@ class JobConsumer:
                                  error=f"LookupError: no job handler named {attempt.handler!r} in the consumer",
                                  final=True)
         token = _current_job.set(JobContext(attempt.job, attempt.attempt, attempt.handler, delivery))
+        # Stopped by start_by + run_ms whenever it started: so every run of the
+        # attempt has ended by then, which the object counts on (jobs/handoff).
+        limit = asyncio.timeout(max(0.0, attempt.start_by + attempt.run_ms - now_ms()) / 1000)
         try:
-            async with asyncio.timeout(attempt.run_ms / 1000):
+            async with limit:
                 result = handler(attempt.payload)
                 if inspect.isawaitable(result):
                     result = await result
         except NonRetryableError as error:
             return AttemptReport(attempt.job, attempt.attempt, "failed", error=_error_text(error), final=True)
-        except TimeoutError:
-            error_text = f"TimeoutError: the attempt ran past its {attempt.run_ms:.0f} ms"
-            return AttemptReport(attempt.job, attempt.attempt, "failed", error=error_text)
         except Exception as error:
-            return AttemptReport(attempt.job, attempt.attempt, "failed", error=_error_text(error))
+            text = (f"TimeoutError: the attempt ran past its limit ({attempt.run_ms:.0f} ms)" if limit.expired()
+                    else _error_text(error))
+            return AttemptReport(attempt.job, attempt.attempt, "failed", error=text)
         finally:
             _current_job.reset(token)
         try:
@@ -131,9 +142,13 @@ class JobConsumer:
             await self._object(env, attempt).job_report(report.to_wire())
         except Exception as error:
             log.warning("job %s: dead letter not reported: %r", attempt.job, error)
-            message.retry(delaySeconds=RETRY_DELAY_S)
+            message.retry(delaySeconds=_retry_delay(message))
             return
         message.ack()
+
+
+def _retry_delay(message: Any) -> int:
+    return int(min(MAX_RETRY_DELAY_S, RETRY_DELAY_S * 2 ** max(0, message.attempts - 1)))
 
 
 def _question(attempt: AttemptMessage) -> dict[str, Any]:

@@ -29,6 +29,9 @@ from .records import MAX_ERROR_LENGTH, MAX_ID_LENGTH
 
 START_WITHIN_MS = 5 * 60_000  #: a consumer starts an attempt within this of its send, or drops it
 RUN_WITHIN_MS = 14 * 60_000  #: and stops it this long after its start (a consumer runs up to 15 minutes)
+MAX_RUN_MS = 15 * 60_000  #: a consumer's invocation ends by then, whatever it runs
+#: a message's body at most (Queues takes 128,000 bytes, its own metadata among them)
+MAX_MESSAGE_BYTES = 120_000
 #: what clocks of a consumer and an object may disagree by, and a report take to arrive
 CLOCK_MARGIN_MS = 60_000
 OUTCOMES = ("completed", "failed")
@@ -53,6 +56,14 @@ class QueueHandoff:
             value = getattr(self, name)
             if not is_number(value) or value <= 0:
                 raise ValueError(f"{name} must be a positive number of milliseconds, not {value!r}")
+        if self.run_within_ms > MAX_RUN_MS:
+            raise ValueError(f"run_within_ms must be at most {MAX_RUN_MS}: a consumer's invocation lasts no longer")
+
+    def check_payload(self, payload_text: str) -> None:
+        """ValueError if a payload (its JSON text) is too big for an attempt's message."""
+        if len(payload_text.encode()) > MAX_MESSAGE_BYTES - 2_000:
+            raise ValueError(f"a job's payload must be under {MAX_MESSAGE_BYTES - 2_000} bytes of JSON to go "
+                             "to a queue")
 
     @property
     def span_ms(self) -> float:
@@ -140,6 +151,12 @@ def _error(value: Any, final: Any) -> str:
     if not isinstance(value, str) or not isinstance(final, bool):
         raise ValueError("a failed attempt's report needs its error (a string) and final (a bool)")
     return value if len(value) <= MAX_ERROR_LENGTH else value[:MAX_ERROR_LENGTH - 1] + "…"
+
+
+def refused(error: BaseException) -> bool:
+    """A send refused for what it carries (a JavaScript TypeError or DataCloneError
+    crossing into Python, or a Python one): no attempt of it will ever be sent."""
+    return isinstance(error, (TypeError, ValueError)) or getattr(error, "name", None) in ("TypeError", "DataCloneError")
 
 
 def _id(value: Any, what: str) -> str:

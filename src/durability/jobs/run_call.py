@@ -37,6 +37,8 @@ class RunCall:
         """
         d = self._durability
         name, text = _checked(d, id, payload, handler)
+        if d.runs_in is not None:
+            d.runs_in.check_payload(text)
         if id in d._kept:
             return {"status": JobStatus.PENDING}  # run here with its caller's record, no row yet
         existing = d.sql.transaction(lambda: d._record(id, name, text, due_at=self._first_due()))

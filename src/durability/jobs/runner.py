@@ -35,10 +35,9 @@ row. Each firing of the timer runs one attempt:
    the job ``failed``.
 
 With ``runs_in`` (a ``QueueHandoff``), step 2 is a message to the queue:
-the attempt stays ``running`` until its consumer reports (``report``), and
+the attempt stays ``running`` until its consumer reports (``report``), or
 its timer, set for when any run of it has ended (``span_ms``), takes it for
-lost if no report came, as an interrupted attempt. A new instance finds such
-an attempt ``running`` and waits out the same span, for it may still run.
+lost, as an interrupted one (a new instance waits out the same span).
 
 Timers run at least once, so a firing for a job that is already completed
 or failed does nothing. An attempt cut short after its handler had
@@ -77,7 +76,7 @@ from .._common.schema import migrate, public_migrate
 from .._common.sql import Sql
 from ..retry import Backoff, RetryDecision, decide_retry
 from ..scheduler.alarm import DurabilityScheduler, Timer
-from .handoff import AttemptReport, QueueHandoff
+from .handoff import AttemptReport, QueueHandoff, refused
 from .purge import JobPurge, Keep
 from .records import (
     _SCHEMA,
@@ -176,10 +175,9 @@ class DurabilityJobs:
             self.scheduler.schedule(PARTICIPANT, row["id"], row["due_at"] if pending else self.running_again_at())
 
     def running_again_at(self) -> float:
-        """When an attempt that a new instance finds started is run again: at
-        once when attempts run here (the old instance's went with it), but
-        one that went out to a queue may still be running, and is taken for
-        lost only once any run of it has ended (``QueueHandoff.span_ms``)."""
+        """When an attempt a new instance finds started runs again: at once here
+        (it went with the old instance); one out in a queue may still run, and
+        is taken for lost once any run of it has ended (``span_ms``)."""
         return now_ms() + (self.runs_in.span_ms if self.runs_in is not None else 0.0)
 
     migrate = public_migrate("jobs", _TABLES, "the jobs' table")
@@ -292,26 +290,29 @@ class DurabilityJobs:
         self._in_flight.add(job_id)
         try:
             await self._emit([JobEvent(JobEventType.ATTEMPT_STARTED, job_id, attempt)])
+            lost_at, events = now_ms() + self.runs_in.span_ms, []
             try:
-                lost_at = await self.runs_in.send(job_id, attempt, row["handler"], json.loads(row["payload"]), now_ms())
+                await self.runs_in.send(job_id, attempt, row["handler"], json.loads(row["payload"]), now_ms())
             except Exception as error:
-                events = self._fail(job_id, attempt, f"could not send the attempt to its queue: {_error_text(error)}")
-            else:
-                # (The timer is running, so this always moves it: its alarm re-arms afterwards.)
+                if refused(error):  # as it is, no attempt of it can be sent
+                    events = self._fail(job_id, attempt, f"the queue refused the attempt: {_error_text(error)}",
+                                        final=True)
+                else:  # it may have been queued all the same: out until taken for lost
+                    log.warning("job %s: sending attempt %d failed: %r", job_id, attempt, error)
+            current = self._row_or_kept(job_id)  # (its report may have come already)
+            if not events and current is not None and current["status"] == JobStatus.RUNNING and int(
+                    current["attempt"]) == attempt:
                 self.scheduler.schedule(PARTICIPANT, job_id, lost_at)
-                events = []
         finally:
             self._in_flight.discard(job_id)
         await self._emit(events)
 
     async def report(self, report: Any) -> dict[str, Any]:
-        """What a queue's consumer tells of an attempt handed to it (an
-        ``AttemptReport`` as a dict): its outcome settles the attempt if it is
-        the job's attempt out now, and changes nothing otherwise (a report
-        repeated, or of an attempt already taken for lost). Returns
-        ``{"out": bool, **state}``: whether that attempt is still out, with
-        the job's state as ``get_result`` reads it. A report with no outcome
-        only asks. Raises ``ValueError`` for what is not a report."""
+        """A consumer's ``AttemptReport`` (a dict): its outcome settles the attempt
+        if it is the job's attempt out now, and changes nothing otherwise (a
+        repeat, or an attempt taken for lost); with no outcome it only asks.
+        Returns ``{"out": bool, **state as get_result reads it}``; ``ValueError``
+        for what is not a report."""
         if self.runs_in is None:
             raise ValueError("this runner runs its attempts itself: no report is expected")
         parsed = AttemptReport.parse(report)
@@ -319,7 +320,7 @@ class DurabilityJobs:
         if row is None:
             return {"out": False, "status": JobStatus.NOT_FOUND}
         out = row["status"] == JobStatus.RUNNING and int(row["attempt"]) == parsed.attempt
-        if not out or parsed.outcome is None or parsed.job in self._in_flight:
+        if not out or parsed.outcome is None:
             return {"out": out, **_state(row)}
         if parsed.outcome == "completed":
             events = self._complete(parsed.job, parsed.attempt, compact_json(parsed.result, "its result"),

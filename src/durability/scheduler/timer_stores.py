@@ -102,6 +102,10 @@ class MemoryTimers:
                 at_ms >= current["due_at"] if earlier_only else at_ms == current["due_at"]):
             current["alarm_at"] = min(current["alarm_at"], alarm_at)  # a caller that needs the alarm sooner
             return
+        if current is not None and earlier_only and not always:
+            # An earlier time keeps the alarm an earlier caller needed (never before the new time).
+            # (A running timer's request is a new one: its old alarm has fired.)
+            alarm_at = max(at_ms, min(alarm_at, current["alarm_at"]))
         self._rows[(participant, key)] = {"participant": participant, "key": key, "due_at": at_ms,
                                           "alarm_at": alarm_at, "attempt": 0, "version": next(self._versions),
                                           "memory": True}

@@ -59,7 +59,10 @@ class Admission:
             await self.admit_pending()
         except Exception as error:  # the admit timer retries, from an alarm set for it now
             log.warning("admit() failed: %r; it will be retried", error)
-            await self.ctx.update(lambda: self.ctx.due_by(TimerKind.ADMIT, None, now_ms()))
+            try:
+                await self.ctx.update(lambda: self.ctx.due_by(TimerKind.ADMIT, None, now_ms()))
+            except Exception as sync_error:  # its timer is due all the same: the next alarm or sync retries
+                log.warning("setting the alarm for admit() failed: %r", sync_error)
 
     async def admit_pending(self) -> None:
         ctx = self.ctx

@@ -133,6 +133,8 @@ class DurabilitySemaphoreQueue(QueueReleases):
             raise ValueError(f"request_wait_ms must be from 0 to {MAX_WAIT_MS}")
         if not keep_done_ms >= 0:
             raise ValueError("keep_done_ms must be 0 or more")
+        if not checks_wait_ms >= 0:
+            raise ValueError("checks_wait_ms must be 0 or more")
         self.scheduler = scheduler
         self.server = server
         self.on_lifecycle_event = on_lifecycle_event
