@@ -13,17 +13,15 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
-import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Any
 
 from durability.testing import Runtime, load_worker_module
 from durability.testing._sql import SqlDatabase
 
 from .embedded import EmbeddedDriver
+from .node_tools import run_json
 from .pyodide_host import ROOT, run_host
 from .scenarios import account_jobs, probe_script, uploads
 
@@ -177,18 +175,7 @@ def library_statements(jobs: int = 30) -> list[dict[str, Any]]:
 
 # -- the tiers -------------------------------------------------------------------
 def run_workerd(scripts: list[dict[str, Any]], alarm: dict | None = ALARM) -> dict[str, Any]:
-    request = {"scripts": _bare_scripts(scripts), "alarm": alarm}
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "request.json"
-        path.write_text(json.dumps(request))
-        done = subprocess.run(["node", str(WORKERD_RUNNER), str(path)], cwd=ROOT,
-                              capture_output=True, text=True, timeout=300)
-    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
-    if not lines:
-        raise RuntimeError(f"the workerd runner printed nothing (exit {done.returncode}):\n{done.stderr[-4000:]}")
-    report = json.loads(lines[-1])
-    if not report["ok"]:
-        raise RuntimeError(report["error"])
+    report = run_json(WORKERD_RUNNER, {"scripts": _bare_scripts(scripts), "alarm": alarm})
     return {"results": report["results"], "alarm": report["alarm"]}
 
 

@@ -2,8 +2,9 @@
 
 Lives here: reading the lock's top-level packages and the versions
 node_modules/ holds, the file lock that lets one process of several install
-them, and the errors that say what is missing. Must not know: which tests
-or scripts use the tools.
+them, the errors that say what is missing, and running one of the project's
+Node runners on a JSON request. Must not know: which tests or scripts use
+the tools.
 """
 
 from __future__ import annotations
@@ -12,9 +13,11 @@ import fcntl
 import json
 import shutil
 import subprocess
+import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 NPM_CI = ["npm", "ci", "--no-audit", "--no-fund"]
@@ -93,3 +96,21 @@ def ensure_node_tools(root: Path = ROOT, say: Callable[[str], None] = print) -> 
     still = stale_packages(root)
     if still:
         raise NodeToolsError(f"after `npm ci`, node_modules/ still lacks {', '.join(still)}")
+
+
+def run_json(runner: Path, request: dict[str, Any], timeout_s: float = 300) -> dict[str, Any]:
+    """Run a Node runner that reads ``request`` from the JSON file named by its
+    argument and prints one JSON line ``{"ok": ..., ...}``; that line, or a
+    RuntimeError with what went wrong."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "request.json"
+        path.write_text(json.dumps(request))
+        done = subprocess.run(["node", str(runner), str(path)], cwd=ROOT,
+                              capture_output=True, text=True, timeout=timeout_s)
+    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    if not lines:
+        raise RuntimeError(f"{runner.name} printed nothing (exit {done.returncode}):\n{done.stderr[-4000:]}")
+    report: dict[str, Any] = json.loads(lines[-1])
+    if not report["ok"]:
+        raise RuntimeError(report["error"])
+    return report
