@@ -16,7 +16,7 @@ reply on, the request a report may ride on, or SQL.
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import replace
 
 from ..._common.clock import now_ms
@@ -30,12 +30,10 @@ log = logging.getLogger("durability.semaphore.queue")
 
 
 class QueueGrants:
-    def __init__(self, ctx: QueueContext, leases: QueueLeases, wake: Callable[[str, float, bool], None],
-                 admit_pending: Callable[[], Awaitable[None]]) -> None:
+    def __init__(self, ctx: QueueContext, leases: QueueLeases, wake: Callable[[str, float, bool], None]) -> None:
         self.ctx = ctx
         self.leases = leases
         self._wake = wake
-        self._admit_pending = admit_pending
 
     # -- inside a commit -----------------------------------------------------------
     def claim(self, key: str, now: float) -> None:
@@ -164,8 +162,8 @@ class QueueGrants:
     def learn_listed(self, key: str, reply: Reply) -> None:
         """The grants a sync's answer lists, learned (inside its commit), and
         claims on them: a grant a round made at that sync comes new in that
-        answer only, so an answer to a lease report must not drop it."""
-        self.learn(key, reply.grants)
+        answer only, so an answer to a lease report must not drop it. (``QueueContext.exchange`` admits after it.)"""
+        self.learn(key, reply.grants, admits_after=True)
         claimed = {grant.grant_id: grant.claimed for grant in self.ctx.grants.grants(key)}
         self.claim(key, now_ms())
         if any(grant.claimed > claimed.get(grant.grant_id, 0) for grant in self.ctx.grants.grants(key)):
@@ -195,7 +193,6 @@ class QueueGrants:
                 self.ctx.due_by(TimerKind.REPORT, key, now_ms())  # more than one sync holds
 
         await self.ctx.exchange(key, Sync(self.ctx.client_id, tuple(reports.values())), apply)
-        await self._admit_pending()
 
     async def report_safely(self, key: str) -> None:
         try:

@@ -13,7 +13,7 @@ committed). Must not know: what a reply means (the parts apply it), SQL
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, fields
 from typing import TypeVar
 
@@ -121,6 +121,10 @@ class QueueMemory:
             self.contended.discard(key)
 
 
+async def _nothing() -> None:
+    return None
+
+
 class QueueContext:
     """The scheduler, store, books, memory and options a queue's parts share."""
 
@@ -142,6 +146,8 @@ class QueueContext:
         #: client's grants (a round may just have made one for it), whichever
         #: part sent the sync, and a grant listed new is news once only
         self.learn_listed: Callable[[str, Reply], None] = lambda key, reply: None
+        #: hands what the queue admitted to ``admit()`` (``Admission.admit_pending_safely``)
+        self.admit_pending: Callable[[], Awaitable[None]] = _nothing
 
     # -- commits ----------------------------------------------------------------
     async def commit(self, change: Callable[[], T], *, move_alarm: bool = True) -> T:
@@ -245,7 +251,8 @@ class QueueContext:
 
     async def exchange(self, key: str, sync: Sync, apply: Callable[[Reply], None]) -> Reply:
         """``send_sync``, then commit ``apply(reply)`` and the grants it
-        lists: nothing is applied unless a well-formed reply came."""
+        lists: nothing is applied unless a well-formed reply came. What the
+        answer admitted is handed to ``admit()`` in this event."""
         reply = await self.send_sync(key, sync)
 
         def apply_all() -> None:
@@ -253,5 +260,6 @@ class QueueContext:
             self.learn_listed(key, reply)
 
         await self.commit(apply_all)
+        await self.admit_pending()
         return reply
 

@@ -147,7 +147,8 @@ class DurabilitySemaphoreQueue(QueueReleases):
         self.leases = QueueLeases(ctx)
         self.admission = Admission(ctx, admit, finished, release=self._release,
                                    after_releases=self._report_at_once_if_contended, admitted=self._emit_admitted)
-        self.claims = QueueGrants(ctx, self.leases, self._wake, self.admission.admit_pending_safely)
+        ctx.admit_pending = self.admission.admit_pending_safely
+        self.claims = QueueGrants(ctx, self.leases, self._wake)
         ctx.learn_listed = self.claims.learn_listed
         self.old_outbox = OldOutboxDrain(scheduler, ctx, self.claims, self.leases)
         self.requests = KeyRequests(ctx, self.claims, self.leases, self.admission, self.old_outbox, self._emit_blocked)
