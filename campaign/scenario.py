@@ -29,6 +29,7 @@ FINISHED_CHECK_MS = 10_000
 RETRY_MAX_MS = 10_000  #: the shards' backoff ceiling (see ``campaign.checks.liveness_bound_ms``)
 WAKE_AFTER_MS = 20_000  #: a holder calls a shard silent this long on a grant this old (``wake_after_ms``)
 KEEP_DONE_MS = 24 * 3_600_000  #: longer than any run: the end check reads every item back (the purge has its own tests)
+ROUND_PERIOD_MS = 2_000  #: the campaign's holders' round period (the library's default)
 FAULTS_END_MS = 150_000  #: faults stop here (or when the last outage ends); every live change is undone then too
 JOB_MS = (200, 1_000, 3_000, 8_000, 20_000)
 GROUPS = ("wf0", "wf1", "capped")
@@ -164,8 +165,8 @@ class Scenario:
 
     @property
     def faults_end_ms(self) -> float:
-        """When faults stop: at ``FAULTS_END_MS``, or when the last outage ends."""
-        return max([FAULTS_END_MS] + [o.at_ms + o.ms for o in self.outages])
+        """When faults stop: at ``FAULTS_END_MS``, or when the last outage ends or the last restart comes."""
+        return max([FAULTS_END_MS] + [o.at_ms + o.ms for o in self.outages] + [r.at_ms for r in self.restarts])
 
     @property
     def keys(self) -> int:
@@ -221,7 +222,8 @@ def generate(seed: int, mode: str) -> Scenario:
         partitions=_partitions(rng, shards), lose_releases=rng.choice([0.0, 0.05, 0.2]),
         permits_per_lease=rng.randint(1, 4), keep_done=rng.random() < 0.5,
         outages=_outages(rng, keys, shards) + _child_outages(f"{mode}:{seed}", keys, fan_out),
-        restarts=_restarts(rng, keys, jobs, fan_out), fan_out=fan_out, hibernate=_hibernates(f"{mode}:{seed}"),
+        restarts=_restarts(rng, keys, jobs, fan_out) + _root_restarts(f"{mode}:{seed}", keys, fan_out),
+        fan_out=fan_out, hibernate=_hibernates(f"{mode}:{seed}"),
         calls=calls, call_faults=call_faults, rates=_rates(f"{mode}:{seed}", keys) if mode == "rate" else (),
         group_rates=_group_rates(f"{mode}:{seed}") if mode == "rate" else (),
         queue_faults=_queue_faults(f"{mode}:{seed}") if mode == "consumer" else (),
@@ -366,6 +368,19 @@ def _restarts(rng: random.Random, keys: int, jobs: tuple[Job, ...], fan_out: int
         child = rng.randrange(-1, fan_out) if fan_out else -1
         found.append(Restart(job.key, round(job.at_ms + rng.uniform(100, 2_000), 1), child))
     return tuple(sorted(found, key=lambda restart: restart.at_ms))
+
+
+def _root_restarts(name: str, keys: int, fan_out: int) -> tuple[Restart, ...]:
+    """In a tree, three runs in ten: one key's root restarted again and again,
+    every 2 to 5 round periods (``ROUND_PERIOD_MS``) for one to three minutes
+    from 5 to 60 s on, as a root that keeps failing is. Drawn from a source
+    of its own, so that every other draw of a seed stays what it was."""
+    rng = random.Random(f"{name}:root restarts")
+    if not fan_out or rng.random() >= 0.3:
+        return ()
+    key, every = rng.randrange(keys), rng.uniform(2, 5) * ROUND_PERIOD_MS
+    start, length = rng.uniform(5_000, 60_000), rng.uniform(60_000, 180_000)
+    return tuple(Restart(key, round(start + n * every, 1)) for n in range(int(length // every) + 1))
 
 
 def _holds(rng: random.Random, keys: int) -> tuple[Hold, ...]:

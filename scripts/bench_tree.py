@@ -87,6 +87,7 @@ class Client:
     group: str = GROUP  # the group its items are queued in
     queue: deque = field(default_factory=deque)  # (item id, work ms)
     grants: dict = field(default_factory=dict)  # grant id -> [permits, released, confirmed released]
+    settled: set = field(default_factory=set)  # grants released in full and confirmed: a late copy lists them
     heard_up_to: float = 0.0
     next_request_at: float = 0.0
     asking: bool = False
@@ -192,10 +193,11 @@ class Driver:
             grant[2] = max(grant[2], report["released"])
             if report["status"] == "not_found" or grant[2] >= grant[0]:
                 del client.grants[report["grantId"]]
+                client.settled.add(report["grantId"])
         for entry in reply.get("grants", []):
             client.heard_up_to = max(client.heard_up_to, entry["claimDeadline"])
-            if entry["grantId"] in client.grants or entry["released"] > 0:
-                continue  # known, or from before (this bench's clients never forget)
+            if entry["grantId"] in client.grants or entry["grantId"] in client.settled or entry["released"] > 0:
+                continue  # known, or settled (a late or duplicated reply or call lists it again)
             client.grants[entry["grantId"]] = grant = [entry["claimed"], 0, 0]
             for _ in range(entry["claimed"]):
                 if not client.queue:

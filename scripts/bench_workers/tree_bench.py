@@ -1,6 +1,7 @@
 """A Worker module for scripts/bench_tree.py: one semaphore holder class, a root or a child.
 
-The holder reads its limit from ``env.LIMIT``; with ``env.TREE`` set it is
+The holder reads its limit from ``env.LIMIT`` (and its round period from
+``env.ROUND_PERIOD_MS``, 2 s unless set); with ``env.TREE`` set it is
 part of a budget tree (``parent=``): the object named for the key is the
 root, and the objects the clients reach through ``fan_out`` are children.
 This class is exactly what an application would write. ``BenchClient`` is
@@ -21,7 +22,8 @@ class TreeBenchHolder(DurableObject):
         parent = DurabilitySemaphore.client(binding="HOLDER").bind(env) if env.TREE else None
         # Clients that can be called (``BenchClient``) are parked: answered at once, called back.
         self.semaphore = DurabilitySemaphore(self.scheduler, limit=lambda: int(self.env.LIMIT), parent=parent,
-                                             clients=getattr(env, "CLIENTS", None))
+                                             clients=getattr(env, "CLIENTS", None),
+                                             round_period_ms=int(getattr(env, "ROUND_PERIOD_MS", 2_000)))
 
     async def permits(self, message):
         return await self.semaphore.handle(message)

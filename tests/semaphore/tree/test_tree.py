@@ -952,3 +952,40 @@ def test_a_child_whose_demand_is_gone_says_so_and_its_parent_lends_it_nothing_mo
         for host in runtime.hosts():
             if host.class_name == "TreeHolder" and host.instance is not None:
                 assert not host.instance.semaphore._parked.line, host.name
+
+
+def test_a_root_restarted_every_period_between_its_childrens_requests_and_its_round_still_lends():
+    # The children's demand lives in the root's memory only. Restarted each
+    # period just after its children asked (their beat is at 0, the root's at
+    # half a period), the root used to die before every round that would
+    # serve them: a child holding no loan then waited until the restarts
+    # stopped. A new instance now runs its first round off the beat, once
+    # the children it woke as it started have asked again.
+    module, runtime = tree_runtime(limit=2, fan_out=2, woken=True)
+    first = next(f"s{i}" for i in range(20) if leaf_of(runtime, f"s{i}", 2).endswith("child-0"))
+    second = next(f"s{i}" for i in range(20) if leaf_of(runtime, f"s{i}", 2).endswith("child-1"))
+    admitted_at = {}
+
+    async def restart_root(times):
+        start = runtime.now_ms()
+        await asyncio.sleep(2.25 - (start / 1000) % 1)  # a quarter period past the children's beat
+        for _ in range(times):
+            runtime.evict(runtime.env.HOLDER.getByName("acct"))
+            await asyncio.sleep(1)
+
+    async def scenario():
+        restarts = asyncio.get_running_loop().create_task(restart_root(40))
+        items = [{"id": f"a{i}", "key": "acct", "group": "g", "body": {"ms": 1_000}} for i in range(6)]
+        await runtime.env.SHARD.getByName(first).submit(items)
+        await asyncio.sleep(3)
+        submitted = runtime.now_ms()
+        items = [{"id": f"b{i}", "key": "acct", "group": "g", "body": {"ms": 1_000}} for i in range(4)]
+        await runtime.env.SHARD.getByName(second).submit(items)
+        await until_done(module, runtime, 10, most_s=60)
+        admitted_at.update({k: v - submitted for k, v in module.WORLD["admitted"].items() if k.startswith("b")})
+        await restarts
+
+    with runtime:
+        runtime.run(scenario())
+    assert len(admitted_at) == 4 and min(admitted_at.values()) < 5_000, admitted_at
+    assert not module.WORLD["violations"]

@@ -135,8 +135,19 @@ def _round_time(holder: DurabilitySemaphore, soon: bool, spacing: float | None) 
     beats space its rounds a period apart, and every holder of the tree
     keeps the same ones, so the children's lines move together and each
     hears its parent just before its round (see ``tree.beat_phase``)."""
-    beat = holder.tree.keeps_beat and not soon
+    # A tree's parent restarted (not its first instance ever) runs its
+    # first round off the beat, a quarter period (or ``round_wait_ms``, if
+    # shorter) after it started: the children it woke as it started ask
+    # again at once. Restarted between their requests and its beat, again
+    # and again, it never ran one with their demand in it (its line is not
+    # in rows; a leaf's is). A parent's very first round keeps the beat,
+    # which hears every child first, oldest work first.
+    first = (holder.tree.keeps_beat and holder._last_round_at is None and not holder.store.created
+             and _children_wait(holder))
+    beat = holder.tree.keeps_beat and not soon and not first
     at = now_ms() + (0 if soon or beat else holder.round_wait_ms)
+    if first and not soon:
+        at = max(now_ms(), holder._started_at + min(holder.round_wait_ms, holder.round_period_ms / 4))
     if holder._last_round_at is not None:
         # On the beat, a beat within a quarter period of the last round (one
         # for a loan, off the beat) is skipped: two rounds a moment apart
@@ -150,6 +161,11 @@ def _round_time(holder: DurabilitySemaphore, soon: bool, spacing: float | None) 
         # before they are back would serve whoever asked first.
         at = max(at, holder._started_at + holder.rejoin_wait_ms)
     return holder.tree.next_beat(at) if beat else at
+
+
+def _children_wait(holder: DurabilitySemaphore) -> bool:
+    """A tree's child's request waits in the holder's parked line."""
+    return holder._parked is not None and any(holder.tree.is_child(r.client_id) for r in holder._parked.line.requests())
 
 
 def _round_when_rate_allows(holder: DurabilitySemaphore, rates: RoundRates, result: RoundResult | None,

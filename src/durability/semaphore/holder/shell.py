@@ -86,8 +86,7 @@ class DurabilitySemaphore:
         round_period_ms: the least time between two rounds. A tree's
             holders run theirs on a beat this far apart that they all keep
             (``tree.beat_phase``); a child its parent just lent more runs
-            one ``round_wait_ms`` after its last.
-            A request that asks to ``wait`` and gets nothing is held for the
+            one ``round_wait_ms`` after its last. A request that asks to ``wait`` and gets nothing is held for the
             following rounds (up to its wait) instead of being answered
             empty, so a blocked client costs one request per wait, not one
             per round, and is present in every round that could serve it.
@@ -97,7 +96,8 @@ class DurabilitySemaphore:
             that the clients whose requests failed with the old instance are
             back in line, oldest work first, before anything is handed out.
             A first round waits ``round_wait_ms`` anyway: this matters only
-            when it is longer.
+            when it is longer. (A tree's holder's first round is off its
+            beat, ``round_wait_ms`` after the news.)
         leases: None (no leases), or the lease options: ``provisioning``
             (``{"mode": "strict"}``, ``{"mode": "under", "reserve": n}``,
             ``{"mode": "over", "extra": {"ratio": r} | {"count": n}}``),

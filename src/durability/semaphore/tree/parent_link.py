@@ -131,7 +131,7 @@ class ParentLink(LinkCeilings):
         nothing to ask for, now and then, which keeps the child from going
         stale (a row-free exchange; one per half ``fresh_for_ms`` per such
         child)."""
-        if self._called:  # the parent lent more: at once, but for a backoff
+        if self._called or self._woken:  # the parent lent more, or restarted: at once, but for a backoff
             return self._next_at(self._last_ask_at) if self._failures else now_ms()
         # (Demand gone since the last request also asks: the parent would
         # keep it in line, and lend to it first, its items being the oldest.)
