@@ -33,6 +33,7 @@ CONFIG = {
     "lose_releases": 0.0,  # share of releases the shard "forgets" to make
     "admit_failures": 0,  # admit() raises this many times first
     "abort_in_admit": 0,  # admit() resets the object (ctx.abort) this many times first
+    "release_in_admit": False,  # admit() releases an item of no work (ms 0) itself, before it returns
     "fake_reply": None,  # when set, the shard's holder answers every message with this
     "leases": None,  # the holder's leases= option
     "fair_share": None,  # the holder's fair_share= option
@@ -371,6 +372,10 @@ class Shard(DurableObject):
                 WORLD["started"][item.id] = now
                 WORLD["starts"][item.id] = WORLD["starts"].get(item.id, 0) + 1
                 _start(item.id)
+            if CONFIG["release_in_admit"] and item.body["ms"] == 0:
+                _stop(item.id)
+                await self.queue.release(item.id)
+                continue
             self.scheduler.schedule("work", item.id, WORLD["started"][item.id] + item.body["ms"])
         await self.scheduler.sync()
 

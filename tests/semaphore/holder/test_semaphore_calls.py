@@ -275,3 +275,28 @@ def test_a_restarted_holder_calls_no_client_in_line_about_grants_past_their_clai
 
     assert "a" not in runtime.run(scenario())
     assert world["violations"] == []
+
+
+def test_an_admit_that_releases_an_item_itself_does_not_wait_for_its_own_pass(runtime):
+    # admit() releases work that is done at once. Its release reports to the
+    # holder at once (the holder calls this queue back), and the report's
+    # answer hands admissions to admit(): waiting there for the pass that is
+    # running admit() itself waited for ever (a0 ran; nothing else did).
+    runtime.module.CONFIG.update(release_in_admit=True)
+    world = runtime.module.WORLD
+
+    async def scenario():
+        items = [{"id": f"a{i}", "key": "holder", "group": "g", "body": {"ms": 0 if i < 3 else 500}}
+                 for i in range(4)]
+        await shard(runtime, "a").submit(items)
+        for _ in range(60):
+            await asyncio.sleep(1)
+            states = await shard(runtime, "a").states()
+            if all(state == "released" for state in states.values()):
+                break
+        return states
+
+    states = runtime.run(scenario())
+    assert set(world["started"]) == {"a0", "a1", "a2", "a3"}
+    assert all(state == "released" for state in states.values()), states
+    assert world["violations"] == []

@@ -137,17 +137,18 @@ def _round_time(holder: DurabilitySemaphore, soon: bool, spacing: float | None) 
     hears its parent just before its round (see ``tree.beat_phase``)."""
     # A tree's parent restarted (not its first instance ever) runs its
     # first round off the beat, a quarter period (or ``round_wait_ms``, if
-    # shorter) after it started: the children it woke as it started ask
-    # again at once. Restarted between their requests and its beat, again
+    # shorter) after the first child in its line asked: the children it
+    # woke as it started ask again at once, and those on the same beat a
+    # moment apart. Restarted between their requests and its beat, again
     # and again, it never ran one with their demand in it (its line is not
-    # in rows; a leaf's is). A parent's very first round keeps the beat,
-    # which hears every child first, oldest work first.
-    first = (holder.tree.keeps_beat and holder._last_round_at is None and not holder.store.created
-             and _children_wait(holder))
+    # in rows; a leaf's is). A parent's very first round keeps the beat.
+    first_child = _first_child_since(holder) if holder.tree.keeps_beat and holder._last_round_at is None else None
+    first = first_child is not None and not holder.store.created
     beat = holder.tree.keeps_beat and not soon and not first
     at = now_ms() + (0 if soon or beat else holder.round_wait_ms)
     if first and not soon:
-        at = max(now_ms(), holder._started_at + min(holder.round_wait_ms, holder.round_period_ms / 4))
+        assert first_child is not None
+        at = max(now_ms(), first_child + min(holder.round_wait_ms, holder.round_period_ms / 4))
     if holder._last_round_at is not None:
         # On the beat, a beat within a quarter period of the last round (one
         # for a loan, off the beat) is skipped: two rounds a moment apart
@@ -163,9 +164,14 @@ def _round_time(holder: DurabilitySemaphore, soon: bool, spacing: float | None) 
     return holder.tree.next_beat(at) if beat else at
 
 
-def _children_wait(holder: DurabilitySemaphore) -> bool:
-    """A tree's child's request waits in the holder's parked line."""
-    return holder._parked is not None and any(holder.tree.is_child(r.client_id) for r in holder._parked.line.requests())
+def _first_child_since(holder: DurabilitySemaphore) -> float | None:
+    """When the first of the tree's children waiting in the holder's parked line joined it (None: none waits)."""
+    if holder._parked is None:
+        return None
+    line = holder._parked.line
+    joined = [entry.since for r in line.requests() if holder.tree.is_child(r.client_id)
+              for entry in [line.get(r.client_id)] if entry is not None]
+    return min(joined, default=None)
 
 
 def _round_when_rate_allows(holder: DurabilitySemaphore, rates: RoundRates, result: RoundResult | None,

@@ -96,8 +96,8 @@ class DurabilitySemaphore:
             that the clients whose requests failed with the old instance are
             back in line, oldest work first, before anything is handed out.
             A first round waits ``round_wait_ms`` anyway: this matters only
-            when it is longer. (A tree's holder's first round is off its
-            beat, ``round_wait_ms`` after the news.)
+            when it is longer. (A tree's restarted parent runs its first
+            round off its beat instead: ``holder.rounds._round_time``.)
         leases: None (no leases), or the lease options: ``provisioning``
             (``{"mode": "strict"}``, ``{"mode": "under", "reserve": n}``,
             ``{"mode": "over", "extra": {"ratio": r} | {"count": n}}``),

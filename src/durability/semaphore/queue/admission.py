@@ -14,6 +14,7 @@ import asyncio
 import inspect
 import logging
 from collections.abc import Awaitable, Callable
+from contextvars import ContextVar
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -24,6 +25,8 @@ from .pure.states import ADMITTED, Item, TimerKind, Via
 
 log = logging.getLogger("durability.semaphore.queue")
 FINISHED_BATCH = 100  #: ids asked about in one finished() call
+PASSES = 10  #: passes of admit() one call makes at most; what is left waits for its timer
+_IN_ADMIT: ContextVar[bool] = ContextVar("durability_in_admit", default=False)  #: admit() is running in this task
 
 
 @dataclass(frozen=True)
@@ -55,8 +58,17 @@ class Admission:
         self._admitting = asyncio.Lock()
 
     async def admit_pending_safely(self) -> None:
+        if _IN_ADMIT.get():
+            # Called from inside admit() (one that releases an item reaches
+            # here through its report's answer): waiting for the pass that
+            # called admit() would wait for ever. That pass hands on what
+            # came meanwhile once admit() returns (below).
+            return
         try:
-            await self.admit_pending()
+            for _ in range(PASSES):  # what was admitted while a pass ran: the next one, not its timer
+                await self.admit_pending()
+                if not self.to_admit():
+                    break
         except Exception as error:  # the admit timer retries, from an alarm set for it now
             log.warning("admit() failed: %r; it will be retried", error)
             try:
@@ -83,10 +95,14 @@ class Admission:
             if not items:
                 return
             here = ctx.store.admitted_here
-            result = self.admit([AdmittedItem(i.id, i.key, i.group, i.body, i.via or Via.GRANT, i.id not in here)
-                                 for i in items])
-            if inspect.isawaitable(result):
-                await result
+            inside = _IN_ADMIT.set(True)
+            try:
+                result = self.admit([AdmittedItem(i.id, i.key, i.group, i.body, i.via or Via.GRANT,
+                                                  i.id not in here) for i in items])
+                if inspect.isawaitable(result):
+                    await result
+            finally:
+                _IN_ADMIT.reset(inside)
             await ctx.update(lambda: self._returned(items))
         for key in sorted({i.key for i in items}):
             await self._admitted(key, tuple(i.id for i in items if i.key == key))

@@ -260,6 +260,7 @@ class QueueContext:
             self.learn_listed(key, reply)
 
         await self.commit(apply_all)
-        await self.admit_pending()
+        if self.is_due(TimerKind.ADMIT):  # (a read of memory: most answers admit nothing)
+            await self.admit_pending()
         return reply
 
