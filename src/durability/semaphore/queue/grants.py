@@ -162,8 +162,8 @@ class QueueGrants:
     def learn_listed(self, key: str, reply: Reply) -> None:
         """The grants a sync's answer lists, learned (inside its commit), and
         claims on them: a grant a round made at that sync comes new in that
-        answer only, so an answer to a lease report must not drop it. (``QueueContext.exchange`` admits after it.)"""
-        self.learn(key, reply.grants, admits_after=True)
+        answer only, so an answer to a lease report must not drop it."""
+        self.learn(key, reply.grants)
         claimed = {grant.grant_id: grant.claimed for grant in self.ctx.grants.grants(key)}
         self.claim(key, now_ms())
         if any(grant.claimed > claimed.get(grant.grant_id, 0) for grant in self.ctx.grants.grants(key)):
@@ -193,6 +193,7 @@ class QueueGrants:
                 self.ctx.due_by(TimerKind.REPORT, key, now_ms())  # more than one sync holds
 
         await self.ctx.exchange(key, Sync(self.ctx.client_id, tuple(reports.values())), apply)
+        await self.ctx.admit_pending()
 
     async def report_safely(self, key: str) -> None:
         try:

@@ -251,8 +251,7 @@ class QueueContext:
 
     async def exchange(self, key: str, sync: Sync, apply: Callable[[Reply], None]) -> Reply:
         """``send_sync``, then commit ``apply(reply)`` and the grants it
-        lists: nothing is applied unless a well-formed reply came. What the
-        answer admitted is handed to ``admit()`` in this event."""
+        lists: nothing is applied unless a well-formed reply came."""
         reply = await self.send_sync(key, sync)
 
         def apply_all() -> None:
@@ -260,7 +259,5 @@ class QueueContext:
             self.learn_listed(key, reply)
 
         await self.commit(apply_all)
-        if self.is_due(TimerKind.ADMIT):  # (a read of memory: most answers admit nothing)
-            await self.admit_pending()
         return reply
 
