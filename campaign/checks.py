@@ -36,6 +36,11 @@ The invariants (``docs/testing.md`` explains each bound):
 - ``run_in_permit``: in mode "consumer", each run of an item's work by the
   queue's consumer starts while the item holds its permit (admitted, not yet
   ended), and no two runs of one item overlap.
+- ``recovery``: in a tree run whose only faults are restarts
+  (``Scenario.restarts_alone``), after each restart of a key's root that
+  finds work of the key waiting and a permit of its limit (and of the
+  waiting work's group) free, an item of the key is admitted within
+  ``recovery_bound_ms``.
 """
 
 from __future__ import annotations
@@ -52,6 +57,7 @@ from .scenario import (
     GRANTS_ONLY,
     LEASE_TTL_MS,
     RETRY_MAX_MS,
+    ROUND_PERIOD_MS,
     RUN_WITHIN_MS,
     START_WITHIN_MS,
     WAKE_AFTER_MS,
@@ -106,6 +112,46 @@ def liveness_bound_ms(scenario: Scenario, waiting_work_ms: float, limit: int, ca
     if cap:
         work = max(work, capped_work_ms / cap)
     return recovery + 20_000 + max(work, rate_ms) * 1.5 + 30_000
+
+
+def recovery_bound_ms(scenario: Scenario) -> float:
+    """How soon a tree serves again after its root restarts, with no other
+    fault: the children ask on their beat (a round period) and the new
+    root runs its first round within one after them; a child idle on a
+    loan gives it back at its next round, and its parent lends it at the
+    following one (a period more); the child lent calls its shard at once.
+    A round's wait, and every hop of that chain (ten calls, each way
+    delayed up to the run's latency), on top."""
+    return 3 * ROUND_PERIOD_MS + ROUND_MS + 10 * scenario.latency_ms
+
+
+def recovery_violations(scenario: Scenario, truth: Truth, start: float,
+                        accepted_at: dict[str, float], cancel_asked) -> list[str]:
+    """``recovery`` (see the module's docstring): ``accepted_at`` is when
+    each item's submission was accepted, ``cancel_asked(item)`` whether
+    its cancel was asked (it need not be admitted then)."""
+    if not scenario.restarts_alone:
+        return []
+    bound, own = recovery_bound_ms(scenario), dict(scenario.group_limits)
+    never = float("inf")
+    found = []
+    for restart in (r for r in scenario.restarts if r.child == -1):
+        at = start + restart.at_ms
+        items = [item for item in accepted_at if scenario.jobs[int(item[1:])].key == restart.key]
+        running = [i for i in items if truth.admitted_at.get(i, never) <= at < truth.stopped.get(i, never)]
+        groups = collections.Counter(scenario.jobs[int(i[1:])].group for i in running)
+        full = {group for group, most in own.items() if groups[group] >= most}  # its own limit reached
+        waiting = [i for i in items if accepted_at[i] < at < truth.admitted_at.get(i, never)
+                   and not cancel_asked(i) and scenario.jobs[int(i[1:])].group not in full]
+        limit = scenario.limits[restart.key]
+        if not waiting or len(running) >= limit:
+            continue
+        after = min((truth.admitted_at[i] for i in items if truth.admitted_at.get(i, at) > at), default=None)
+        if after is None or after - at > bound:
+            waited = "nothing admitted since" if after is None else f"the next admission {after - at:.0f} ms on"
+            found.append(f"key {restart.key}: root restarted at {restart.at_ms:.0f} ms with {waiting[0]} waiting "
+                         f"and {len(running)} of {limit} running; {waited}, bound {bound:.0f} ms")
+    return found
 
 
 def rate_time_ms(scenario: Scenario, key: int, waiting_groups: list[str]) -> float:
@@ -171,7 +217,7 @@ class Truth:
         self.admission_writes: dict[str, list[float]] = collections.defaultdict(list)
         #: per key, and per (key, group), when each registered item was admitted (mode "rate")
         self.admissions: dict[object, list[float]] = collections.defaultdict(list)
-        self.stopped: set[str] = set()
+        self.stopped: dict[str, float] = {}  #: item -> when its work ended
         self.runs_now: set[str] = set()  #: mode "consumer": items whose work a consumer runs now
         self.counted: dict[int, tuple[int, dict[str, int]]] = {}  #: key -> holder's (total, per group)
         leases_on = scenario.mode not in GRANTS_ONLY
@@ -237,7 +283,7 @@ class Truth:
         key, group = self.where.get(item, (None, None))
         if key is not None:
             self.running[key][group].discard(item)
-        self.stopped.add(item)
+        self.stopped.setdefault(item, self.clock())
 
     def run_started(self, item: str) -> None:
         """Mode "consumer": the queue's consumer starts a run of the item's work."""

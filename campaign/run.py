@@ -33,6 +33,7 @@ from .checks import (
     overlaps_beyond_limits,
     rate_time_ms,
     rate_violations,
+    recovery_violations,
 )
 from .scenario import FAULTS_END_MS, GRANTS_ONLY, LEASE_TTL_MS, Scenario
 
@@ -166,6 +167,7 @@ class _BudgetDriver:
         self.config = runtime.module.CONFIG
         self.start = runtime.now_ms()
         self.accepted: dict[str, tuple[str, int, int]] = {}  # item id -> (shard, key, ms)
+        self.accepted_at: dict[str, float] = {}  # item id -> when its shard accepted it
         self.cancelled: set[str] = set()
         #: cancels whose call failed: the shard may have cancelled the item
         #: and lost only the reply, so either outcome is right for them
@@ -205,6 +207,7 @@ class _BudgetDriver:
         else:
             return
         self.accepted[item_id] = (job.shard, job.key, item["body"]["ms"])
+        self.accepted_at[item_id] = self.runtime.now_ms()
         if job.cancel_after_ms is not None:
             await asyncio.sleep(job.cancel_after_ms / 1000)
             try:
@@ -333,6 +336,8 @@ class _BudgetDriver:
             violations.add("leak", leak)
         for detail in rate_violations(self.scenario, truth.admissions):
             violations.add("rate", detail)
+        for detail in recovery_violations(self.scenario, truth, self.start, self.accepted_at, self.cancel_asked):
+            violations.add("recovery", detail)
 
     def books(self) -> dict[int, tuple[int, int, int]]:
         """Per key: what the holder counts beyond leases their clients never learned

@@ -300,3 +300,82 @@ def test_an_admit_that_releases_an_item_itself_does_not_wait_for_its_own_pass(ru
     assert set(world["started"]) == {"a0", "a1", "a2", "a3"}
     assert all(state == "released" for state in states.values()), states
     assert world["violations"] == []
+
+
+def test_a_holder_restarted_between_its_round_and_its_call_serves_the_client_again(runtime):
+    # a's permit comes back; the round grants it to b, parked in line, and
+    # the holder's instance goes before its call to b leaves. That grant was
+    # in memory only (a grant is written at its first claim), so the row must
+    # still say b waits: a new instance serves b again at its next round, not
+    # when b, sure it will be called, asks again after its request_wait_ms
+    # (30 s here; the example Worker's is 4 minutes).
+    config, world = runtime.module.CONFIG, runtime.module.WORLD
+    config["hold_calls"] = asyncio.Event()
+
+    async def scenario():
+        await shard(runtime, "a").submit(queue_jobs("a", 1, ms=5_000))
+        await wait_started(runtime, "a0")
+        await shard(runtime, "b").submit(queue_jobs("b", 1, ms=1_000))
+        while not any(name == "b" for _, name, _ in world["calls"]):
+            await asyncio.sleep(0.01)  # the round made b's grant; its call waits to leave
+        runtime.evict(holder(runtime))
+        config["hold_calls"] = None
+        evicted = runtime.now_ms()
+        await shard(runtime, "c").submit(job("c0", 1_000))  # the next round: c's request starts it
+        return evicted, await wait_started(runtime, "b0"), await wait_started(runtime, "c0")
+
+    evicted, b_started, c_started = runtime.run(scenario())
+    assert b_started - evicted < 1_000  # a round or so, not b's own 30 s
+    assert b_started <= c_started  # b waited longer: it comes first
+    assert world["violations"] == []
+
+
+def test_a_new_group_beside_a_blocked_one_is_asked_for_at_once(runtime):
+    # b waits in line for an item of group "capped", blocked by that group's
+    # limit (a holds its one permit). The holder calls b only for what b asked
+    # for: b's item of another group must reach it now, not at b's fallback.
+    config, world = runtime.module.CONFIG, runtime.module.WORLD
+    config.update(limit=3, group_limits={"capped": 1})
+
+    def item(item_id, group):
+        return [{"id": item_id, "key": "holder", "group": group, "body": {"ms": 1_000}}]
+
+    async def scenario():
+        await shard(runtime, "a").submit([{"id": "a0", "key": "holder", "group": "capped", "body": {"ms": 60_000}}])
+        await wait_started(runtime, "a0")
+        await shard(runtime, "b").submit(item("b0", "capped"))
+        await asyncio.sleep(2)  # b heard that its group is blocked
+        submitted = runtime.now_ms()
+        await shard(runtime, "b").submit(item("b1", "g"))
+        return submitted, await wait_started(runtime, "b1")
+
+    submitted, started = runtime.run(scenario())
+    assert started - submitted < 1_000  # not b's request wait (30 s)
+    assert "b0" not in world["started"] or world["started"]["b0"] >= world["started"]["a0"] + 60_000
+    assert world["violations"] == []
+
+
+def test_a_new_group_joining_while_the_request_is_on_its_way_is_asked_for_once_it_returns(runtime):
+    # As above, but b1 comes while b's request for b0 is on its way: the
+    # enqueue's own ask waits for it, and the reply (in line, ask again in
+    # 30 s) must not put it off.
+    config, world = runtime.module.CONFIG, runtime.module.WORLD
+    config.update(limit=3, group_limits={"capped": 1})
+
+    def item(item_id, group, ms=1_000):
+        return [{"id": item_id, "key": "holder", "group": group, "body": {"ms": ms}}]
+
+    async def scenario():
+        await shard(runtime, "a").submit(item("a0", "capped", 60_000))
+        await wait_started(runtime, "a0")
+        gate = config["hold_replies"]["request"] = asyncio.Event()  # (b's instance starts with it)
+        await shard(runtime, "b").submit(item("b0", "capped"))
+        await asyncio.sleep(0.5)  # b's request reached the holder; its reply waits
+        await shard(runtime, "b").submit(item("b1", "g"))
+        submitted = runtime.now_ms()
+        gate.set()
+        return submitted, await wait_started(runtime, "b1")
+
+    submitted, started = runtime.run(scenario())
+    assert started - submitted < 1_000  # not b's request wait (30 s)
+    assert world["violations"] == []

@@ -32,6 +32,7 @@ from typing import Any
 from ..._common.clock import now_ms
 from ...scheduler.alarm import DurabilityScheduler
 from ..messages import Request
+from ..tree.pure.rules import parent_of
 from .calls import DELIVER, ClientCalls
 from .pure.allocation import ClientOutcome, Grant, news_for
 from .pure.leases import Lease
@@ -184,14 +185,31 @@ class ParkedRequests:
         after a restart otherwise called every client in line that held
         permits, only to list them again (0.12 calls per job on the demo's
         workload, where a holder hibernates between bursts). One still
-        claimable may be one whose call the old instance owed: news."""
+        claimable may be one whose call the old instance owed: its client is
+        called now with its listing. A round claims a grant for the client
+        it serves and writes it, and the client's line entry goes with that
+        write: had the old instance gone before its call left, nothing would
+        tell the client, which waits to be called, until its own request
+        wait ran out (the example Worker's is 4 minutes). A client that
+        heard of the grant already hears nothing new; one that did not
+        gives back the claims it cannot tell from an older instance's and
+        asks again at once. Hibernation costs no such call: an instance
+        that hibernates was idle past the default claim deadline."""
         now = now_ms()
         known: dict[str, float] = {}
+        claimable: set[str] = set()
         for grant in grants:
             if grant.claim_deadline < now:  # (at its deadline a grant may still be claimed)
                 known[grant.client_id] = max(known.get(grant.client_id, 0.0), grant.claim_deadline)
+            else:
+                claimable.add(grant.client_id)
         self._names.update(names)
         self.line.restore(waiting, now, names, known)
+        for client_id in sorted(claimable):  # sorted: the calls' order must not follow hash order
+            # (a tree's child is woken by the tree's own waker: holder/tree_place)
+            if parent_of(client_id) is None and self.calls.can_reach(client_id):
+                self.calls.send(client_id, self._listing(client_id), self.line.version_of(client_id),
+                                self.name_of(client_id))
 
     async def on_timer(self, key: str) -> bool:
         """Run one of this part's timers (True if ``key`` is one; the wake

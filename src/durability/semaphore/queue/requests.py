@@ -135,7 +135,7 @@ class KeyRequests:
         def apply() -> None:
             self.leases.reports_heard(lease_versions)
             self.old_outbox.acknowledge(lease_piggybacked)
-            self.apply_grants_reply(key, reply, claims)
+            self.apply_grants_reply(key, reply, claims, asked=demand)
             ctx.memory.unheard.discard(key)  # a round answered: it had heard whatever an older instance sent
             if key in ctx.memory.first_ask:
                 # A key's row is dropped here, at an instance's first ask, if the
@@ -208,9 +208,11 @@ class KeyRequests:
         leases = self.ctx.lease_book.leases(key)[:MAX_REPORTS]
         return self._request_message(key, self.ctx.demand(key)[:MAX_DEMAND_ENTRIES], {}, leases, wait)
 
-    def apply_grants_reply(self, key: str, reply: Reply, sent: dict[str, Report]) -> None:
+    def apply_grants_reply(self, key: str, reply: Reply, sent: dict[str, Report],
+                           asked: Wanted | None = None) -> None:
         """What a request's reply does (inside its commit): outcomes, leases
-        and grants learned, pacing kept, local claims, and when to ask again."""
+        and grants learned, pacing kept, local claims, and when to ask again
+        (``asked``: the demand the request said, if this replies to one)."""
         ctx, now = self.ctx, now_ms()
         self.claims.apply_outcomes(reply.reports, sent)
         self.leases.apply_outcomes(reply.lease_reports, now)
@@ -230,6 +232,12 @@ class KeyRequests:
         if left:
             at = max(now, reply.next_request_at or now)
             if gave_back and ctx.options.woken:  # a grant heard of too late: ask for a fresh one now
+                ctx.server.ask_now(key)
+                at = now
+            if ctx.options.woken and asked is not None and {d.group for d in left} - {d.group for d in asked}:
+                # A group its first item joined while the request was on its
+                # way (the enqueue's own ask waited for this one): the line
+                # has no word of it (see DurabilitySemaphoreQueue._enqueued).
                 ctx.server.ask_now(key)
                 at = now
             if reply.contended and may_leave_line(reply.line, oldest_of(left)):
