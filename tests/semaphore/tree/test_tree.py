@@ -23,6 +23,7 @@ from durability.semaphore.identity import wire_identity
 from durability.semaphore.messages import (
     GROUP_LIMIT,
     LIMIT,
+    MAX_DEMAND_TIMES,
     NOT_FOUND,
     OK,
     Demand,
@@ -38,6 +39,7 @@ from durability.semaphore.tree.pure.rules import (
     closed_groups,
     depth_of,
     holder_for,
+    oldest_of_both,
     on_beat,
     over_limit,
     parent_of,
@@ -278,6 +280,28 @@ def test_a_child_serves_only_its_work_as_old_as_the_line_elsewhere_and_owes_the_
         link.decide({"g": [Demand("g", 1, now - 6_000), Demand("g", 1, now - 7_000)]})
         # The head elsewhere is now taken as -7,000 (and half a period): -7,000 is within it, -6,000 not.
         assert link.owed == {"g": 1} and link.ceiling("g") == 4
+
+    asyncio.run(scenario())
+
+
+def test_a_holder_in_the_middle_tells_its_children_of_the_line_under_other_branches_too():
+    # Its parent's last reply (seen 500 ms before this holder's round) said
+    # items of g wait at other children of the parent since -9,000; this
+    # holder's own other children have theirs since -8,000 and -3,000. A
+    # leaf two levels down must yield to the oldest of all of them.
+
+    async def scenario():
+        link = ParentLink(None, "acct~child-1", "acct~child-1~child-0", 1_000.0, lambda: True, dict, _NoLoans(),
+                          _Timers())
+        now = now_ms()
+        link.waiting_since, link._since_heard_at = {"g": (now - 9_000, now - 4_000), "h": (now - 1_000,)}, now - 500
+        above = link.waiting_elsewhere(["g"], now)
+        assert above == {"g": (now - 8_500, now - 3_500)}  # each head moved on with the clock since
+        merged = oldest_of_both({"g": (now - 8_000, now - 3_000)}, above)
+        assert merged == {"g": (now - 8_500, now - 8_000, now - 3_500, now - 3_000)}
+        assert oldest_of_both({}, {}) == {} and oldest_of_both({"h": (1.0,)}, {}) == {"h": (1.0,)}
+        many = oldest_of_both({"g": tuple(range(0, 64, 2))}, {"g": tuple(range(1, 64, 2))})
+        assert many == {"g": tuple(range(MAX_DEMAND_TIMES))}  # the oldest of both, as many as a reply names
 
     asyncio.run(scenario())
 

@@ -23,7 +23,16 @@ from typing import TYPE_CHECKING, Any
 
 from ..messages import ProtocolError, Request
 from ..tree.link import ParentLink, Waker, child_link, object_name as _object_name
-from ..tree.pure.rules import OldestWaiting, beat_phase, closed_groups, on_beat, over_limit, parent_of, unmet_demand
+from ..tree.pure.rules import (
+    OldestWaiting,
+    beat_phase,
+    closed_groups,
+    oldest_of_both,
+    on_beat,
+    over_limit,
+    parent_of,
+    unmet_demand,
+)
 from .limits import UserLimits
 from .pure.allocation import ClientOutcome, Grant, usage
 from .rounds import _demands_by_group, _round_for_lent
@@ -98,8 +107,17 @@ class TreePlace:
         fields = self.limits_for(client_id, resolved)
         if self._oldest is not None:
             oldest, seen_at = self._oldest
-            fields.update(waiting_since=oldest.others(client_id, (d.group for d in request.demand)),
-                          waiting_since_at=seen_at)
+            groups = [d.group for d in request.demand]
+            since = oldest.others(client_id, groups)
+            link = self._borrowed_from()
+            if link is not None:
+                # In the middle of a tree, the line goes on past this
+                # holder's children: the oldest its parent said wait at
+                # other children of its own count too, or a leaf two levels
+                # down would serve its young work while older work waits
+                # under another branch.
+                since = oldest_of_both(since, link.waiting_elsewhere(groups, seen_at))
+            fields.update(waiting_since=since, waiting_since_at=seen_at)
         return fields
 
     def _borrowed_from(self) -> ParentLink | None:

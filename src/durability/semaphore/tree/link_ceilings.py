@@ -15,7 +15,7 @@ how the child allocates, or SQL (the loans' rows are the store's).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from ..._common.clock import now_ms
@@ -102,6 +102,15 @@ class LinkCeilings:
                 idle = held.get(group, 0) - charged.get(group, 0)
                 served = waiting_before(demands, elsewhere[0] + moved + self.yield_margin_ms)
                 self.owed[group] = max(0, idle - served)
+
+    def waiting_elsewhere(self, groups: Iterable[str], at: float) -> dict[str, tuple[float, ...]]:
+        """Per group of ``groups``, the oldest items the parent's last reply
+        said wait at its other children, as their heads stand at ``at``
+        (each moves on with the clock from when the parent's round saw it,
+        as ``decide`` counts it)."""
+        moved = at - self._since_heard_at
+        return {group: tuple(t + moved for t in self.waiting_since[group])
+                for group in groups if self.waiting_since.get(group)}
 
     @property
     def fresh_for_ms(self) -> float:

@@ -170,6 +170,15 @@ def waiting_before(demands: Iterable[Demand], cutoff: float) -> int:
     return count
 
 
+def oldest_of_both(here: dict[str, tuple[float, ...]],
+                   above: dict[str, tuple[float, ...]]) -> dict[str, tuple[float, ...]]:
+    """Per group, the ``MAX_DEMAND_TIMES`` oldest of two lists of the oldest
+    items waiting (each oldest first): a holder's other children's, and
+    those its parent said wait elsewhere in the tree."""
+    return {group: tuple(heapq.nsmallest(MAX_DEMAND_TIMES, here.get(group, ()) + above.get(group, ())))
+            for group in sorted(set(here) | set(above))}
+
+
 class OldestWaiting:
     """Per group, the oldest items a round left waiting for capacity, with
     their clients: enough to tell each client the ``MAX_DEMAND_TIMES``
