@@ -234,7 +234,7 @@ class KeyRequests:
             if gave_back and ctx.options.woken:  # a grant heard of too late: ask for a fresh one now
                 ctx.server.ask_now(key)
                 at = now
-            if ctx.options.woken and asked is not None and {d.group for d in left} - {d.group for d in asked}:
+            if ctx.options.woken and asked is not None and _groups(left[:MAX_DEMAND_ENTRIES]) - _groups(asked):
                 # A group its first item joined while the request was on its
                 # way (the enqueue's own ask waited for this one): the line
                 # has no word of it (see DurabilitySemaphoreQueue._enqueued).
@@ -270,3 +270,7 @@ class KeyRequests:
         if (key not in self.ctx.memory.unheard and not self.ctx.grants.grants(key)
                 and not self.ctx.lease_book.leases(key) and not self.ctx.store.has_items(key)):
             self.ctx.store.unregister_key(key)
+
+
+def _groups(demand: Wanted) -> set[str]:
+    return {d.group for d in demand}

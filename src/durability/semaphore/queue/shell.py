@@ -44,7 +44,7 @@ from ...retry import Backoff
 from ...scheduler.alarm import DurabilityScheduler, Timer
 from ..client import SemaphoreClient
 from ..identity import wire_identity
-from ..messages import MAX_WAIT_MS, ProtocolError, Reply
+from ..messages import MAX_DEMAND_ENTRIES, MAX_WAIT_MS, ProtocolError, Reply
 from .admission import Admission, AdmittedItem
 from .grants import QueueGrants
 from .input import checked_items, identifier
@@ -219,7 +219,7 @@ class DurabilitySemaphoreQueue(QueueReleases):
             if self.store.item(item_id) is None:
                 if key not in waiting:
                     waiting[key] = self.ctx.waiting_groups(key)
-                if group not in waiting[key]:
+                if group not in waiting[key] and len(waiting[key]) < MAX_DEMAND_ENTRIES:  # (a request says no more)
                     fresh.add(key)
                 self.store.insert(item_id, key, group, body, now)
                 keys.add(key)
