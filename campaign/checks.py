@@ -46,6 +46,7 @@ The invariants (``docs/testing.md`` explains each bound):
 from __future__ import annotations
 
 import collections
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from durability.semaphore.holder.pure.rate import RATE_CLAIM_MS
@@ -120,13 +121,18 @@ def recovery_bound_ms(scenario: Scenario) -> float:
     root runs its first round within one after them; a child idle on a
     loan gives it back at its next round, and its parent lends it at the
     following one (a period more); the child lent calls its shard at once.
-    A round's wait, and every hop of that chain (ten calls, each way
-    delayed up to the run's latency), on top."""
+    A round's wait on top, and the chain's latency: five calls and their
+    answers (shard to leaf, leaf to root, root to leaf, the leaf's ask,
+    leaf to shard), each way delayed up to the run's ``latency_ms``.
+
+    Restarts of a series come every 2 to 5 periods, so a window often holds
+    the next one: what the check holds to the bound is progress through
+    restarts that keep coming, not one restart's recovery alone."""
     return 3 * ROUND_PERIOD_MS + ROUND_MS + 10 * scenario.latency_ms
 
 
 def recovery_violations(scenario: Scenario, truth: Truth, start: float,
-                        accepted_at: dict[str, float], cancel_asked) -> list[str]:
+                        accepted_at: dict[str, float], cancel_asked: Callable[[str], bool]) -> list[str]:
     """``recovery`` (see the module's docstring): ``accepted_at`` is when
     each item's submission was accepted, ``cancel_asked(item)`` whether
     its cancel was asked (it need not be admitted then)."""
