@@ -230,22 +230,29 @@ class KeyRequests:
         self.claim_local(key, now)
         left = ctx.demand(key)
         if left:
-            at = max(now, reply.next_request_at or now)
-            if gave_back and ctx.options.woken:  # a grant heard of too late: ask for a fresh one now
-                ctx.server.ask_now(key)
-                at = now
-            if ctx.options.woken and asked is not None and _groups(left[:MAX_DEMAND_ENTRIES]) - _groups(asked):
-                # A group its first item joined while the request was on its
-                # way (the enqueue's own ask waited for this one): the line
-                # has no word of it (see DurabilitySemaphoreQueue._enqueued).
-                ctx.server.ask_now(key)
-                at = now
-            if reply.contended and may_leave_line(reply.line, oldest_of(left)):
-                # Back in line with its next release, or after a long poll's
-                # length if none comes: a held request would wait that long.
-                ctx.memory.away[key] = reply.line
-                at = max(at, now + self.ctx.options.request_wait_ms)
-            ctx.due_at(TimerKind.PUMP, key, at)
+            ctx.due_at(TimerKind.PUMP, key, self._next_ask_at(key, reply, left, now, gave_back, asked))
+
+    def _next_ask_at(self, key: str, reply: Reply, left: Wanted, now: float, gave_back: bool,
+                     asked: Wanted | None) -> float:
+        """When a key with demand ``left`` after a reply asks again: when
+        the reply says (a woken key's: its fallback), at once for news the
+        holder's line lacks, later if the key leaves the line."""
+        ctx = self.ctx
+        at = max(now, reply.next_request_at or now)
+        # A grant heard of too late (given back: ask for a fresh one), or a
+        # group whose first item joined while the request was on its way
+        # (the enqueue's own ask waited for this one: see
+        # DurabilitySemaphoreQueue._enqueued).
+        news = gave_back or (asked is not None and bool(_groups(left[:MAX_DEMAND_ENTRIES]) - _groups(asked)))
+        if news and ctx.options.woken:
+            ctx.server.ask_now(key)
+            at = now
+        if reply.contended and may_leave_line(reply.line, oldest_of(left)):
+            # Back in line with its next release, or after a long poll's
+            # length if none comes: a held request would wait that long.
+            ctx.memory.away[key] = reply.line
+            at = max(at, now + ctx.options.request_wait_ms)
+        return at
 
     async def _after_reply(self, key: str, reply: Reply) -> None:
         memory = self.ctx.memory
