@@ -486,17 +486,20 @@ class JobShard(DurableObject):
             # Its holder may answer at once and call back (semaphore_reply).
             woken=_calls_shards(env),
             # A job handed to the queue's consumer lives on when the shard
-            # hibernates, and its report releases its permit: a new instance
-            # hands its admitted items in again, and the finished() sweep runs,
-            # at the shard's next event, or a minute later at most, not on an
-            # alarm of their own (two rows and a request each time). At 5
-            # minutes the shards' alarms ran 0.65 times a job instead of 0.8
-            # (0.36 rows a job fewer), but under the benchmark's faults the
-            # limit was busy 98.6% of the time jobs waited instead of 99.2%,
-            # 12.2% out of order instead of 9.7% (uv run scripts/bench_vs_naive.py
-            # --faults --seed 2 --system grants; those figures move by
-            # several points from seed to seed).
-            checks_wait_ms=0 if self.jobs.runs_in is None else 60_000,
+            # hibernates, and its report releases its permit: each report asks
+            # finished() about its job (job_report), a report that is lost comes
+            # again with the message's next delivery (5 s on, doubling), and the
+            # sweep runs at every release too. So a new instance hands its
+            # admitted items in again, and the sweep runs, at the shard's next
+            # event, and on an alarm of their own only 10 minutes on: a permit
+            # they would return is one whose job ended with no report heard and
+            # its release lost. At a minute, the sweep's alarm (set as each
+            # attempt went out, and firing for nothing once its report had come)
+            # cost 0.4 rows and 0.15 requests a job; under the benchmark's faults,
+            # seeds 1-6, busy and order moved by less than seed-to-seed spread
+            # (docs/design.md; uv run scripts/bench_vs_naive.py --faults
+            # --system grants --seed N).
+            checks_wait_ms=0 if self.jobs.runs_in is None else 600_000,
         )
 
     async def semaphore_reply(self, key, reply):

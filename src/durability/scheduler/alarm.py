@@ -224,7 +224,8 @@ class DurabilityScheduler(AlarmDispatch):
 
     # -- the physical alarm ------------------------------------------------
     def _earliest(self) -> int | None:
-        due = self._rows.earliest() + self._memory.earliest()
+        # (A timer ``run_now`` runs asks for no alarm: one would find it running, and re-arm at once.)
+        due = self._rows.earliest() + self._memory.earliest(self._running)
         # Alarms hold whole milliseconds; round up so the timer is due when it fires.
         return math.ceil(min(due)) if due else None
 
@@ -341,7 +342,10 @@ class DurabilityScheduler(AlarmDispatch):
         """The alarm this instance set came due within the last
         ``DELIVERY_MS``: the runtime has taken it (``getAlarm`` reads none)
         and delivers it next. Setting it again cost a row and a second run
-        for nothing. One due longer ago that has not run was lost: set again."""
+        for nothing. One due longer ago that has not run was lost: set again.
+        (A new instance cannot tell the alarm an earlier one set, being
+        delivered, from a timer its rows make due now that no alarm covers:
+        it sets the alarm.)"""
         armed = self._armed
         return armed not in (None, _UNKNOWN) and now_ms() - DELIVERY_MS < armed <= now_ms()
 

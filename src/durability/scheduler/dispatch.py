@@ -4,7 +4,8 @@ Lives here: ``Timer`` (what a participant's handler receives), the loop
 that ``alarm()`` runs to start due timers up to ``max_concurrency`` at once
 (and those that come due, or are scheduled, while it runs), the alarm's
 budget for starting timers (``starts_left_ms``), running one timer, and
-retrying a failed one under its participant's backoff. Must not know: the
+retrying a failed one under its participant's backoff, and running one
+due timer in the event that made it due (``run_now``). Must not know: the
 physical alarm (when it is set, or whether the runtime gave up on it), or
 what any participant does when its timer fires.
 
@@ -17,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-from collections.abc import Awaitable, Callable, Container
+from collections.abc import Awaitable, Callable, Collection, Container
 from dataclasses import dataclass
 from typing import Any
 
@@ -97,6 +98,19 @@ class AlarmDispatch:
             return None
         return max(0.0, self._starts_until - now_ms())
 
+    async def run_now(self, participant: str, key: str) -> bool:
+        """Run the ``durable=False`` timer ``(participant, key)`` here, in the
+        caller's event, if it is due and not running already, as an alarm
+        run would: a failure is retried under its participant's backoff,
+        from the alarm (then call ``sync()``). For work an event makes due
+        and does itself: setting the alarm to now for it cost a row, an
+        alarm run and a row to set the alarm back. True if it ran."""
+        row = self._memory.get(participant, key)
+        if row is None or row["due_at"] > now_ms() or (participant, key) in self._running:
+            return False
+        await self._run_timer(dict(row))
+        return True
+
     def _due(self, now: float, running: Container[tuple[str, str]], limit: int) -> list[dict[str, Any]]:
         # A row of a participant now kept in memory (written by an older
         # deployment) still runs once, and is then deleted.
@@ -105,12 +119,13 @@ class AlarmDispatch:
         chosen: dict[tuple[str, str], dict[str, Any]] = {}
         for row in rows:
             key = (row["participant"], row["key"])
-            if key not in running and key not in chosen:
+            if key not in running and key not in self._running and key not in chosen:  # (run_now's too)
                 chosen[key] = row
         return list(chosen.values())[:limit]
 
-    def _next_due(self, running: Container[tuple[str, str]]) -> float | None:
-        due = self._rows.next_due(running) + self._memory.next_due(running)
+    def _next_due(self, running: Collection[tuple[str, str]]) -> float | None:
+        busy = {*running, *self._running}  # (run_now's too)
+        due = self._rows.next_due(busy) + self._memory.next_due(busy)
         return min(due) if due else None
 
     async def _run_timer(self, row: dict[str, Any]) -> None:

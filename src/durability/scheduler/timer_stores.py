@@ -122,9 +122,10 @@ class MemoryTimers:
     def due(self, now: float) -> list[Row]:
         return [dict(row) for row in self._rows.values() if row["due_at"] <= now]
 
-    def earliest(self) -> list[float]:
-        """When the alarm must fire for each timer (see ``upsert``)."""
-        return [row["alarm_at"] for row in self._rows.values()]
+    def earliest(self, running: Container[Timer] = ()) -> list[float]:
+        """When the alarm must fire for each timer (see ``upsert``) but
+        ``running`` ones (their run sets the alarm it needs when it ends)."""
+        return [row["alarm_at"] for timer, row in self._rows.items() if timer not in running]
 
     def next_due(self, running: Container[Timer]) -> list[float]:
         return [row["due_at"] for timer, row in self._rows.items() if timer not in running]

@@ -108,14 +108,19 @@ def test_leases_a_client_reported_or_was_told_of_are_no_news_to_it():
     assert line.get("a").known_leases == {("L1", False), ("L2", False), ("L1", True)}
 
 
-@given(since=st.floats(0, 1e9), every=st.floats(2 * FALLBACK_SLACK_MS, 1e6), after=st.floats(0, 1e7))
-def test_a_parked_keys_fallback_is_fixed_by_its_oldest_item_and_never_put_off_by_a_new_instance(since, every, after):
+@given(since=st.floats(0, 1e9), every=st.floats(2 * FALLBACK_SLACK_MS, 1e6), after=st.floats(0, 1e7),
+       phase=st.floats(0, 1), other=st.floats(0, 1e9))
+def test_a_parked_keys_fallback_is_the_objects_next_point_and_never_put_off_by_a_new_instance(
+        since, every, after, phase, other):
     now = since + after
-    at = fallback_at([Demand("g", 1, since)], every, now)
-    assert at >= now - FALLBACK_SLACK_MS and at > since
-    assert math.isclose((at - since) / every, round((at - since) / every))  # a multiple of the period
-    # An instance started later, but before that time, derives the same time.
-    assert fallback_at([Demand("g", 1, since)], every, (now + at) / 2) == at
+    phase_ms = phase * every
+    at = fallback_at([Demand("g", 1, since)], every, now, phase_ms)
+    assert now - FALLBACK_SLACK_MS <= at < now - FALLBACK_SLACK_MS + every * (1 + 1e-9)
+    assert math.isclose((at - phase_ms) / every, round((at - phase_ms) / every), abs_tol=1e-6)  # on the grid
+    # An instance started later, but before that time, derives the same time,
+    # and so does every other key of the object, however old its work.
+    assert fallback_at([Demand("g", 1, since)], every, (now + at) / 2, phase_ms) == at
+    assert fallback_at([Demand("h", 2, min(other, now))], every, now, phase_ms) == at
 
 
 def test_a_key_with_nothing_waiting_asks_at_once():

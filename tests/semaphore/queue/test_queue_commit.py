@@ -101,7 +101,7 @@ def test_every_commit_crashed_anywhere_leaves_memory_as_it_was(runtime, monkeypa
         statements = {"reply": crashed_at_every_statement(
             queue, lambda: queue.requests.apply_grants_reply(key, reply, queue.claims.due_reports(key)))}
         statements["enqueue"] = crashed_at_every_statement(
-            queue, lambda: queue._enqueued({"c0": (key, "g", "{}")}))
+            queue, lambda: queue._enqueued({"c0": (key, "g", "{}")}, []))
         admitted = queue.store.admitted()
         statements["release"] = crashed_at_every_statement(queue, lambda: queue._release(admitted[0]))
         gate.set()

@@ -49,13 +49,16 @@ async def _answer_at_once(holder: DurabilitySemaphore, request: Request) -> dict
     now, or between rounds with what its reports did (its demand waits
     for the next round, which calls the client if it serves it)."""
     assert holder._parked is not None
-    unreachable = holder._parked.calls.failing(request.client_id)
+    # A client whose calls fail, or that says it heard nothing for a whole
+    # wait (the failures may be an instance ago), hears what the round has
+    # for it in this reply: another call could fail again.
+    unreachable = holder._parked.calls.failing(request.client_id) or request.fallback
     holder._parked.park(request)
     waiting = _Waiting(request, asyncio.get_running_loop().create_future(), now_ms())
     at = _parked_round_at(holder)
     if at <= now_ms():
         holder._round_now([waiting])
-    elif unreachable:  # calls to it fail: it hears what that round has for it in this reply
+    elif unreachable:
         holder._waiting.append(replace(waiting, hold_until=at))
         holder._ensure_round(soon=not holder.tree.keeps_beat)
     else:

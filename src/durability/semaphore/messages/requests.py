@@ -112,6 +112,10 @@ class Request:
     #: the client object's name, if it has one: a holder reaches it by that
     #: name (an object reached by its id alone has no ``ctx.id.name``)
     name: str | None = None
+    #: (with ``wake``) the client asks by itself, having heard nothing for a
+    #: whole wait: calls to it may be failing, so the holder answers after
+    #: its next round, with what that round has for the client
+    fallback: bool = False
 
     def to_wire(self) -> dict[str, Any]:
         wire = {
@@ -128,6 +132,8 @@ class Request:
             wire["wake"] = True
             if self.name is not None:
                 wire["name"] = self.name
+            if self.fallback:
+                wire["fallback"] = True
         return wire
 
     @classmethod
@@ -248,15 +254,15 @@ def parse(message: Any) -> Request | Sync:
     wait = message.get("wait", 0)
     if not number_in(wait, 0, MAX_WAIT_MS):
         raise ProtocolError("invalid_message", f"wait must be a number of ms from 0 to {MAX_WAIT_MS}")
-    leases, claims, wake = (message.get(name, False) for name in ("leases", "claims", "wake"))
-    if not all(isinstance(flag, bool) for flag in (leases, claims, wake)):
-        raise ProtocolError("invalid_message", "leases, claims and wake must be true or false")
+    leases, claims, wake, fallback = (message.get(name, False) for name in ("leases", "claims", "wake", "fallback"))
+    if not all(isinstance(flag, bool) for flag in (leases, claims, wake, fallback)):
+        raise ProtocolError("invalid_message", "leases, claims, wake and fallback must be true or false")
     heard = _time(message.get("heardUpTo", 0), "heardUpTo")
     name = message.get("name")
     if name is not None:
         name = _identifier(name, "name")
     return Request(client_id, _demand(message), reports, float(wait), leases, lease_reports, claims=claims,
-                   heard_up_to=heard, wake=wake, name=name)
+                   heard_up_to=heard, wake=wake, name=name, fallback=fallback)
 
 
 # -- what older versions of the queue left in its outbox ----------------------------------

@@ -13,6 +13,7 @@ committed). Must not know: what a reply means (the parts apply it), SQL
 from __future__ import annotations
 
 import asyncio
+import zlib
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, fields
 from typing import TypeVar
@@ -23,6 +24,7 @@ from ..client import SemaphoreClient
 from ..messages import MAX_DEMAND_TIMES, Demand, Reply, Sync
 from .grant_book import GrantBook
 from .lease_book import LeaseBook
+from .pure.core import grid_at_or_after
 from .pure.states import CANCELLED, DONE, QUEUED, Item, TimerKind, timer_key
 from .store import QueueStore
 
@@ -95,6 +97,11 @@ class QueueMemory:
     leases_in_flight: dict[str, int] = field(default_factory=dict)
     #: per key, its requests that failed in a row (queue/pure/core.ask_again_at_once)
     failures: dict[str, int] = field(default_factory=dict)
+    #: per key, when its holder's last word (a reply, a call) came to this instance
+    heard_at: dict[str, float] = field(default_factory=dict)
+    #: woken keys whose last word listed claims too late to use (given back):
+    #: the call that brought them failed, so the next request is a fallback
+    gave_back: set[str] = field(default_factory=set)
 
     @classmethod
     def of_new_instance(cls, store: QueueStore) -> QueueMemory:
@@ -207,6 +214,37 @@ class QueueContext:
         """The timer fires no later than ``at``: an earlier time is kept."""
         self.scheduler.schedule_by(PARTICIPANT, timer_key(kind, key), at, alarm_by=alarm_by)
 
+    @property
+    def fallback_phase_ms(self) -> float:
+        """Where this object's fallback points fall in each ``request_wait_ms``:
+        fixed by its client id, so that every instance derives the same
+        points and the objects of a holder do not all ask at once."""
+        every = max(1, int(self.options.request_wait_ms))
+        return float(zlib.crc32(self.client_id.encode()) % every)
+
+    def pump_at(self, key: str, at: float, *, earlier_only: bool = False, in_this_event: bool = False) -> None:
+        """The key's pump runs at ``at`` (no later: ``earlier_only``). A woken
+        key's fallback (half a request wait off or more) is due then, for any
+        event or alarm run that comes, but moves the alarm no sooner than the
+        object's next fallback point, and no word from the holder puts it
+        off: the keys of one object share one alarm run per
+        ``request_wait_ms``. Each fallback set apart cost its own run and a
+        row to set the alarm again, and each word from the holder that put a
+        fallback off left an alarm to fire for nothing (docs/queue.md).
+        ``in_this_event``: the caller runs the pump itself once its commit is
+        done (``KeyRequests.ask_in_this_event``); the alarm is its backstop."""
+        alarm_by = None
+        every = self.options.request_wait_ms
+        if in_this_event:
+            alarm_by = at + every
+        elif self.options.woken and every > 0 and at - now_ms() >= every / 2:
+            alarm_by = grid_at_or_after(at, every, self.fallback_phase_ms)
+            earlier_only = True
+        if earlier_only:
+            self.due_by(TimerKind.PUMP, key, at, alarm_by=alarm_by)
+        else:
+            self.due_at(TimerKind.PUMP, key, at, alarm_by=alarm_by)
+
     def admit_in_this_event(self) -> None:
         """Admitted items are handed to ``admit()`` now, by the event that
         admitted them (a reply's or a report's, once its commit is done):
@@ -251,7 +289,8 @@ class QueueContext:
 
     async def exchange(self, key: str, sync: Sync, apply: Callable[[Reply], None]) -> Reply:
         """``send_sync``, then commit ``apply(reply)`` and the grants it
-        lists: nothing is applied unless a well-formed reply came."""
+        lists: nothing is applied unless a well-formed reply came. What they
+        admit is handed to ``admit()`` in this event, with no alarm set for it."""
         reply = await self.send_sync(key, sync)
 
         def apply_all() -> None:
@@ -259,5 +298,6 @@ class QueueContext:
             self.learn_listed(key, reply)
 
         await self.commit(apply_all)
+        await self.admit_pending()
         return reply
 

@@ -22,11 +22,11 @@ from ..messages import MAX_DEMAND_ENTRIES, MAX_REPORTS, Reply, Report, Request
 from .admission import Admission
 from .grants import QueueGrants
 from .leases import QueueLeases
-from .memory import QueueContext
+from .memory import PARTICIPANT, QueueContext
 from .old_outbox import OldOutboxDrain
-from .pure.core import Wanted, ask_again_at_once, may_leave_line, oldest_of, pacing_interval
+from .pure.core import FALLBACK_SLACK_MS, Wanted, ask_again_at_once, may_leave_line, oldest_of, pacing_interval
 from .pure.lease_rules import lease_report
-from .pure.states import LocalLease, TimerKind
+from .pure.states import LocalLease, TimerKind, timer_key
 
 log = logging.getLogger("durability.semaphore.queue")
 #: a request is not sent, or held, closer than this to the end of the alarm's
@@ -44,6 +44,7 @@ class KeyRequests:
         self.admission = admission
         self.old_outbox = old_outbox
         self._on_blocked = on_blocked
+        self._tasks: set[asyncio.Task[None]] = set()
 
     async def pump(self, key: str) -> None:
         memory = self.ctx.memory
@@ -62,6 +63,23 @@ class KeyRequests:
             return
         await self._ask_or_retry(key, demand, wait)
 
+    def ask_in_this_event(self, key: str) -> None:
+        """Run the key's pump now, in a task of the caller's event, if it is
+        due (an enqueue's ask: its timer's alarm was not moved for it). The
+        caller need not wait for the holder's answer; the object stays awake
+        (and billed) until it comes, as it would for an alarm run. A failure
+        is retried from the alarm, under the pump's backoff."""
+        task = asyncio.ensure_future(self._run_pump_now(key))
+        self._tasks.add(task)  # (a loop holds tasks weakly)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _run_pump_now(self, key: str) -> None:
+        try:
+            await self.ctx.scheduler.run_now(PARTICIPANT, timer_key(TimerKind.PUMP, key))
+            await self.ctx.scheduler.sync()
+        except Exception as error:  # its timer is due all the same: the next alarm or sync runs it
+            log.warning("asking for %s failed: %r; the alarm asks again", key, error)
+
     def claim_local(self, key: str, now: float) -> None:
         """Draw, for queued items, from this object's leases, then claim
         permits it already holds unclaimed."""
@@ -77,7 +95,7 @@ class KeyRequests:
         now = now_ms()
         next_at = self.ctx.server.next_request_at(key)
         if next_at is not None and next_at > now:
-            ctx.due_at(TimerKind.PUMP, key, next_at)
+            ctx.pump_at(key, next_at)
             return None
         left = self.ctx.scheduler.starts_left_ms()
         if left is not None and left < REQUEST_MARGIN_MS:
@@ -123,7 +141,8 @@ class KeyRequests:
         reported = {lease.lease_id for lease in leases}
         lease_piggybacked = self.old_outbox.lease_messages(reported)
         lease_versions = {i: ctx.memory.lease_due[i][1] for i in reported if i in ctx.memory.lease_due}
-        message = self._request_message(key, demand, claims, leases, wait)
+        message = self._request_message(key, demand, claims, leases, wait, fallback=self._falls_back(key))
+        ctx.memory.gave_back.discard(key)
         # Until its reply is applied, the request's round may have granted
         # (claimed) permits this object has not heard of: if it fails, the key
         # asks again even with no demand left, to hear of them.
@@ -174,13 +193,29 @@ class KeyRequests:
         if leases:
             self.ctx.due_by(TimerKind.LEASE_REPORT, key, now_ms())
 
+    def _falls_back(self, key: str) -> bool:
+        """Is this request a woken key's fallback: not asked for at once, and
+        nothing heard from the holder for a whole wait (or ever, in this
+        instance), or a grant's call came too late to use? The holder then
+        answers after its round: calls to this object may be failing (a
+        holder restarted since has forgotten it), and a grant that comes in
+        the reply is new there, where one a call brings may be lost again."""
+        options = self.ctx.options
+        if key in self.ctx.memory.gave_back:
+            return True
+        if not options.woken or self.ctx.server.next_request_at(key) is None:  # (None: asked for at once)
+            return False
+        heard_at = self.ctx.memory.heard_at.get(key)
+        return heard_at is None or now_ms() - heard_at >= options.request_wait_ms - FALLBACK_SLACK_MS
+
     def _request_message(self, key: str, demand: Wanted, claims: dict[str, Report], leases: list[LocalLease],
-                         wait: float) -> Request:
+                         wait: float, fallback: bool = False) -> Request:
         return Request(self.ctx.client_id, tuple(demand),
                        tuple(claims.values()), wait, leases=True,
                        lease_reports=tuple(lease_report(lease) for lease in leases), claims=True,
                        heard_up_to=self.ctx.memory.heard_up_to.get(key, 0.0),
-                       wake=self.ctx.options.woken and wait > 0, name=self.ctx.object_name)
+                       wake=self.ctx.options.woken and wait > 0, name=self.ctx.object_name,
+                       fallback=fallback and wait > 0)
 
     async def hear(self, key: str, reply: Reply) -> Request:
         """A reply the holder called with (what a round had for the key's
@@ -214,6 +249,7 @@ class KeyRequests:
         and grants learned, pacing kept, local claims, and when to ask again
         (``asked``: the demand the request said, if this replies to one)."""
         ctx, now = self.ctx, now_ms()
+        ctx.memory.heard_at[key] = now
         self.claims.apply_outcomes(reply.reports, sent)
         self.leases.apply_outcomes(reply.lease_reports, now)
         self.leases.learn(key, reply.leases, now, reply.all_leases_listed)
@@ -230,7 +266,7 @@ class KeyRequests:
         self.claim_local(key, now)
         left = ctx.demand(key)
         if left:
-            ctx.due_at(TimerKind.PUMP, key, self._next_ask_at(key, reply, left, now, gave_back, asked))
+            ctx.pump_at(key, self._next_ask_at(key, reply, left, now, gave_back, asked))
 
     def _next_ask_at(self, key: str, reply: Reply, left: Wanted, now: float, gave_back: bool,
                      asked: Wanted | None) -> float:
@@ -244,6 +280,8 @@ class KeyRequests:
         # (the enqueue's own ask waited for this one: see
         # DurabilitySemaphoreQueue._enqueued).
         news = gave_back or (asked is not None and bool(_groups(left[:MAX_DEMAND_ENTRIES]) - _groups(asked)))
+        if gave_back and ctx.options.woken:
+            ctx.memory.gave_back.add(key)
         if news and ctx.options.woken:
             ctx.server.ask_now(key)
             at = now

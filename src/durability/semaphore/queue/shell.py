@@ -171,11 +171,13 @@ class DurabilitySemaphoreQueue(QueueReleases):
         for key in sorted(ctx.memory.unheard):  # the keys with queued items, and more
             if self.options.woken:
                 # A holder that parks this key's request calls when it has news;
-                # the key asks again by itself on a schedule its oldest item
-                # fixes, which every instance derives alike: a new instance
-                # (production hibernates an idle object within seconds) must not
-                # put the fallback off again, nor cost a row to remember it.
-                self.server.paced(key, fallback_at(ctx.demand(key), self.options.request_wait_ms, now))
+                # the key asks again by itself at the object's next fallback
+                # point, which every instance derives alike and every key
+                # shares: a new instance (production hibernates an idle object
+                # within seconds) must not put the fallback off again, nor
+                # cost a row to remember it.
+                self.server.paced(key, fallback_at(ctx.demand(key), self.options.request_wait_ms, now,
+                                                   ctx.fallback_phase_ms))
             else:
                 interval = self.store.pacing(key)
                 if interval is not None:  # the holder's pacing holds across an eviction
@@ -200,19 +202,27 @@ class DurabilitySemaphoreQueue(QueueReleases):
         """Queue items ``{id, key, group, body}``; an id already known is a no-op
         that returns the existing item."""
         checked = checked_items(items)
-        return await self.ctx.commit(lambda: self._enqueued(checked))
+        asks: list[str] = []
+        stored = await self.ctx.commit(lambda: self._enqueued(checked, asks))
+        for key in asks:
+            self.requests.ask_in_this_event(key)
+        return stored
 
-    def _enqueued(self, checked: dict[str, tuple[str, str, str]]) -> list[Item]:
-        """Insert the items not known yet (inside a commit); every item, as stored."""
+    def _enqueued(self, checked: dict[str, tuple[str, str, str]], asks: list[str]) -> list[Item]:
+        """Insert the items not known yet (inside a commit); every item, as
+        stored. ``asks`` gets the keys to ask for at once, in this event."""
         now = now_ms()
         keys = set()
         # Keys that gained a group. A holder keeping a request of theirs
         # parked calls for what it asked: should that wait on a limit of its
         # own (a group limit, a start rate), a round skips it, and no call
         # ever brings the new group along; it would wait for the key's
-        # fallback (4 minutes in the example Worker). Asking costs a request
-        # and about a row per new group: 0.1 of each per job on the example
-        # Worker's workload (uv run scripts/bench_vs_naive.py --system grants).
+        # fallback (4 minutes in the example Worker). The enqueue asks
+        # itself, in a task of its event (one short call: a holder that parks
+        # answers at once), not from an alarm set to now (a row, an alarm
+        # run, and a row to set the alarm back: 0.23 rows and 0.12 requests
+        # a job on the example Worker's workload; uv run
+        # scripts/bench_vs_naive.py --system grants).
         fresh = set()
         waiting: dict[str, set[str]] = {}
         for item_id, (key, group, body) in checked.items():
@@ -228,7 +238,10 @@ class DurabilitySemaphoreQueue(QueueReleases):
             # request in flight for the key must not hold these items up.
             self.leases.draw(key, now)
             if self.ctx.demand(key):
-                self._wake(key, now, at_once=key in fresh and self.options.woken)
+                at_once = key in fresh and self.options.woken
+                self._wake(key, now, at_once=at_once)
+                if at_once:
+                    asks.append(key)
         stored = [self.store.item(item_id) for item_id in checked]
         assert all(stored)  # found or inserted above, in this transaction
         return [item for item in stored if item is not None]
@@ -331,15 +344,17 @@ class DurabilitySemaphoreQueue(QueueReleases):
         key out of line stays out while everything it waits with is still
         behind the mark it left on (younger items joined it)."""
         ctx = self.ctx
-        if at_once:
+        if at_once:  # (the caller asks in its own event: see _enqueued)
             self.server.ask_now(key)
+            ctx.pump_at(key, now, earlier_only=True, in_this_event=True)
+            return
         at = max(now, self.server.next_request_at(key) or now)
         if at_once or any(g.unclaimed > 0 and g.claim_deadline > now for g in self.grants.grants(key)) or any(
                 lease.undrawn > 0 for lease in self.lease_book.leases(key)):
             at = now
         elif key in ctx.memory.away and may_leave_line(ctx.memory.away[key], oldest_of(ctx.demand(key))):
             return
-        ctx.due_by(TimerKind.PUMP, key, at)
+        ctx.pump_at(key, at, earlier_only=True)
 
     async def _purge(self) -> None:
         await self.ctx.commit(self._purge_due)

@@ -95,18 +95,22 @@ def may_leave_line(line: dict[str, float], left: dict[str, float]) -> bool:
 FALLBACK_SLACK_MS = 1_000
 
 
-def fallback_at(demand: Wanted, every_ms: float, now: float) -> float:
-    """When a key whose request a holder parked asks again by itself: the
-    first of its oldest item's enqueue time plus 1, 2, 3... times
-    ``every_ms`` that is not past (now, with no demand: it asks to hear
-    what it holds). A function of rows alone, so every instance derives
-    the same time: about one request per ``every_ms`` while the key waits,
-    however often the object is evicted or hibernates, and no row written."""
+def grid_at_or_after(at: float, every_ms: float, phase_ms: float) -> float:
+    """The first point ``phase_ms + k * every_ms`` (``k`` an integer) at or after ``at``."""
+    return phase_ms + math.ceil((at - phase_ms) / every_ms) * every_ms
+
+
+def fallback_at(demand: Wanted, every_ms: float, now: float, phase_ms: float = 0.0) -> float:
+    """When a new instance's key whose request a holder parked asks again by
+    itself: the object's first fallback point (``phase_ms`` plus a multiple
+    of ``every_ms``) that is not past; now, with no demand (it asks to hear
+    what it holds). A function of the clock and the object alone, so every
+    instance derives the same time, and every key of the object the same
+    one: while work waits, one alarm run per ``every_ms`` asks for all of
+    them, however often the object hibernates, and no row is written."""
     if not demand or every_ms <= 0:
         return now
-    since = min(d.oldest_at for d in demand)
-    periods = max(1, math.ceil((now - FALLBACK_SLACK_MS - since) / every_ms))
-    return since + periods * every_ms
+    return grid_at_or_after(now - FALLBACK_SLACK_MS, every_ms, phase_ms)
 
 
 #: a request that failed after this long in flight had reached the holder and
