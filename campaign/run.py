@@ -134,6 +134,7 @@ def _run_budget(scenario: Scenario) -> Outcome:
                          group_limits=[dict(scenario.group_limits) for _ in scenario.limits],
                          leases=lease_options(scenario), lose_releases=scenario.lose_releases, plant=scenario.plant,
                          keep_done=scenario.keep_done, shards=scenario.shards, fan_out=scenario.fan_out,
+                         depth=scenario.depth,
                          calls=scenario.calls, call_faults=dict(scenario.call_faults),
                          call_rng=random.Random(f"{scenario.mode}:{scenario.seed}:call faults"),
                          evict=runtime.evict, rates=list(scenario.rates),
@@ -251,7 +252,7 @@ class _BudgetDriver:
         if self.scenario.fan_out:
             for key in range(self.scenario.keys):
                 self.config["partitioned"][holder_for(f"k{key}", self.shard_identity(partition.shard),
-                                                      self.scenario.fan_out)] = until
+                                                      self.scenario.fan_out, self.scenario.depth)] = until
 
     def restore(self) -> None:
         """Faults stop; limits, group limits and leases go back to where they started."""

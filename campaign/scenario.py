@@ -148,6 +148,9 @@ class Scenario:
     outages: tuple[Outage, ...] = ()
     restarts: tuple[Restart, ...] = ()
     fan_out: int = 0  #: mode "tree": children per root (shards reach them by a hash of their name)
+    #: mode "tree": levels under the root (2: each of its children lends to
+    #: ``fan_out`` children of its own, and shards reach those leaves)
+    depth: int = 1
     #: objects with nothing pending but their alarm lose their instance after
     #: 10 s, as production hibernates them (their memory goes, storage stays)
     hibernate: bool = False
@@ -232,7 +235,7 @@ def generate(seed: int, mode: str) -> Scenario:
         permits_per_lease=rng.randint(1, 4), keep_done=rng.random() < 0.5,
         outages=_outages(rng, keys, shards) + _child_outages(f"{mode}:{seed}", keys, fan_out),
         restarts=_restarts(rng, keys, jobs, fan_out) + _root_restarts(f"{mode}:{seed}", keys, fan_out),
-        fan_out=fan_out, hibernate=_hibernates(f"{mode}:{seed}"),
+        fan_out=fan_out, depth=_depth(f"{mode}:{seed}", fan_out), hibernate=_hibernates(f"{mode}:{seed}"),
         calls=calls, call_faults=call_faults, rates=_rates(f"{mode}:{seed}", keys) if mode == "rate" else (),
         group_rates=_group_rates(f"{mode}:{seed}") if mode == "rate" else (),
         queue_faults=_queue_faults(f"{mode}:{seed}") if mode == "consumer" else (),
@@ -363,6 +366,14 @@ def _child_outages(name: str, keys: int, fan_out: int) -> tuple[Outage, ...]:
         return ()
     return (Outage("holder", rng.randrange(keys), round(rng.uniform(5_000, 60_000), 1),
                    round(rng.uniform(170_000, 220_000), 1), child=rng.randrange(fan_out)),)
+
+
+def _depth(name: str, fan_out: int) -> int:
+    """In a tree, one run in four: two levels under the root, whose children
+    then lend on to leaves of their own (a restart or outage of a ``child``
+    strikes one of the root's children, in the middle). Drawn from a source
+    of its own, so that every other draw of a seed stays what it was."""
+    return 2 if fan_out and random.Random(f"{name}:depth").random() < 0.25 else 1
 
 
 def _restarts(rng: random.Random, keys: int, jobs: tuple[Job, ...], fan_out: int = 0) -> tuple[Restart, ...]:

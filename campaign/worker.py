@@ -46,6 +46,7 @@ CONFIG = {
     "keep_done": True,  # False: the shards keep no done item (keep_done_ms=0)
     "shards": 0,  # how many shards there are: the sweep calls every one
     "fan_out": 0,  # mode "tree": each key's root lends to this many children (0: one holder per key)
+    "depth": 1,  # mode "tree": levels under the root (2: its children lend on to leaves)
     # True: holders answer a shard's request at once and call it back (semaphore_reply)
     "calls": False,
     # the faults of those calls alone: kind -> rate ("lost", "lost_reply", "duplicate",
@@ -230,7 +231,8 @@ class Shard(DurableObject):
         self.name = ctx.id.name
         self.scheduler = DurabilityScheduler(ctx)
         self.scheduler.register("work", self._work_ends)
-        tree = DurabilitySemaphore.client(binding="HOLDER", fan_out=CONFIG["fan_out"]) if CONFIG["fan_out"] else None
+        tree = DurabilitySemaphore.client(binding="HOLDER", fan_out=CONFIG["fan_out"],
+                                          depth=CONFIG["depth"]) if CONFIG["fan_out"] else None
         server = (tree or limits).bind(env)
         send = server._send
 

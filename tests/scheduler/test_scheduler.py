@@ -497,3 +497,37 @@ def test_a_new_instances_check_overtaken_by_its_alarm_leaves_the_alarm_to_re_arm
     writes, runs, ran = runtime.run(scenario())
     assert ran == ["slow"]
     assert runs == 1 and writes == 2  # armed for "slow", then again for "later" as the run ends
+
+
+def test_a_timer_an_event_runs_itself_sets_no_alarm_and_runs_once(runtime):
+    stub = runtime.env.TIMERS.getByName("t")
+
+    async def scenario():
+        start = runtime.now_ms()
+        ran = await stub.run_now("k")
+        return start, ran, await stub.runs(), await stub.alarm_time(), await stub.run_now("k")
+
+    start, ran, runs, alarm, again = runtime.run(scenario())
+    assert ran and [r["key"] for r in runs] == ["k"]
+    assert alarm is None or alarm >= start + 3_600_000  # only its backstop, never now
+    assert again  # (planned again: a new timer, run again)
+    assert runtime.hosts()[0].stats.alarm_invocations == 0
+
+
+def test_an_alarm_leaves_a_timer_an_event_is_running_alone_and_runs_it_once_it_is_done(runtime):
+    # The run sets its timer due again at once and goes on for 5 s: the alarm
+    # that comes meanwhile (for w) must neither start a second run of it nor set
+    # itself again and again for it (it did, every millisecond, until the
+    # run ended); the timer runs again once the first run is over.
+    stub = runtime.env.TIMERS.getByName("t")
+
+    async def scenario():
+        start = runtime.now_ms()
+        await stub.schedule("w", 1_000)  # an alarm comes while k runs
+        await stub.run_now("k", 1)
+        await asyncio.sleep(10)
+        return start, await stub.runs()
+
+    start, runs = runtime.run(scenario())
+    assert [(r["key"], round((r["at"] - start) / 1000)) for r in runs] == [("k", 0), ("w", 1), ("k", 5)]
+    assert runtime.hosts()[0].stats.alarm_invocations <= 3

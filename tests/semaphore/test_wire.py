@@ -149,7 +149,9 @@ def unique(strategy, key):
 demands = st.builds(Demand, ids, counts, times)
 requests = st.builds(Request, ids, unique(demands, lambda d: d.group), unique(reports(), lambda r: r.grant_id),
                      st.floats(0, m.MAX_WAIT_MS), st.booleans(), unique(lease_reports(), lambda r: r.lease_id),
-                     claims=st.booleans(), heard_up_to=times)
+                     claims=st.booleans(), heard_up_to=times, wake=st.booleans(), name=st.none() | ids,
+                     fallback=st.booleans()).map(
+    lambda r: dataclasses.replace(r, name=r.name if r.wake else None, fallback=r.fallback and r.wake))  # (said with wake only)
 syncs = st.builds(Sync, ids, unique(reports(), lambda r: r.grant_id), unique(lease_reports(), lambda r: r.lease_id))
 
 grant_entries = st.builds(GrantEntry, ids, ids, counts, counts, times, counts)
@@ -307,3 +309,9 @@ def test_the_lock_client_reads_each_holder_reply_into_one_class():
                    {"status": "granted", "v": 1, "token": "t", "leaseMs": 1, "final": "yes"}):
         with pytest.raises(_wire.ProtocolError):
             reply(broken)
+
+
+@pytest.mark.parametrize("flag", ["wake", "fallback"])
+def test_a_request_whose_flag_is_not_true_or_false_is_refused(flag):
+    with pytest.raises(m.ProtocolError, match="must be true or false"):
+        m.parse({**REQUEST, flag: "yes"})

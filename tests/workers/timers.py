@@ -37,9 +37,33 @@ class Timers(DurableObject):
         self.scheduler.transaction(change)
         await self.scheduler.sync()
 
+    async def run_now(self, key, again=0):
+        """A derived timer due now that this call runs itself
+        (``run_now``), with no alarm set for it; ``again``: times its run
+        sets it due again at once, then takes 5 s more (a pump that learns
+        news and goes on with its reply)."""
+        def change():
+            due = time.time() * 1000
+            self.ctx.storage.sql.exec("INSERT INTO planned VALUES (?, ?, ?)", key, due, -again)
+            self.scheduler.schedule("derived", key, due, alarm_by=due + 3_600_000)
+
+        self.scheduler.transaction(change)
+        await self.scheduler.sync()
+        ran = await self.scheduler.run_now("derived", key)
+        await self.scheduler.sync()
+        return ran
+
     async def _derived(self, timer):
         sql = self.ctx.storage.sql
         sql.exec("INSERT INTO runs (key, at, attempt) VALUES (?, ?, ?)", timer.key, time.time() * 1000, timer.attempt)
+        row = sql.exec("SELECT fails FROM planned WHERE key = ?", timer.key).toArray()
+        if row and row[0]["fails"] < 0:  # (run_now's "again")
+            self.scheduler.transaction(lambda: (
+                sql.exec("UPDATE planned SET fails = fails + 1 WHERE key = ?", timer.key),
+                self.scheduler.schedule("derived", timer.key, time.time() * 1000)))
+            await self.scheduler.sync()
+            await asyncio.sleep(5)
+            return
         row = sql.exec("SELECT fails FROM planned WHERE key = ?", timer.key).toArray()
         if row and row[0]["fails"] > 0:
             sql.exec("UPDATE planned SET fails = fails - 1 WHERE key = ?", timer.key)

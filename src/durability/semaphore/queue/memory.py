@@ -232,11 +232,12 @@ class QueueContext:
         row to set the alarm again, and each word from the holder that put a
         fallback off left an alarm to fire for nothing (docs/queue.md).
         ``in_this_event``: the caller runs the pump itself once its commit is
-        done (``KeyRequests.ask_in_this_event``); the alarm is its backstop."""
+        done (``KeyRequests.ask_in_this_event``); the alarm is its backstop,
+        at the fallback point the answer's own fallback will want."""
         alarm_by = None
         every = self.options.request_wait_ms
         if in_this_event:
-            alarm_by = at + every
+            alarm_by = grid_at_or_after(at + every, every, self.fallback_phase_ms) if every > 0 else at
         elif self.options.woken and every > 0 and at - now_ms() >= every / 2:
             alarm_by = grid_at_or_after(at, every, self.fallback_phase_ms)
             earlier_only = True
