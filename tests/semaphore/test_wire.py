@@ -151,7 +151,7 @@ requests = st.builds(Request, ids, unique(demands, lambda d: d.group), unique(re
                      st.floats(0, m.MAX_WAIT_MS), st.booleans(), unique(lease_reports(), lambda r: r.lease_id),
                      claims=st.booleans(), heard_up_to=times, wake=st.booleans(), name=st.none() | ids,
                      fallback=st.booleans()).map(
-    lambda r: dataclasses.replace(r, name=r.name if r.wake else None, fallback=r.fallback and r.wake))  # (said with wake only)
+    lambda r: dataclasses.replace(r, name=r.name if r.wake else None, fallback=r.fallback and r.wake))  # (with wake)
 syncs = st.builds(Sync, ids, unique(reports(), lambda r: r.grant_id), unique(lease_reports(), lambda r: r.lease_id))
 
 grant_entries = st.builds(GrantEntry, ids, ids, counts, counts, times, counts)
