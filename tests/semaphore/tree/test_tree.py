@@ -813,7 +813,10 @@ def test_a_trees_objects_sleep_while_work_waits_when_its_leaves_can_call_their_s
     # root parks its children's, and calls a child it lends to; every beat
     # runs on the alarm. Nothing is held open and nothing waits in memory,
     # so no holder is awake while the work waits (the runtime's clock
-    # charges an event no time: only waits count). Shards that cannot be
+    # charges an event no time: only waits count) but for a shard's
+    # fallback request, which a leaf holds to its next beat (about 1% of the
+    # time here: the request says it heard nothing for a whole wait, and its
+    # answer brings what that round has for it). Shards that cannot be
     # called hold their requests open at their leaf, which stays awake.
     module, runtime = tree_runtime(limit=4, fan_out=2, woken=woken)
 
@@ -837,7 +840,7 @@ def test_a_trees_objects_sleep_while_work_waits_when_its_leaves_can_call_their_s
         awake = {h.name: h.awake_s() / span_s for h in holders}
         assert span_s > 100  # six limits' worth of 20 s work
         if woken:
-            assert all(share < 0.01 for share in awake.values()), awake
+            assert all(share < 0.02 for share in awake.values()), awake
             # A leaf keeps its parked shards' line in rows (a new instance
             # serves them oldest first at once); the root keeps none of its
             # children's: each asks again every beat while its shards wait.
