@@ -486,19 +486,20 @@ class JobShard(DurableObject):
             # Its holder may answer at once and call back (semaphore_reply).
             woken=_calls_shards(env),
             # A job handed to the queue's consumer lives on when the shard
-            # hibernates, and its report releases its permit: a new instance
-            # hands its admitted items in again, and the finished() sweep runs,
-            # at the shard's next event, or a minute later at most, not on an
-            # alarm of their own (two rows and a request each time). At 10
-            # minutes the sweep's alarm (set as each attempt went out, firing
-            # for nothing once its report had come) cost 0.4 rows and 0.15
-            # requests a job less on the demo's workload, and busy and order
-            # under its faults moved by less than seed to seed; but in real
-            # Pyodide (tests/testing/test_pyodide.py) the account scenario then
-            # ran 21 virtual minutes for 100 jobs instead of 14 (0.9 on the
-            # embedded runtime either way): kept at a minute until that is
-            # understood.
-            checks_wait_ms=0 if self.jobs.runs_in is None else 60_000,
+            # hibernates, and its report releases its permit: each report asks
+            # finished() about its job (job_report), a report that is lost comes
+            # again with the message's next delivery (5 s on, doubling), and the
+            # sweep runs at every release too. So a new instance hands its
+            # admitted items in again, and the sweep runs, at the shard's next
+            # event, and on an alarm of their own only 10 minutes on: a permit
+            # they would return is one whose job ended with no report heard and
+            # its release lost. At a minute, the sweep's alarm (set as each
+            # attempt went out, and firing for nothing once its report had come)
+            # cost 0.4 rows and 0.15 requests a job; under the benchmark's faults,
+            # seeds 1-6, busy and order moved by less than seed-to-seed spread
+            # (docs/design.md; uv run scripts/bench_vs_naive.py --faults
+            # --system grants --seed N).
+            checks_wait_ms=0 if self.jobs.runs_in is None else 600_000,
         )
 
     async def semaphore_reply(self, key, reply):

@@ -7,11 +7,13 @@
 // alarm delivery with retries. Must not know: Pyodide internals (Python is
 // reached only through the `glue` functions handed in) or any Worker.
 import { createHash, randomBytes } from "node:crypto";
+import { eventOfItsOwn } from "./events.mjs";
 import { queueBindings } from "./queues.mjs";
 import { SqlStorage, runInSavepoint } from "./sql.mjs";
 
 const ALARM_MAX_RETRIES = 6;
 const ALARM_FIRST_BACKOFF_MS = 2_000;
+const MAX_TIMER_MS = 2 ** 31 - 1;
 const STANDARD_ERRORS = { TypeError, RangeError, SyntaxError, ReferenceError, EvalError, URIError };
 
 export class DurableObjectId {
@@ -142,6 +144,7 @@ class ObjectInstance {
   }
 
   async call(method, args) {
+    await eventOfItsOwn();
     try {
       return await this.host.glue.call_method(this.python(), method, ...args);
     } catch (error) {
@@ -159,8 +162,13 @@ class ObjectInstance {
     clearTimeout(this.alarmTimer);
     this.alarmTimer = null;
     if (this.alarmAt === null || this.alarmRunning) return;
-    const delay = Math.max(0, this.alarmAt - Date.now());
-    this.alarmTimer = setTimeout(() => this.host.track(this.deliverAlarm()), delay);
+    // A timer longer than 2^31 - 1 ms fires after 1 ms (as in browsers and
+    // Node), so a far alarm (a month's retention, say) waits in steps.
+    const delay = Math.min(MAX_TIMER_MS, Math.max(0, this.alarmAt - Date.now()));
+    this.alarmTimer = setTimeout(() => {
+      if (Date.now() < this.alarmAt) this.armAlarm();
+      else this.host.track(this.deliverAlarm());
+    }, delay);
   }
 
   async deliverAlarm() {
@@ -305,6 +313,7 @@ export class WorkerHost {
   // One call of a method of the Default entrypoint, as a service binding makes it.
   async callEntrypoint(method, args) {
     this.stats.entrypointCalls += 1;
+    await eventOfItsOwn();
     const ctx = new ExecutionContext(this);
     const instance = this.glue.construct(this.pythonClass("Default"), ctx, this.env);
     try {
@@ -320,6 +329,7 @@ export class WorkerHost {
   // Response, whose js_object workerd sends. Resolves to {status, body}.
   async fetchEntrypoint({ url, method, headers, body }) {
     this.stats.entrypointCalls += 1;
+    await eventOfItsOwn();
     const ctx = new ExecutionContext(this);
     const instance = this.glue.construct(this.pythonClass("Default"), ctx, this.env);
     const request = new Request(url, { method, headers, body: body ?? undefined });

@@ -13,6 +13,7 @@
 // show the rest of the broker's rules; this tier shows the handler's
 // shape); settle() waits for it. Must not know: any Worker.
 import { randomBytes } from "node:crypto";
+import { eventOfItsOwn } from "./events.mjs";
 
 export class WorkerQueue {
   #broker;
@@ -132,6 +133,7 @@ export class QueueBroker {
   }
 
   async deliver(stored) {
+    await eventOfItsOwn();
     for (const message of stored) message.attempts += 1;
     const batch = new MessageBatch(this.name, stored.map((m) => new QueueMessage(m)));
     this.stats.batches += 1;

@@ -8,6 +8,7 @@ checked at every start against the limit, or ``CONFIG["ceiling"]`` (limit +
 extra, for leases provisioned "over").
 """
 
+import asyncio
 import dataclasses
 import json
 import random
@@ -33,7 +34,9 @@ CONFIG = {
     "lose_releases": 0.0,  # share of releases the shard "forgets" to make
     "admit_failures": 0,  # admit() raises this many times first
     "abort_in_admit": 0,  # admit() resets the object (ctx.abort) this many times first
-    "release_in_admit": False,  # admit() releases an item of no work (ms 0) itself, before it returns
+    "release_in_admit": False,  # admit() releases an item of no work (ms 0) itself, before it returns;
+                                # "detached": in a task it leaves running
+    "enqueue_in_admit": False,  # admit() queues the item its body names "then" (group "then"), before it returns
     "fake_reply": None,  # when set, the shard's holder answers every message with this
     "leases": None,  # the holder's leases= option
     "fair_share": None,  # the holder's fair_share= option
@@ -372,9 +375,15 @@ class Shard(DurableObject):
                 WORLD["started"][item.id] = now
                 WORLD["starts"][item.id] = WORLD["starts"].get(item.id, 0) + 1
                 _start(item.id)
+            if CONFIG["enqueue_in_admit"] and "then" in item.body:
+                await self.queue.enqueue([{"id": item.body["then"], "key": item.key, "group": "then",
+                                           "body": {"ms": item.body["ms"]}}])
             if CONFIG["release_in_admit"] and item.body["ms"] == 0:
                 _stop(item.id)
-                await self.queue.release(item.id)
+                if CONFIG["release_in_admit"] == "detached":
+                    self.ctx.waitUntil(asyncio.ensure_future(self.queue.release(item.id)))
+                else:
+                    await self.queue.release(item.id)
                 continue
             self.scheduler.schedule("work", item.id, WORLD["started"][item.id] + item.body["ms"])
         await self.scheduler.sync()

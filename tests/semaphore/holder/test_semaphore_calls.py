@@ -308,6 +308,48 @@ def test_an_admit_that_releases_an_item_itself_does_not_wait_for_its_own_pass(ru
     assert world["violations"] == []
 
 
+def test_an_admit_that_releases_in_a_task_it_leaves_running_does_not_hold_up_the_next_admission(runtime):
+    # The release runs in a task admit() started: it inherits admit()'s
+    # context. Its report's answer admits the next item; taking itself for a
+    # call from inside admit(), it left the admission to the admit timer,
+    # though no pass was running any more (a2 started 5 s late, at a sweep).
+    runtime.module.CONFIG.update(release_in_admit="detached")
+    world = runtime.module.WORLD
+
+    async def scenario():
+        submitted = runtime.now_ms()
+        items = [{"id": f"a{i}", "key": "holder", "group": "g", "body": {"ms": 0 if i < 3 else 500}}
+                 for i in range(4)]
+        await shard(runtime, "a").submit(items)
+        await wait_started(runtime, "a3", timeout_s=60)
+        return {item: at - submitted for item, at in world["started"].items()}
+
+    started = runtime.run(scenario())
+    assert sorted(started) == ["a0", "a1", "a2", "a3"]
+    assert max(started.values()) < 1_000, started  # a round (100 ms) apart
+    assert world["violations"] == []
+
+
+def test_work_that_admit_queues_asks_at_once_not_at_the_fallback(runtime):
+    # admit() queues a follow-up item (a workflow's next step) from inside
+    # the pump run whose reply admitted a0. Its group is new, so the enqueue
+    # asks at once; but the key's pump was running (this very reply), so
+    # the ask was left to the pump's timer, whose alarm is the object's next
+    # fallback point: a1 started only when a0's release asked (5 s).
+    runtime.module.CONFIG.update(limit=2, enqueue_in_admit=True)
+
+    async def scenario():
+        submitted = runtime.now_ms()
+        await shard(runtime, "a").submit([{"id": "a0", "key": "holder", "group": "g",
+                                           "body": {"ms": 5_000, "then": "a1"}}])
+        started = await wait_started(runtime, "a1", timeout_s=60)
+        return None if started is None else started - submitted
+
+    waited_ms = runtime.run(scenario())
+    assert waited_ms is not None and waited_ms < 1_000, waited_ms
+    assert runtime.module.WORLD["violations"] == []
+
+
 def test_a_holder_restarted_between_its_round_and_its_call_serves_the_client_again(runtime):
     # a's permit comes back; the round grants it to b, parked in line, and
     # the holder's instance goes before its call to b leaves. The grant is a

@@ -26,7 +26,10 @@ from .pure.states import ADMITTED, Item, TimerKind, Via
 log = logging.getLogger("durability.semaphore.queue")
 FINISHED_BATCH = 100  #: ids asked about in one finished() call
 PASSES = 10  #: passes of admit() one call makes at most; what is left waits for its timer
-_IN_ADMIT: ContextVar[bool] = ContextVar("durability_in_admit", default=False)  #: admit() is running in this task
+#: the queues whose admit() this task runs (tasks started from it inherit
+#: it). Per queue: a call that reaches another object's queue from inside
+#: admit() (a runtime may carry the caller's context into it) admits there.
+_IN_ADMIT: ContextVar[tuple[Admission, ...]] = ContextVar("durability_in_admit", default=())
 
 
 @dataclass(frozen=True)
@@ -58,11 +61,13 @@ class Admission:
         self._admitting = asyncio.Lock()
 
     async def admit_pending_safely(self) -> None:
-        if _IN_ADMIT.get():
+        if self in _IN_ADMIT.get() and self._admitting.locked():
             # Called from inside admit() (one that releases an item reaches
             # here through its report's answer): waiting for the pass that
             # called admit() would wait for ever. That pass hands on what
-            # came meanwhile once admit() returns (below).
+            # came meanwhile once admit() returns (below). A task admit()
+            # started and left running carries its context: once no pass
+            # runs, it admits here, not at the admit timer's backstop.
             return
         try:
             for _ in range(PASSES):  # what was admitted while a pass ran: the next one, not its timer
@@ -95,7 +100,7 @@ class Admission:
             if not items:
                 return
             here = ctx.store.admitted_here
-            inside = _IN_ADMIT.set(True)
+            inside = _IN_ADMIT.set((*_IN_ADMIT.get(), self))
             try:
                 result = self.admit([AdmittedItem(i.id, i.key, i.group, i.body, i.via or Via.GRANT,
                                                   i.id not in here) for i in items])

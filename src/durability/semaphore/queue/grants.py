@@ -163,7 +163,7 @@ class QueueGrants:
         """The grants a sync's answer lists, learned (inside its commit), and
         claims on them: a grant a round made at that sync comes new in that
         answer only, so an answer to a lease report must not drop it."""
-        self.learn(key, reply.grants)
+        self.learn(key, reply.grants, admits_after=True)  # (exchange hands them to admit() after its commit)
         claimed = {grant.grant_id: grant.claimed for grant in self.ctx.grants.grants(key)}
         self.claim(key, now_ms())
         if any(grant.claimed > claimed.get(grant.grant_id, 0) for grant in self.ctx.grants.grants(key)):
@@ -193,7 +193,6 @@ class QueueGrants:
                 self.ctx.due_by(TimerKind.REPORT, key, now_ms())  # more than one sync holds
 
         await self.ctx.exchange(key, Sync(self.ctx.client_id, tuple(reports.values())), apply)
-        await self.ctx.admit_pending()
 
     async def report_safely(self, key: str) -> None:
         try:

@@ -290,7 +290,8 @@ class QueueContext:
 
     async def exchange(self, key: str, sync: Sync, apply: Callable[[Reply], None]) -> Reply:
         """``send_sync``, then commit ``apply(reply)`` and the grants it
-        lists: nothing is applied unless a well-formed reply came."""
+        lists: nothing is applied unless a well-formed reply came. What they
+        admit is handed to ``admit()`` in this event, with no alarm set for it."""
         reply = await self.send_sync(key, sync)
 
         def apply_all() -> None:
@@ -298,5 +299,6 @@ class QueueContext:
             self.learn_listed(key, reply)
 
         await self.commit(apply_all)
+        await self.admit_pending()
         return reply
 
