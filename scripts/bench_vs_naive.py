@@ -231,6 +231,7 @@ def run_system(system: str, args, work, limits: dict) -> dict:
         "runs_beyond_one_per_job": sum(n - 1 for n in ledger.runs.values()),
         "rows_written_by_table": [list(row) for row in writes.rows(jobs)]
                                  + [["setAlarm", "", round(alarms / max(jobs, 1), 2)]],
+        "rows_read_by_statement": [list(row) for row in writes.reads(jobs)],
         "_timeline": timeline(ledger, ceilings),
     }
 
@@ -339,7 +340,7 @@ def main() -> int:
     parser.add_argument("--faults", action="store_true", help="the demo's faults, for every system")
     parser.add_argument("--system", action="append", choices=SYSTEMS, help="only these (repeat it)")
     parser.add_argument("--plot", type=Path, help="write a PNG here")
-    parser.add_argument("--breakdown", action="store_true", help="rows written per job, by table and kind")
+    parser.add_argument("--breakdown", action="store_true", help="rows written per job, by table and kind, and rows read, by statement")
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--record", type=Path, help="append every semaphore message and reply here (JSON lines)")
     args = parser.parse_args()
@@ -361,6 +362,9 @@ def main() -> int:
             print(f"\n{row['system']}: rows written per job, by table")
             for name, kind, per_job in row["rows_written_by_table"]:
                 print(f"  {per_job:>6}  {name} {kind}")
+            print(f"\n{row['system']}: rows read per job, the statements that read most")
+            for statement, per_job in row["rows_read_by_statement"]:
+                print(f"  {per_job:>7}  {statement[:150]}")
     healthy = all(not any(r["over_limit"].values()) and r["run_twice_at_once"] == 0 for r in rows)
     return 0 if healthy else 1
 

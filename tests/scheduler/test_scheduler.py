@@ -514,22 +514,6 @@ def test_a_timer_an_event_runs_itself_sets_no_alarm_and_runs_once(runtime):
     assert runtime.hosts()[0].stats.alarm_invocations == 0
 
 
-def test_a_timer_its_own_run_makes_due_again_runs_again_in_the_same_event(runtime):
-    # Its run sets it due at once (a pump whose reply admitted work that
-    # queued more): another event asking for it finds it running, so the
-    # event running it runs it again, not the alarm (an hour off here).
-    stub = runtime.env.TIMERS.getByName("t")
-
-    async def scenario():
-        start = runtime.now_ms()
-        ran = await stub.run_now("k", 1)
-        return start, ran, await stub.runs()
-
-    start, ran, runs = runtime.run(scenario())
-    assert ran and [(r["key"], round((r["at"] - start) / 1000)) for r in runs] == [("k", 0), ("k", 5)]
-    assert runtime.hosts()[0].stats.alarm_invocations == 0
-
-
 def test_an_alarm_leaves_a_timer_an_event_is_running_alone_and_runs_it_once_it_is_done(runtime):
     # The run sets its timer due again at once and goes on for 5 s: the alarm
     # that comes meanwhile (for w) must neither start a second run of it nor set

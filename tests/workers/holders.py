@@ -36,7 +36,6 @@ CONFIG = {
     "abort_in_admit": 0,  # admit() resets the object (ctx.abort) this many times first
     "release_in_admit": False,  # admit() releases an item of no work (ms 0) itself, before it returns;
                                 # "detached": in a task it leaves running
-    "enqueue_in_admit": False,  # admit() queues the item its body names "then" (group "then"), before it returns
     "fake_reply": None,  # when set, the shard's holder answers every message with this
     "leases": None,  # the holder's leases= option
     "fair_share": None,  # the holder's fair_share= option
@@ -375,9 +374,6 @@ class Shard(DurableObject):
                 WORLD["started"][item.id] = now
                 WORLD["starts"][item.id] = WORLD["starts"].get(item.id, 0) + 1
                 _start(item.id)
-            if CONFIG["enqueue_in_admit"] and "then" in item.body:
-                await self.queue.enqueue([{"id": item.body["then"], "key": item.key, "group": "then",
-                                           "body": {"ms": item.body["ms"]}}])
             if CONFIG["release_in_admit"] and item.body["ms"] == 0:
                 _stop(item.id)
                 if CONFIG["release_in_admit"] == "detached":

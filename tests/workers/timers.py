@@ -60,8 +60,7 @@ class Timers(DurableObject):
         if row and row[0]["fails"] < 0:  # (run_now's "again")
             self.scheduler.transaction(lambda: (
                 sql.exec("UPDATE planned SET fails = fails + 1 WHERE key = ?", timer.key),
-                self.scheduler.schedule("derived", timer.key, time.time() * 1000,
-                                        alarm_by=time.time() * 1000 + 3_600_000)))
+                self.scheduler.schedule("derived", timer.key, time.time() * 1000)))
             await self.scheduler.sync()
             await asyncio.sleep(5)
             return

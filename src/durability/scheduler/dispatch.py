@@ -30,8 +30,6 @@ log = logging.getLogger("durability.scheduler")
 
 #: an alarm's budget is drawn from [1 - BUDGET_SPREAD, 1] x alarm_budget_ms
 BUDGET_SPREAD = 0.25
-#: runs of one timer ``run_now`` makes at most (one made due again and again is the alarm's)
-RUNS_NOW = 3
 
 
 @dataclass(frozen=True)
@@ -106,20 +104,12 @@ class AlarmDispatch:
         run would: a failure is retried under its participant's backoff,
         from the alarm (then call ``sync()``). For work an event makes due
         and does itself: setting the alarm to now for it cost a row, an
-        alarm run and a row to set the alarm back. True if it ran.
-
-        A timer made due again while it ran (its own work asked for it: a
-        queue's admit() queuing more work, say) runs again here, as an
-        alarm run would start it again: the other event that asked found
-        it running and left it to this one."""
-        ran = False
-        for _ in range(RUNS_NOW):
-            row = self._memory.get(participant, key)
-            if row is None or row["due_at"] > now_ms() or (participant, key) in self._running:
-                break
-            await self._run_timer(dict(row))
-            ran = True
-        return ran
+        alarm run and a row to set the alarm back. True if it ran."""
+        row = self._memory.get(participant, key)
+        if row is None or row["due_at"] > now_ms() or (participant, key) in self._running:
+            return False
+        await self._run_timer(dict(row))
+        return True
 
     def _due(self, now: float, running: Container[tuple[str, str]], limit: int) -> list[dict[str, Any]]:
         # A row of a participant now kept in memory (written by an older

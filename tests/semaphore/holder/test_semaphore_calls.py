@@ -330,26 +330,6 @@ def test_an_admit_that_releases_in_a_task_it_leaves_running_does_not_hold_up_the
     assert world["violations"] == []
 
 
-def test_work_that_admit_queues_asks_at_once_not_at_the_fallback(runtime):
-    # admit() queues a follow-up item (a workflow's next step) from inside
-    # the pump run whose reply admitted a0. Its group is new, so the enqueue
-    # asks at once; but the key's pump was running (this very reply), so
-    # the ask was left to the pump's timer, whose alarm is the object's next
-    # fallback point: a1 started only when a0's release asked (5 s).
-    runtime.module.CONFIG.update(limit=2, enqueue_in_admit=True)
-
-    async def scenario():
-        submitted = runtime.now_ms()
-        await shard(runtime, "a").submit([{"id": "a0", "key": "holder", "group": "g",
-                                           "body": {"ms": 5_000, "then": "a1"}}])
-        started = await wait_started(runtime, "a1", timeout_s=60)
-        return None if started is None else started - submitted
-
-    waited_ms = runtime.run(scenario())
-    assert waited_ms is not None and waited_ms < 1_000, waited_ms
-    assert runtime.module.WORLD["violations"] == []
-
-
 def test_a_holder_restarted_between_its_round_and_its_call_serves_the_client_again(runtime):
     # a's permit comes back; the round grants it to b, parked in line, and
     # the holder's instance goes before its call to b leaves. The grant is a
