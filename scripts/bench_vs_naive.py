@@ -340,7 +340,8 @@ def main() -> int:
     parser.add_argument("--faults", action="store_true", help="the demo's faults, for every system")
     parser.add_argument("--system", action="append", choices=SYSTEMS, help="only these (repeat it)")
     parser.add_argument("--plot", type=Path, help="write a PNG here")
-    parser.add_argument("--breakdown", action="store_true", help="rows written per job, by table and kind, and rows read, by statement")
+    parser.add_argument("--breakdown", action="store_true",
+                        help="rows written per job, by table and kind, and rows read, by statement")
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--record", type=Path, help="append every semaphore message and reply here (JSON lines)")
     args = parser.parse_args()
