@@ -38,8 +38,7 @@ answered and count as claimed too.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
-from collections.abc import Set as AbstractSet
+from collections.abc import Callable, Set as AbstractSet
 from typing import Any
 
 from ..._common.schema import migrate
