@@ -153,6 +153,8 @@ class DurabilitySemaphoreQueue(QueueReleases):
         self.old_outbox = OldOutboxDrain(scheduler, ctx, self.claims, self.leases)
         self.requests = KeyRequests(ctx, self.claims, self.leases, self.admission, self.old_outbox, self._emit_blocked)
         scheduler.register(PARTICIPANT, self._on_timer, backoff=retries, durable=False)
+        if self.options.woken:  # (its fallback points: QueueContext.pump_at)
+            scheduler.shared_alarm_points(self.options.request_wait_ms, ctx.fallback_phase_ms)
         self._derive_timers()
 
     def _identity(self, label: str | None) -> str:
@@ -184,8 +186,8 @@ class DurabilitySemaphoreQueue(QueueReleases):
                     # (a release's sync, a call), most often in the event that
                     # started this instance. So it asks at the next fallback
                     # point, not on an alarm set for now (a row, an alarm run
-                    # and a row to set the alarm back, on about one in six of
-                    # a shard's new instances on the demo's workload).
+                    # and a row to set the alarm back: 0.06 rows and 0.03
+                    # requests a job on the demo's workload).
                     ctx.pump_at(key, now, fallback=True)
                     continue
             else:
