@@ -61,6 +61,26 @@ def test_drawn_items_are_admitted_at_once_with_no_round_trip(runtime):
     assert set(vias.values()) == {"lease"} and set(states.values()) == {"admitted"}
 
 
+def test_what_a_reply_s_lease_draws_is_handed_on_in_its_event_with_no_alarm(runtime):
+    # A woken queue (its holder calls back) asks in the enqueue's own event;
+    # the reply brings a lease and the queue draws from it: admit() gets the
+    # items once that commit is done. An alarm set to now for them cost a
+    # row, an alarm run and a row to set the alarm back.
+    runtime.module.CONFIG.update(calls=True, round_wait_ms=20, round_period_ms=100, request_wait_ms=30_000)
+    world = runtime.module.WORLD
+
+    async def scenario():
+        start = runtime.now_ms()
+        await shard(runtime).submit(jobs("a", 2, ms=60_000))
+        await asyncio.sleep(2)
+        return start, await shard(runtime).vias(), runtime.host_of(shard(runtime)).stats.alarm_invocations
+
+    start, vias, alarms = runtime.run(scenario())
+    assert set(vias.values()) == {"lease"}
+    assert world["started"]["a0"] == world["started"]["a1"] < start + 200  # at the holder's round
+    assert alarms == 0
+
+
 def test_a_drawn_permit_is_one_shot(runtime):
     runtime.module.CONFIG["leases"]["permits_per_lease"] = 2
 

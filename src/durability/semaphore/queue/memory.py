@@ -13,6 +13,7 @@ committed). Must not know: what a reply means (the parts apply it), SQL
 from __future__ import annotations
 
 import asyncio
+import logging
 import zlib
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, fields
@@ -30,6 +31,7 @@ from .store import QueueStore
 
 T = TypeVar("T")
 PARTICIPANT = "durability.semaphore-queue"
+log = logging.getLogger("durability.semaphore.queue")
 
 
 @dataclass(frozen=True)
@@ -155,6 +157,7 @@ class QueueContext:
         self.learn_listed: Callable[[str, Reply], None] = lambda key, reply: None
         #: hands what the queue admitted to ``admit()`` (``Admission.admit_pending_safely``)
         self.admit_pending: Callable[[], Awaitable[None]] = _nothing
+        self._tasks: set[asyncio.Task[None]] = set()  #: run_in_this_event's (a loop holds tasks weakly)
 
     # -- commits ----------------------------------------------------------------
     async def commit(self, change: Callable[[], T], *, move_alarm: bool = True) -> T:
@@ -248,6 +251,28 @@ class QueueContext:
             self.due_by(TimerKind.PUMP, key, at, alarm_by=alarm_by)
         else:
             self.due_at(TimerKind.PUMP, key, at, alarm_by=alarm_by)
+
+    def run_in_this_event(self, kind: TimerKind, key: str | None = None) -> None:
+        """Run the timer now, in a task of the caller's event, if it is due
+        (``DurabilityScheduler.run_now``): work an event makes due and does
+        itself sets no alarm to now (a row, an alarm run and a row to set it
+        back). The caller need not wait; the object stays awake (and billed)
+        until the task ends, as for an alarm run. A failure is retried from
+        the alarm, under the timer's backoff. Outside a running loop (no
+        event), its alarm runs it."""
+        try:
+            task = asyncio.ensure_future(self._run_now(timer_key(kind, key)))
+        except RuntimeError:
+            return
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _run_now(self, name: str) -> None:
+        try:
+            await self.scheduler.run_now(PARTICIPANT, name)
+            await self.scheduler.sync()
+        except Exception as error:  # its timer is due all the same: the next alarm or sync runs it
+            log.warning("the queue's timer %s failed: %r; the alarm runs it again", name, error)
 
     def admit_in_this_event(self) -> None:
         """Admitted items are handed to ``admit()`` now, by the event that

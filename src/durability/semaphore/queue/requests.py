@@ -22,11 +22,11 @@ from ..messages import MAX_DEMAND_ENTRIES, MAX_REPORTS, Reply, Report, Request
 from .admission import Admission
 from .grants import QueueGrants
 from .leases import QueueLeases
-from .memory import PARTICIPANT, QueueContext
+from .memory import QueueContext
 from .old_outbox import OldOutboxDrain
 from .pure.core import FALLBACK_SLACK_MS, Wanted, ask_again_at_once, may_leave_line, oldest_of, pacing_interval
 from .pure.lease_rules import lease_report
-from .pure.states import LocalLease, TimerKind, timer_key
+from .pure.states import LocalLease, TimerKind
 
 log = logging.getLogger("durability.semaphore.queue")
 #: a request is not sent, or held, closer than this to the end of the alarm's
@@ -44,7 +44,6 @@ class KeyRequests:
         self.admission = admission
         self.old_outbox = old_outbox
         self._on_blocked = on_blocked
-        self._tasks: set[asyncio.Task[None]] = set()
 
     async def pump(self, key: str) -> None:
         memory = self.ctx.memory
@@ -65,25 +64,14 @@ class KeyRequests:
 
     def ask_in_this_event(self, key: str) -> None:
         """Run the key's pump now, in a task of the caller's event, if it is
-        due (an enqueue's ask: its timer's alarm was not moved for it). The
-        caller need not wait for the holder's answer; the object stays awake
-        (and billed) until it comes, as it would for an alarm run. A failure
-        is retried from the alarm, under the pump's backoff."""
-        task = asyncio.ensure_future(self._run_pump_now(key))
-        self._tasks.add(task)  # (a loop holds tasks weakly)
-        task.add_done_callback(self._tasks.discard)
+        due (an enqueue's ask: its timer's alarm was not moved for it)."""
+        self.ctx.run_in_this_event(TimerKind.PUMP, key)
 
-    async def _run_pump_now(self, key: str) -> None:
-        try:
-            await self.ctx.scheduler.run_now(PARTICIPANT, timer_key(TimerKind.PUMP, key))
-            await self.ctx.scheduler.sync()
-        except Exception as error:  # its timer is due all the same: the next alarm or sync runs it
-            log.warning("asking for %s failed: %r; the alarm asks again", key, error)
-
-    def claim_local(self, key: str, now: float) -> None:
+    def claim_local(self, key: str, now: float, *, admits_after: bool = False) -> None:
         """Draw, for queued items, from this object's leases, then claim
-        permits it already holds unclaimed."""
-        self.leases.draw(key, now)
+        permits it already holds unclaimed (``admits_after``: as for
+        ``QueueLeases.draw``)."""
+        self.leases.draw(key, now, admits_after=admits_after)
         self.claims.claim(key, now)
 
     async def _request_wait(self, key: str, demand: Wanted) -> float | None:
@@ -263,7 +251,7 @@ class KeyRequests:
         interval = pacing_interval((reply.next_request_at or now) - now)
         if interval > 0 and not ctx.options.woken:  # (a woken key's pacing is a fallback its items fix)
             self.ctx.store.set_pacing(key, interval)
-        self.claim_local(key, now)
+        self.claim_local(key, now, admits_after=True)  # (_after_reply hands on what it admits)
         left = ctx.demand(key)
         if left:
             ctx.pump_at(key, self._next_ask_at(key, reply, left, now, gave_back, asked))

@@ -180,14 +180,9 @@ class DurabilitySemaphoreQueue(QueueReleases):
                 # cost a row to remember it.
                 demand = ctx.demand(key)
                 self.server.paced(key, fallback_at(demand, self.options.request_wait_ms, now, ctx.fallback_phase_ms))
-                if not demand:
-                    # Nothing queued: it asks only to hear what the holder
-                    # counts for it, and any word from the holder does that
-                    # (a release's sync, a call), most often in the event that
-                    # started this instance. So it asks at the next fallback
-                    # point, not on an alarm set for now (a row, an alarm run
-                    # and a row to set the alarm back: 0.06 rows and 0.03
-                    # requests a job on the demo's workload).
+                if not demand:  # it asks only to hear what it holds: any word from the holder
+                    # does (most often in this very event), so at the next fallback point, not on an
+                    # alarm set for now (0.06 rows and 0.03 requests a job on the demo's workload)
                     ctx.pump_at(key, now, fallback=True)
                     continue
             else:
