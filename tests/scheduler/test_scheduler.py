@@ -79,21 +79,26 @@ def test_eviction_between_arming_and_firing_loses_nothing(runtime):
     assert [r["key"] for r in runtime.run(scenario())] == ["a"]
 
 
-def next_minute(runtime):
-    return (int(runtime.now_ms()) // 60_000 + 2) * 60_000
+async def planned_at_a_shared_point(runtime, stub, *, lose_alarm=False):
+    """A derived timer "k" at the next whole minute but one, a point every
+    instance derives alike; then the instance goes. Returns its time."""
+    runtime.module.SHARED_POINTS[:] = [(60_000, 0)]
+    due = (int(runtime.now_ms()) // 60_000 + 2) * 60_000
+    await stub.plan_at("k", due)
+    if lose_alarm:
+        await stub.forget_alarm()
+    runtime.evict(stub)
+    return due
 
 
 def test_a_new_instance_started_by_the_alarm_of_a_shared_point_writes_no_alarm_for_it(runtime):
     # The alarm at a point every instance derives alike starts a new
     # instance: it finds no alarm set (the runtime is delivering it) and its
     # earliest timer just due. It set the alarm again (a row), then ran it.
-    runtime.module.SHARED_POINTS[:] = [(60_000, 0)]
     stub = runtime.env.TIMERS.getByName("t")
 
     async def scenario():
-        due = next_minute(runtime)
-        await stub.plan_at("k", due)
-        runtime.evict(stub)
+        due = await planned_at_a_shared_point(runtime, stub)
         await asyncio.sleep((due - runtime.now_ms()) / 1000 + 5)
         return due, await stub.runs()
 
@@ -108,14 +113,10 @@ def test_a_shared_point_whose_alarm_was_lost_is_set_again_once_overdue(runtime):
     # then, but once overdue, as any alarm that does not run.
     from durability.scheduler.alarm import OVERDUE_MS
 
-    runtime.module.SHARED_POINTS[:] = [(60_000, 0)]
     stub = runtime.env.TIMERS.getByName("t")
 
     async def scenario():
-        due = next_minute(runtime)
-        await stub.plan_at("k", due)
-        await stub.forget_alarm()
-        runtime.evict(stub)
+        due = await planned_at_a_shared_point(runtime, stub, lose_alarm=True)
         await asyncio.sleep((due - runtime.now_ms()) / 1000 + 0.2)
         await stub.peek()  # a new instance, 200 ms after the point
         early = await stub.runs()
