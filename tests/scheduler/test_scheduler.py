@@ -79,56 +79,6 @@ def test_eviction_between_arming_and_firing_loses_nothing(runtime):
     assert [r["key"] for r in runtime.run(scenario())] == ["a"]
 
 
-async def planned_at_a_shared_point(runtime, stub, *, lose_alarm=False):
-    """A derived timer "k" at the next whole minute but one, a point every
-    instance derives alike; then the instance goes. Returns its time."""
-    runtime.module.SHARED_POINTS[:] = [(60_000, 0)]
-    due = (int(runtime.now_ms()) // 60_000 + 2) * 60_000
-    await stub.plan_at("k", due)
-    if lose_alarm:
-        await stub.forget_alarm()
-    runtime.evict(stub)
-    return due
-
-
-def test_a_new_instance_started_by_the_alarm_of_a_shared_point_writes_no_alarm_for_it(runtime):
-    # The alarm at a point every instance derives alike starts a new
-    # instance: it finds no alarm set (the runtime is delivering it) and its
-    # earliest timer just due. It set the alarm again (a row), then ran it.
-    stub = runtime.env.TIMERS.getByName("t")
-
-    async def scenario():
-        due = await planned_at_a_shared_point(runtime, stub)
-        await asyncio.sleep((due - runtime.now_ms()) / 1000 + 5)
-        return due, await stub.runs()
-
-    due, runs = runtime.run(scenario())
-    assert [(r["key"], r["at"] - due < 100) for r in runs] == [("k", True)]
-    assert runtime.hosts()[0].stats.alarm_writes == 1  # the plan's, and no other
-
-
-def test_a_shared_point_whose_alarm_was_lost_is_set_again_once_overdue(runtime):
-    # The same point's alarm was lost, and a read starts a new instance just
-    # as it comes due: taken for the alarm being delivered, it is not set
-    # then, but once overdue, as any alarm that does not run.
-    from durability.scheduler.alarm import OVERDUE_MS
-
-    stub = runtime.env.TIMERS.getByName("t")
-
-    async def scenario():
-        due = await planned_at_a_shared_point(runtime, stub, lose_alarm=True)
-        await asyncio.sleep((due - runtime.now_ms()) / 1000 + 0.2)
-        await stub.peek()  # a new instance, 200 ms after the point
-        early = await stub.runs()
-        await asyncio.sleep(OVERDUE_MS / 1000 + 1)
-        await stub.peek()  # overdue now: set again
-        await asyncio.sleep(5)
-        return early, await stub.runs()
-
-    early, runs = runtime.run(scenario())
-    assert early == [] and [r["key"] for r in runs] == ["k"]
-
-
 def test_a_committed_timer_always_has_its_alarm_whatever_crashes():
     runtime = timers_runtime(faults=Faults(crash_before_commit=0.5, external=True), seed=5)
 

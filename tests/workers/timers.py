@@ -7,16 +7,12 @@ from workers import DurableObject
 
 from durability import Backoff, DurabilityOutbox, DurabilityScheduler
 
-SHARED_POINTS = []  #: (every_ms, phase_ms) each instance declares (shared_alarm_points)
-
 
 class Timers(DurableObject):
     def __init__(self, ctx, env):
         super().__init__(ctx, env)
         self.scheduler = DurabilityScheduler(ctx, backoff=Backoff(initial_ms=1_000, jitter=0))
         self.scheduler.register("work", self._work)
-        for every_ms, phase_ms in SHARED_POINTS:
-            self.scheduler.shared_alarm_points(every_ms, phase_ms)
         self.outbox = DurabilityOutbox(self.scheduler)
         self.events = self.outbox.channel("events", self._send_events, batch_size=3)
         sql = ctx.storage.sql
@@ -32,15 +28,6 @@ class Timers(DurableObject):
             self.scheduler.schedule("derived", row["key"], row["due_at"])
 
     # -- timers in memory, derived from rows -----------------------------
-    async def plan_at(self, key, due):
-        """A derived timer due at ``due`` exactly (a point every instance derives alike)."""
-        def change():
-            self.ctx.storage.sql.exec("INSERT INTO planned VALUES (?, ?, 0)", key, due)
-            self.scheduler.schedule("derived", key, due)
-
-        self.scheduler.transaction(change)
-        await self.scheduler.sync()
-
     async def plan(self, key, in_ms, fails=0):
         def change():
             due = time.time() * 1000 + in_ms

@@ -21,10 +21,12 @@ still covers it, so an evicted object wakes up, derives it again and runs
 it. What is lost on eviction is only a failing timer's backoff: it is
 retried at once by the new instance.
 
-The alarm itself can be lost (the runtime drops one whose run failed seven
-times in a row): a new instance checks it once its constructor is done and
-sets it again if missing or later (``resume``), a live one at its next sync
-or ``resume_if_overdue()`` once it is overdue; neither writes otherwise.
+The alarm itself can be lost: the runtime drops an alarm whose run failed
+seven times in a row. So every new instance, whichever call started it (a
+read included), checks the alarm once its constructor is done and sets it
+again for the earliest timer if it is missing or later (``resume``); a live
+instance does so at its next sync, or its next ``resume_if_overdue()``, once the alarm it
+set is overdue. Neither writes anything while the alarm is where it belongs.
 """
 
 from __future__ import annotations
@@ -46,9 +48,10 @@ from .timer_stores import MemoryTimers, SqlTimers
 T = TypeVar("T")
 log = logging.getLogger("durability.scheduler")
 
-# Keyed by (participant, key), WITHOUT ROWID, no other index: one row
-# written per schedule, move or delete; finding due timers scans (reads cost
-# a thousandth of writes, and an object keeps few timers).
+# Rows are keyed by (participant, key) in a WITHOUT ROWID table with no
+# other index: scheduling, rescheduling and deleting a timer each write one
+# row. Finding due timers scans the table; a scan costs reads, which are a
+# thousandth of the price of writes, and an object keeps few timers.
 _SCHEMA = {
     1: [
         """
@@ -121,7 +124,6 @@ class DurabilityScheduler(AlarmDispatch):
         self._armed: Any = _UNKNOWN
         self._armed_at = 0.0  #: when ``_armed`` was set or read: an alarm set anew is not overdue yet
         self._alarm_runs = 0  #: alarm() calls in this instance, so that resume() never undoes one
-        self._shared_points: list[tuple[float, float]] = []  #: see shared_alarm_points
         self._resume_task: asyncio.Task[None] | object | None = None  #: a check of the alarm under way
         self._sync_lock = asyncio.Lock()
         # Timers whose handler is running now: scheduling one of them always
@@ -276,13 +278,16 @@ class DurabilityScheduler(AlarmDispatch):
                     raise
 
     def _start_resume(self, *, first: bool = False) -> None:
-        """Once the constructor is done (participants derived their timers),
-        check the alarm: a read may have started this instance after the
-        runtime gave up on it. (No loop runs outside an event: nothing then.)
+        """Once the constructor is done (participants have derived their
+        timers), check the alarm: this instance may have been started by a
+        read after the runtime gave up on it. Nothing runs this outside an
+        event (no loop runs then, and no instance serves anything).
+
         ``first`` (from the constructor): the check holds the instance's
         events (``blockConcurrencyWhile``) until it has read the alarm, so
-        the first event's timers move it only if they must (a sync arming
-        without asking rewrote a hibernated object's alarm at each wake)."""
+        that the first event's timers move it only if they must: a sync
+        that arms without asking rewrites the alarm a hibernated object had
+        left where it belonged, one row each time it wakes."""
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:
@@ -320,8 +325,6 @@ class DurabilityScheduler(AlarmDispatch):
             runs = self._alarm_runs
             current = await self.sql.get_alarm()
             if current is None and self._fired_not_started():
-                if self._armed is _UNKNOWN:  # (a new instance's shared point)
-                    self._note_armed(self._earliest())
                 return  # the alarm it set came due: the runtime delivers it next (it re-arms at its end)
             if runs == self._alarm_runs:  # no alarm started meanwhile (it knows better)
                 self._note_armed(current)
@@ -335,27 +338,16 @@ class DurabilityScheduler(AlarmDispatch):
         if not self._dispatching and self._resume_task is None and self._overdue():
             self._start_resume()
 
-    def shared_alarm_points(self, every_ms: float, phase_ms: float) -> None:
-        """Alarms at ``phase_ms + k * every_ms`` (whole ms) are ones every
-        instance derives alike (a queue's fallback points): a new instance
-        whose earliest timer is such a point, just due, with no alarm set,
-        takes it for the alarm an earlier instance armed, being delivered
-        (one shard's new instance in eight on the demo's workload wrote a row
-        for it). Had that alarm been lost, it is set again once overdue."""
-        self._shared_points.append((every_ms, phase_ms))
-
     def _fired_not_started(self) -> bool:
-        """The alarm this instance set (or a new one's shared point) came due
-        within the last ``DELIVERY_MS``: the runtime has taken it
-        (``getAlarm`` reads none) and delivers it next; setting it again cost
-        a row and a second run. One due longer ago was lost: set again."""
+        """The alarm this instance set came due within the last
+        ``DELIVERY_MS``: the runtime has taken it (``getAlarm`` reads none)
+        and delivers it next. Setting it again cost a row and a second run
+        for nothing. One due longer ago that has not run was lost: set again.
+        (A new instance cannot tell the alarm an earlier one set, being
+        delivered, from a timer its rows make due now that no alarm covers:
+        it sets the alarm.)"""
         armed = self._armed
-        if armed is _UNKNOWN:
-            earliest = self._earliest()
-            shared = earliest is not None and any(
-                every > 0 and (earliest - phase) % every == 0 for every, phase in self._shared_points)
-            armed = earliest if shared else None
-        return armed is not None and now_ms() - DELIVERY_MS < armed <= now_ms()
+        return armed not in (None, _UNKNOWN) and now_ms() - DELIVERY_MS < armed <= now_ms()
 
     def _note_armed(self, at: Any) -> None:
         self._armed, self._armed_at = at, now_ms()

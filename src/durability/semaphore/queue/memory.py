@@ -225,8 +225,7 @@ class QueueContext:
         every = max(1, int(self.options.request_wait_ms))
         return float(zlib.crc32(self.client_id.encode()) % every)
 
-    def pump_at(self, key: str, at: float, *, earlier_only: bool = False, in_this_event: bool = False,
-                fallback: bool = False) -> None:
+    def pump_at(self, key: str, at: float, *, earlier_only: bool = False, in_this_event: bool = False) -> None:
         """The key's pump runs at ``at`` (no later: ``earlier_only``). A woken
         key's fallback (half a request wait off or more) is due then, for any
         event or alarm run that comes, but moves the alarm no sooner than the
@@ -237,14 +236,12 @@ class QueueContext:
         fallback off left an alarm to fire for nothing (docs/queue.md).
         ``in_this_event``: the caller runs the pump itself once its commit is
         done (``KeyRequests.ask_in_this_event``); the alarm is its backstop,
-        at the fallback point the answer's own fallback will want.
-        ``fallback``: a woken key's pump that is a fallback however near
-        ``at`` is (a new instance's ask to hear what it holds)."""
+        at the fallback point the answer's own fallback will want."""
         alarm_by = None
         every = self.options.request_wait_ms
         if in_this_event:
             alarm_by = grid_at_or_after(at + every, every, self.fallback_phase_ms) if every > 0 else at
-        elif self.options.woken and every > 0 and (fallback or at - now_ms() >= every / 2):
+        elif self.options.woken and every > 0 and at - now_ms() >= every / 2:
             alarm_by = grid_at_or_after(at, every, self.fallback_phase_ms)
             earlier_only = True
         if earlier_only:

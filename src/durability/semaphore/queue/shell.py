@@ -153,8 +153,6 @@ class DurabilitySemaphoreQueue(QueueReleases):
         self.old_outbox = OldOutboxDrain(scheduler, ctx, self.claims, self.leases)
         self.requests = KeyRequests(ctx, self.claims, self.leases, self.admission, self.old_outbox, self._emit_blocked)
         scheduler.register(PARTICIPANT, self._on_timer, backoff=retries, durable=False)
-        if self.options.woken:  # (its fallback points: QueueContext.pump_at)
-            scheduler.shared_alarm_points(self.options.request_wait_ms, ctx.fallback_phase_ms)
         self._derive_timers()
 
     def _identity(self, label: str | None) -> str:
@@ -178,13 +176,8 @@ class DurabilitySemaphoreQueue(QueueReleases):
                 # shares: a new instance (production hibernates an idle object
                 # within seconds) must not put the fallback off again, nor
                 # cost a row to remember it.
-                demand = ctx.demand(key)
-                self.server.paced(key, fallback_at(demand, self.options.request_wait_ms, now, ctx.fallback_phase_ms))
-                if not demand:  # it asks only to hear what it holds: any word from the holder
-                    # does (most often in this very event), so at the next fallback point, not on an
-                    # alarm set for now (0.06 rows and 0.03 requests a job on the demo's workload)
-                    ctx.pump_at(key, now, fallback=True)
-                    continue
+                self.server.paced(key, fallback_at(ctx.demand(key), self.options.request_wait_ms, now,
+                                                   ctx.fallback_phase_ms))
             else:
                 interval = self.store.pacing(key)
                 if interval is not None:  # the holder's pacing holds across an eviction
