@@ -14,6 +14,7 @@ import collections
 import contextlib
 import hashlib
 import logging
+import math
 import random
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -331,7 +332,8 @@ class _BudgetDriver:
                 violations.add("durability", f"{item}, accepted, is gone")
             elif item in self.cancelled or (item in self.maybe_cancelled and state == "cancelled"):
                 if (item in self.resubmitted and not self.scenario.keep_done and state == "released"
-                        and truth.registered[item] == 1):  # (its row went at its release: the cancel met the copy)
+                        and truth.registered[item] == 1  # ran once, and was over before the copy was queued:
+                        and truth.stopped.get(item, math.inf) < self.accepted_at[item]):  # the cancel met the copy
                     truth.excused["durability: a submit retried after its item ran and went, then cancelled"] += 1
                 elif state != "cancelled" or truth.registered[item]:
                     violations.add("durability", f"{item} was cancelled, yet is {state}")

@@ -489,11 +489,14 @@ class JobShard(DurableObject):
             # hibernates, and its report releases its permit: each report asks
             # finished() about its job (job_report), a report that is lost comes
             # again with the message's next delivery (5 s on, doubling), and the
-            # sweep runs at every release too. So a new instance hands its
-            # admitted items in again, and the sweep runs, at the shard's next
-            # event, and on an alarm of their own only 10 minutes on: a permit
-            # they would return is one whose job ended with no report heard and
-            # its release lost. At a minute, the sweep's alarm (set as each
+            # sweep runs at every release too. So the sweep runs at the shard's
+            # next release, and a new instance hands its admitted items in
+            # again at its next reply or sync (its holder calls a client that
+            # holds a grant a minute with no word from it, wake_after_ms), and
+            # on an alarm of their own only 10 minutes on: a permit they would
+            # return is one whose job ended with no report heard and its
+            # release lost, or one whose job the instance that admitted it
+            # died before sending. At a minute, the sweep's alarm (set as each
             # attempt went out, and firing for nothing once its report had come)
             # cost 0.4 rows and 0.15 requests a job; under the benchmark's faults,
             # seeds 1-6, busy and order moved by less than seed-to-seed spread

@@ -156,13 +156,18 @@ class ObjectHost(ObjectGates, ObjectAlarm):
         return self._services.rng
 
     # -- tasks that belong to the live instance ------------------------
-    def spawn(self, awaitable: Awaitable[Any], *, background: bool = True) -> asyncio.Task[Any]:
+    def spawn(self, awaitable: Awaitable[Any], *, background: bool = True,
+              event: bool = False) -> asyncio.Task[Any]:
         """Run ``awaitable`` as this instance's work: eviction cancels it.
 
         A background task's failure (``waitUntil``) is reported to the
         runtime; an event's failure goes to whoever delivered the event.
+        An ``event`` (a call, an alarm, a batch) starts from an empty
+        context, as in workerd, where each reaches its object on its own:
+        a copy of the caller's carried its ``contextvars`` into the callee
+        (a queue's "admit() is running" among them).
         """
-        context = contextvars.copy_context()
+        context = contextvars.Context() if event else contextvars.copy_context()
         context.run(current_host.set, self)
         context.run(current_generation.set, self.generation)
         coroutine = awaitable if inspect.iscoroutine(awaitable) else _as_coroutine(awaitable)
@@ -215,7 +220,7 @@ class ObjectHost(ObjectGates, ObjectAlarm):
 
     async def run_event(self, awaitable: Awaitable[Any]) -> Any:
         """Run one event's code on the instance; eviction fails it with a reset."""
-        task = self.spawn(awaitable, background=False)
+        task = self.spawn(awaitable, background=False, event=True)
         try:
             return await asyncio.shield(task)
         except asyncio.CancelledError:

@@ -65,9 +65,10 @@ class Admission:
             # Called from inside admit() (one that releases an item reaches
             # here through its report's answer): waiting for the pass that
             # called admit() would wait for ever. That pass hands on what
-            # came meanwhile once admit() returns (below). A task admit()
-            # started and left running carries its context: once no pass
-            # runs, it admits here, not at the admit timer's backstop.
+            # came meanwhile once admit() returns (below; a pass the admit
+            # timer runs leaves the timer due, and the alarm runs it again).
+            # A task admit() started and left running carries its context:
+            # once no pass runs, it admits here, not at the timer's backstop.
             return
         try:
             for _ in range(PASSES):  # what was admitted while a pass ran: the next one, not its timer

@@ -258,9 +258,10 @@ class QueueContext:
         the alarm, under the timer's backoff. Outside a running loop (no
         event), its alarm runs it."""
         try:
-            task = asyncio.ensure_future(self._run_now(timer_key(kind, key)))
+            loop = asyncio.get_running_loop()
         except RuntimeError:
             return
+        task = loop.create_task(self._run_now(timer_key(kind, key)))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 

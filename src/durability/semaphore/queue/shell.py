@@ -108,12 +108,13 @@ class DurabilitySemaphoreQueue(QueueReleases):
         keep_done_ms: how long a released or cancelled item is kept (its id
             stays known: enqueueing it again is a no-op, ``status`` and
             ``release`` still answer for it) before its row is deleted.
-        checks_wait_ms: how long the object's own checks may wait for its
-            next event (a call, a release, an alarm set for something else)
-            before its alarm moves for them: a new instance handing its
-            admitted items to ``admit()`` again, and the ``finished()``
-            sweep. 0 (the default) runs them on time, on the alarm if
-            nothing else comes: work that ran in the object was cut short
+        checks_wait_ms: how long the object's own checks may wait for an
+            event that runs them (a reply or a sync from the holder, or its
+            call, for a new instance handing its admitted items to
+            ``admit()`` again; a release for the ``finished()`` sweep; an
+            alarm set for something else) before its alarm moves for them.
+            0 (the default) runs them on time, on the alarm if nothing else
+            comes: work that ran in the object was cut short
             with the old instance. An ``admit()`` whose work lives on
             outside the object (a job handed to a queue's consumer, which
             reports its end) may let them wait: the object then sleeps

@@ -289,9 +289,9 @@ class QueueStore:
 
     def admitted(self) -> list[Item]:
         """Admitted items not yet released, oldest first."""
-        return list(self._read_once(None, lambda: [
-            _item(r) for r in self.sql.exec(f"SELECT {_ITEM_COLUMNS} FROM {ITEMS} WHERE state = ? ORDER BY seq",
-                                            ADMITTED)]))
+        rows = self._read_once(None, lambda: list(self.sql.exec(
+            f"SELECT {_ITEM_COLUMNS} FROM {ITEMS} WHERE state = ? ORDER BY seq", ADMITTED)))
+        return [_item(r) for r in rows]  # (each call its own bodies: admit() may change what it gets)
 
     def _read_once(self, key: str | None, read: Callable[[], list[Any]]) -> list[Any]:
         """What ``read()`` read of the key's queued items (None: the admitted
