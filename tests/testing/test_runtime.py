@@ -30,6 +30,13 @@ def test_getbyname_and_idfromname_reach_the_same_object(probe):
     assert env.PROBE.newUniqueId().name is None
 
 
+def test_a_call_reaches_its_object_with_none_of_its_caller_s_contextvars(probe):
+    # As in workerd, where each event reaches its object on its own: a copy of
+    # the caller's context carried a queue's "admit() is running" flag into
+    # the objects it called.
+    assert probe.run(probe.env.PROBE.getByName("a").call_marked("b")) is None
+
+
 def test_arguments_and_replies_are_copied_like_rpc(probe):
     stub = probe.env.PROBE.getByName("a")
 

@@ -1,6 +1,7 @@
 """A Worker module that exercises the runtime surface, for the runtime's own tests."""
 
 import asyncio
+import contextvars
 import time
 
 from workers import DurableObject, WorkerEntrypoint
@@ -8,6 +9,9 @@ from workers import DurableObject, WorkerEntrypoint
 
 class Custom:
     pass
+
+
+MARK = contextvars.ContextVar("probe_mark", default=None)  #: set by a caller, read by a callee
 
 
 class Probe(DurableObject):
@@ -66,6 +70,14 @@ class Probe(DurableObject):
         self._log(f"before {what}")
         await self.ctx.storage.getAlarm()
         self._log(f"after {what}")
+
+    async def call_marked(self, name):
+        """Set MARK in this event, then ask another object what it sees of it."""
+        MARK.set(f"set by {self.ctx.id.name}")
+        return await self.env.PROBE.getByName(name).read_mark()
+
+    async def read_mark(self):
+        return MARK.get()
 
     async def call_other(self, name, what):
         other = self.env.PROBE.getByName(name)
