@@ -80,7 +80,7 @@ def test_a_beat_is_the_first_at_or_after_a_time_and_a_period_from_the_next(at, p
     beat = on_beat(at, 2_000.0, phase)
     assert at - 0.01 <= beat < at + 2_000.0
     assert on_beat(beat, 2_000.0, phase) == beat  # a beat is its own
-    assert on_beat(beat + 1, 2_000.0, phase) == pytest.approx(beat + 2_000.0)
+    assert on_beat(beat + 1, 2_000.0, phase) - beat == pytest.approx(2_000.0)
     assert (beat - phase) % 2_000.0 == pytest.approx(0.0, abs=0.01) or (beat - phase) % 2_000.0 == pytest.approx(
         2_000.0, abs=0.01)
 
@@ -95,14 +95,14 @@ def test_a_tree_holders_rounds_keep_its_beat_and_a_loans_round_does_not_wait_for
     holder = SimpleNamespace(tree=on_its_beat, round_wait_ms=1_000.0, round_period_ms=2_000.0,
                              _last_round_at=beat - 2_000.0, _started_at=0.0, rejoin_wait_ms=1_000.0,
                              _holds_permits=lambda: False)
-    assert _round_time(holder, False, None) == pytest.approx(beat)  # no round_wait_ms: the beat batches
+    assert _round_time(holder, False, None) - beat == pytest.approx(0.0, abs=0.01)  # no round_wait_ms: the beat batches
     holder._last_round_at = beat
-    assert _round_time(holder, False, None) == pytest.approx(beat + 2_000.0)  # one round per beat
+    assert _round_time(holder, False, None) - beat == pytest.approx(2_000.0)  # one round per beat
     holder._last_round_at = beat + 1_900.0  # a round for a loan, just before the next beat: that beat is skipped
-    assert _round_time(holder, False, None) == pytest.approx(beat + 4_000.0)
+    assert _round_time(holder, False, None) - beat == pytest.approx(4_000.0)
     holder._last_round_at = beat + 1_000.0  # a loan's round half a period after the beat
-    assert _round_time(holder, False, None) == pytest.approx(beat + 2_000.0)
-    assert _round_time(holder, True, 1_000.0) == pytest.approx(max(now_ms(), beat + 2_000.0))  # soon: off the beat
+    assert _round_time(holder, False, None) - beat == pytest.approx(2_000.0)
+    assert _round_time(holder, True, 1_000.0) - beat == pytest.approx(max(now_ms() - beat, 2_000.0))  # soon: off the beat
     holder.tree = SimpleNamespace(keeps_beat=False)  # outside a tree: round_wait_ms from now, a period after the last
     holder._last_round_at = now_ms() - 5_000.0
     assert _round_time(holder, False, None) == pytest.approx(now_ms() + 1_000.0, abs=50)
@@ -530,10 +530,19 @@ def test_a_give_back_goes_with_the_request_leaving_at_the_same_beat_and_alone_ot
 def test_a_childs_requests_leave_just_after_its_beat_however_late_the_last_one_left():
     link = _link()  # period 1 s; a leaf: its beats at whole seconds
     beat = on_beat(now_ms() + 10_000, 1_000.0, 0.0)
+
+    def after_beat(last):  # when the next request leaves, from the beat
+        return link._next_at(last) - beat
+
     for late in (0.0, 3.0, 40.0, 499.0):  # each wake-up late by as much: no drift off the beat
-        assert link._next_at(beat + late) == pytest.approx(beat + 1_000.0 + 1)
+        assert after_beat(beat + late) == 1_000.0 + AFTER_BEAT_MS
+    # One that left off the beat (a first listing as the child started, an
+    # ask when its parent called) holds back no beat a quarter period on:
+    # the round there has demand to ask for.
+    assert after_beat(beat + 600.0) == 1_000.0 + AFTER_BEAT_MS
+    assert after_beat(beat - 100.0) == 1_000.0 + AFTER_BEAT_MS  # but none a moment on
     link._failures = 2  # after failures, a backoff from the failure instead
-    assert link._next_at(beat) == pytest.approx(beat + 4_000.0)
+    assert after_beat(beat) == 4_000.0
 
 
 def test_a_parent_in_the_middle_closes_no_group_for_what_it_owes():
@@ -1016,3 +1025,24 @@ def test_a_root_restarted_every_period_between_its_childrens_requests_and_its_ro
         runtime.run(scenario())
     assert len(admitted_at) == 4 and min(admitted_at.values()) < 5_000, admitted_at
     assert not module.WORLD["violations"]
+
+
+def test_a_new_tree_two_levels_deep_starts_its_first_work_within_two_periods():
+    # The leaves' first round on the beat leaves the work waiting and asks
+    # the holders in the middle, whose round asks the root, half a period
+    # later each: the root lends at its first beat, a period and a half
+    # on. Each holder below then asks at once and hands out what it was
+    # lent at once. A leaf keeps its root's beat: its round for the loan
+    # waited ``round_wait_ms`` after its round on that beat (2 periods).
+    module, runtime = tree_runtime(limit=8, fan_out=2, depth=2, woken=True, round_wait_ms=500)
+
+    async def scenario():
+        await submit_all(runtime, shards=8, per_shard=1, ms=20_000)
+        await until_done(module, runtime, 8)
+
+    with runtime:
+        submitted = runtime.now_ms()
+        runtime.run(scenario())
+        assert len(module.WORLD["done"]) == 8 and not module.WORLD["violations"] and not runtime.errors
+        started = sorted(at for at, _ in module.WORLD["starts"])
+        assert started[-1] - submitted <= 1_600, [at - submitted for at in started]

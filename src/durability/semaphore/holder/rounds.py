@@ -75,16 +75,20 @@ def _round_if_waiting(holder: DurabilitySemaphore) -> bool:
 
 
 def _round_for_lent(holder: DurabilitySemaphore) -> bool:
-    """A child its parent just lent more, where requests wait: a round as
-    soon as ``round_wait_ms`` after the last, off the beat. The parent
-    lends half a period after the child's beat: those permits would idle
-    that long (a point of the busy share at ``bench_tree.py``, for a
-    round and its grants more where the parent lent)."""
+    """A child its parent just lent more, where requests wait: a round at
+    once, off the beat. On one level the parent lends half a period after
+    the child's beat, and those permits would idle that long (a point of
+    the busy share at ``bench_tree.py``, for a round and its grants more
+    where the parent lent). Two levels down a leaf keeps its root's beat,
+    and its parent lends right after it: spaced ``round_wait_ms`` from the
+    leaf's round on the beat, what it lent idled a second (``bench_tree.py
+    --scales 2000 --limit 2000 --fan-out 4 --depth 2``: 94.2% busy against
+    93.7%)."""
     parked = holder._parked is not None and bool(holder._parked.line)
     if parked:  # a round over both (out of the exchange that lent: it is still reading the reply)
-        asyncio.ensure_future(_parked_round(holder, off_beat=True, spacing=holder.round_wait_ms))
+        asyncio.ensure_future(_parked_round(holder, off_beat=True, spacing=0))
     elif holder._waiting:
-        holder._ensure_round(soon=True, spacing=holder.round_wait_ms)
+        holder._ensure_round(soon=True, spacing=0)
     return bool(holder._waiting) or parked
 
 

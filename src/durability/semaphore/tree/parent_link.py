@@ -180,17 +180,22 @@ class ParentLink(LinkCeilings):
     def _next_at(self, last: float | None) -> float:
         """When the next exchange may leave: after failures, a backoff from
         the last failure; else a moment after the child's first beat at
-        least half a period after ``last``. A request so leaves just after
+        least a quarter period after ``last``. A request so leaves just after
         the child's round (its demand is that round's) and is at the
         parent's next round, half a period later; spaced from the last
         one instead, requests would drift off the beat by each wake-up's
-        lateness."""
+        lateness. Half a period instead, and one that left off the beat
+        put the next off by a whole period: a new instance's first
+        listing, asked as it starts, held back the demand of its first
+        round on the beat (a tree two levels deep lent its first permits a
+        period late), and a child called a few milliseconds after its
+        parent's beat asked for its demand a period later."""
         if last is None:
             return now_ms()
         if self._failures:
             backoff: float = min(MAX_BACKOFF_MS, self.period_ms * 2**self._failures)
             return max(now_ms(), last + backoff)
-        beat = on_beat(last + self.period_ms / 2, self.period_ms, beat_phase(self.child_id, self.period_ms))
+        beat = on_beat(last + self.period_ms / 4, self.period_ms, beat_phase(self.child_id, self.period_ms))
         return max(now_ms(), beat + AFTER_BEAT_MS)
 
     def request(self) -> Request:
