@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 from collections import Counter
 from pathlib import Path
+from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest
@@ -1046,3 +1047,35 @@ def test_a_new_tree_two_levels_deep_starts_its_first_work_within_two_periods():
         assert len(module.WORLD["done"]) == 8 and not module.WORLD["violations"] and not runtime.errors
         started = sorted(at for at, _ in module.WORLD["starts"])
         assert started[-1] - submitted <= 1_600, [at - submitted for at in started]
+
+
+def test_a_holder_in_the_middle_counts_a_give_back_its_childs_request_reports_as_idle_before_its_round():
+    # A leaf's give-back rides with its request, held for this middle
+    # holder's round; the round applies that report first. Counted as still
+    # lent, the permit was owed to nobody: the round lent it back to the
+    # leaf, which gave it back again, round after round, while older work
+    # waited under another branch (the campaign's tree seeds 901 and 1267:
+    # the permit never reached the root, and that work was never run).
+    from durability.semaphore.holder.pure.allocation import Grant, usage
+    from durability.semaphore.holder.tree_place import TreeChild
+    from durability.semaphore.messages import Report
+
+    async def scenario():
+        leaf = "acct~child-0~child-1"
+        book = {"l1": Grant("l1", leaf, "g", 1, 1, 0, now_ms() + 10_000)}  # what it lent its leaf
+        link = _link()
+        link.charged = lambda: usage(book.values())[1]
+        link.borrowed.take([entry("a", "g", 1)], [])  # all it holds, lent on
+        now = now_ms()
+        link._heard_at = now
+        link.waiting_since, link._since_heard_at = {"g": (now - 9_000,)}, now  # older work elsewhere
+        holder = SimpleNamespace(books=SimpleNamespace(grants=lambda: book), round_period_ms=1_000.0)
+        place = TreeChild(holder, SimpleNamespace(own_key="acct~child-0"), link)
+        given_back = Request(leaf, (Demand("g", 3, now - 2_000, (now - 2_000,)),), (Report("l1", 1, 1),), 500.0,
+                             claims=True)
+        place.before_round([given_back])
+        assert link.owed == {"g": 1} and link.ceiling("g") == 0  # for the older work: back to its parent
+        place.before_round([replace(given_back, reports=())])  # not given back yet: nothing idle to owe
+        assert link.owed == {"g": 0} and link.ceiling("g") == 1
+
+    asyncio.run(scenario())

@@ -73,7 +73,7 @@ class LinkCeilings:
         self._unheard = False
         self.scheduler = scheduler  #: the object's: see ``keep_alarm``
 
-    def decide(self, waiting_here: dict[str, list[Demand]]) -> None:
+    def decide(self, waiting_here: dict[str, list[Demand]], charged: dict[str, int] | None = None) -> None:
         """Before a round: what the child owes older work elsewhere. The
         parent's last reply said where the line stands at other children
         (``waiting_since``); the child serves only its items waiting since
@@ -85,7 +85,9 @@ class LinkCeilings:
         (Owing a count of the older items elsewhere instead let each
         child's younger work take what the count missed: the parent lists
         only the oldest few, and a child with many clients frees more than
-        that in a period.)"""
+        that in a period.) ``charged``: per group, what the child's grants
+        charge once the round applied its requests' reports (default: as
+        they stand)."""
         if self.over_limit or self.stale():  # nothing it lent is handed out again: see ``stale``
             self.yielding = set(waiting_here) | set(self.borrowed.by_group())
             return
@@ -94,7 +96,7 @@ class LinkCeilings:
         # as the clock, while the backlog's wait holds): a stale head would
         # hold back work here that is as old as what waits there now.
         moved = now_ms() - self._since_heard_at
-        charged, held = self.charged(), self.borrowed.by_group()
+        charged, held = self.charged() if charged is None else charged, self.borrowed.by_group()
         self.owed = {}
         for group, demands in waiting_here.items():
             elsewhere = self.waiting_since.get(group)
