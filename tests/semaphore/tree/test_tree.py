@@ -1070,13 +1070,16 @@ def test_a_holder_in_the_middle_counts_a_give_back_its_childs_request_reports_as
         now = now_ms()
         link._heard_at = now
         link.waiting_since, link._since_heard_at = {"g": (now - 9_000,)}, now  # older work elsewhere
-        holder = SimpleNamespace(books=SimpleNamespace(grants=lambda: book), round_period_ms=1_000.0)
+        books = SimpleNamespace(grants=lambda: book, leases=dict, lease_ids=lambda: None)
+        holder = SimpleNamespace(books=books, round_period_ms=1_000.0)
         place = TreeChild(holder, SimpleNamespace(own_key="acct~child-0"), link)
         given_back = Request(leaf, (Demand("g", 3, now - 2_000, (now - 2_000,)),), (Report("l1", 1, 1),), 500.0,
                              claims=True)
         place.before_round([given_back])
         assert link.owed == {"g": 1} and link.ceiling("g") == 0  # for the older work: back to its parent
         place.before_round([replace(given_back, reports=())])  # not given back yet: nothing idle to owe
+        assert link.owed == {"g": 0} and link.ceiling("g") == 1
+        place.before_round([replace(given_back, client_id="acct~child-0~child-2")])  # not its grant: refused
         assert link.owed == {"g": 0} and link.ceiling("g") == 1
 
     asyncio.run(scenario())

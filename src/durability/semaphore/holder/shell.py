@@ -86,7 +86,7 @@ class DurabilitySemaphore:
         round_period_ms: the least time between two rounds. A tree's
             holders run theirs on a beat this far apart that they all keep
             (``tree.beat_phase``); a child its parent just lent more runs
-            one ``round_wait_ms`` after its last. A request that asks to ``wait`` and gets nothing is held for the
+            one at once. A request that asks to ``wait`` and gets nothing is held for the
             following rounds (up to its wait) instead of being answered
             empty, so a blocked client costs one request per wait, not one
             per round, and is present in every round that could serve it.

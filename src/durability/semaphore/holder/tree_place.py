@@ -34,11 +34,12 @@ from ..tree.pure.rules import (
     unmet_demand,
 )
 from .limits import UserLimits
-from .pure.allocation import ClientOutcome, Grant, Working, apply_reports, usage
+from .pure.allocation import ClientOutcome, Grant, Working, apply_reports, check_ownership, usage
 from .rounds import _demands_by_group, _round_for_lent
 
 if TYPE_CHECKING:
     from ..client import SemaphoreClient
+    from .books import HolderBooks
     from .shell import DurabilitySemaphore
 
 
@@ -175,7 +176,7 @@ class TreeChild(TreeMember):
         return answer
 
     def before_round(self, requests: list[Request]) -> None:
-        self._link.decide(_demands_by_group(requests), _charged_after_reports(self.holder.books.grants(), requests))
+        self._link.decide(_demands_by_group(requests), lambda: _charged_after_reports(self.holder.books, requests))
 
     def after_round(self, requests: list[Request], outcomes: dict[str, ClientOutcome], contended: bool,
                     now: float) -> None:
@@ -204,16 +205,17 @@ def tree_place(holder: DurabilitySemaphore, parent: SemaphoreClient | None,
     return TreeMember(holder, waker) if link is None else TreeChild(holder, waker, link)
 
 
-def _charged_after_reports(grants: dict[str, Grant], requests: list[Request]) -> dict[str, int]:
+def _charged_after_reports(books: HolderBooks, requests: list[Request]) -> dict[str, int]:
     """Per group, the permits the grants charge once the round has applied
     the releases its requests report (as ``run_round`` does first). A
     child's give-back rides with its request (``ParentLink``): counted as
     still lent, a holder in the middle owed its parent nothing, lent the
     permit back to that child in the same round, and the child gave it back
     again, round after round, while older work waited under another branch."""
-    working = Working(grants)
+    working, ids = Working(books.grants(), books.leases()), books.lease_ids()
     for request in requests:
-        try:
+        try:  # the round's own check first: a request it refuses releases nothing
+            check_ownership(working, request.client_id, request.reports, request.lease_reports, ids)
             apply_reports(working, request.client_id, request.reports)
         except ProtocolError:
             pass  # the round refuses that request alone, and applies none of it

@@ -73,7 +73,8 @@ class LinkCeilings:
         self._unheard = False
         self.scheduler = scheduler  #: the object's: see ``keep_alarm``
 
-    def decide(self, waiting_here: dict[str, list[Demand]], charged: dict[str, int] | None = None) -> None:
+    def decide(self, waiting_here: dict[str, list[Demand]],
+               charged: Callable[[], dict[str, int]] | None = None) -> None:
         """Before a round: what the child owes older work elsewhere. The
         parent's last reply said where the line stands at other children
         (``waiting_since``); the child serves only its items waiting since
@@ -87,7 +88,7 @@ class LinkCeilings:
         only the oldest few, and a child with many clients frees more than
         that in a period.) ``charged``: per group, what the child's grants
         charge once the round applied its requests' reports (default: as
-        they stand)."""
+        they stand); read only where older work waits elsewhere."""
         if self.over_limit or self.stale():  # nothing it lent is handed out again: see ``stale``
             self.yielding = set(waiting_here) | set(self.borrowed.by_group())
             return
@@ -96,12 +97,14 @@ class LinkCeilings:
         # as the clock, while the backlog's wait holds): a stale head would
         # hold back work here that is as old as what waits there now.
         moved = now_ms() - self._since_heard_at
-        charged, held = self.charged() if charged is None else charged, self.borrowed.by_group()
+        held, read_charged = self.borrowed.by_group(), charged or self.charged
+        charged_now: dict[str, int] | None = None
         self.owed = {}
         for group, demands in waiting_here.items():
             elsewhere = self.waiting_since.get(group)
             if elsewhere:
-                idle = held.get(group, 0) - charged.get(group, 0)
+                charged_now = read_charged() if charged_now is None else charged_now
+                idle = held.get(group, 0) - charged_now.get(group, 0)
                 served = waiting_before(demands, elsewhere[0] + moved + self.yield_margin_ms)
                 self.owed[group] = max(0, idle - served)
 

@@ -3,8 +3,9 @@
 Lives here: ``ParentLink``, which a child holder tells after each round what
 its clients still wait for (per group, with the oldest item's time); it
 asks the parent for that, gives back at once what no client of the child
-uses (in the request leaving at the same beat, else a sync), each at most
-once per period and one at a time, and yields
+uses (in the request leaving at the same beat, else a sync), each one at
+a time and on its beat (once per period, but for one its parent's call
+asks for), and yields
 to older work waiting at other children. What a round may hand out of
 what the child holds is decided in its base, ``tree/link_ceilings``; the
 rules themselves (what is held, what is given back) are pure, in ``tree``.
@@ -53,7 +54,7 @@ ASK, GIVE_LATER = "ask", "give-later"
 class ParentLink(LinkCeilings):
     """What a child holder borrowed from its parent, and the exchanges that keep it.
 
-    Two exchanges, each at most one at a time and once per period: a
+    Two exchanges, each one at a time and on the child's beat: a
     ``request`` for what the child's clients wait for, answered at the
     parent's next round, and a ``sync`` that gives permits back at once.
     """
@@ -126,7 +127,7 @@ class ParentLink(LinkCeilings):
 
     def _ask_due(self) -> float | None:
         """When the next request to the parent should leave, or None: at
-        once (a period after the last) for demand, for a first listing, or
+        its next beat (``_next_at``) for demand, for a first listing, or
         when woken or ``_unheard``; else, holding permits with
         nothing to ask for, now and then, which keeps the child from going
         stale (a row-free exchange; one per half ``fresh_for_ms`` per such
