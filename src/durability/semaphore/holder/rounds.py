@@ -83,7 +83,7 @@ def _round_for_lent(holder: DurabilitySemaphore) -> bool:
     and its parent lends right after it: spaced ``round_wait_ms`` from the
     leaf's round on the beat, what it lent idled a second (``bench_tree.py
     --scales 2000 --limit 2000 --fan-out 4 --depth 2``: 94.2% busy against
-    93.7%)."""
+    92.9%)."""
     parked = holder._parked is not None and bool(holder._parked.line)
     if parked:  # a round over both (out of the exchange that lent: it is still reading the reply)
         asyncio.ensure_future(_parked_round(holder, off_beat=True, spacing=0))
