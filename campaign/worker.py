@@ -331,6 +331,7 @@ class Shard(DurableObject):
         """The consumer's call (mode "consumer"): an attempt it ran ended, or is it still out?"""
         if cut_off(self.name):
             raise lost_connection()
+        await self.queue.hand_in_admitted()  # a new instance's admitted jobs: known before the report
         answer = await self.jobs.report(report)
         if answer["status"] in ("completed", "failed"):
             await self.queue.check_finished([report["job"]])

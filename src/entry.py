@@ -511,6 +511,9 @@ class JobShard(DurableObject):
 
     async def job_report(self, report):
         """The queue consumer's call: how an attempt it ran ended (or whether it is still out)."""
+        # A new instance knows its admitted jobs once its queue hands them in
+        # (their items are their records until their first attempt settles).
+        await self.permits.hand_in_admitted()
         answer = await self.jobs.report(report)
         if answer["status"] in ("completed", "failed"):
             # Its end is when its release may be lost: finished() is asked

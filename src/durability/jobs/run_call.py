@@ -55,9 +55,6 @@ class RunCall:
         written for it until its first attempt settles (one row written per
         job, where ``run`` writes two). Idempotent on ``id`` as ``run`` is.
 
-        With ``runs_in`` (attempts in a queue's consumer) it is ``run``: the
-        job's row is written before its attempt is sent.
-
         The caller's record stands for the job while its first attempt
         runs, so the caller hands the job in again from every new instance
         for as long as it keeps that record, with ``resumed=True``. A job
@@ -66,19 +63,35 @@ class RunCall:
         begun left no row to count it by, so it is not counted, but every
         attempt cut short from then on is (at most one run more than
         ``retries`` allows, for a job that brings its instance down each time).
+
+        With ``runs_in`` (attempts in a queue's consumer) the first attempt
+        is sent in this call, with no row either. Handed in again, the job is
+        not sent: its attempt may be out, so it is taken for lost, and
+        counted, once any run of it has ended (``span_ms``), unless its
+        report comes first. A report must therefore find the job handed in:
+        the caller hands in its records before it passes a report on (a
+        semaphore queue's ``hand_in_admitted()``).
         """
         d = self._durability
         name, text = _checked(d, id, payload, handler)
+        if d.runs_in is not None:
+            d.runs_in.check_payload(text)
         if id in d._kept or id in d._in_flight:
             return {"status": JobStatus.PENDING}  # this instance runs it already
-        if resumed or d.runs_in is not None:
-            # (An attempt that goes to a queue is recorded before it is sent,
-            # so that a report finds its job in any instance: see run.)
-            return await self(id, payload, handler)
+        if resumed and d.runs_in is None:
+            return await self(id, payload, handler)  # starts over, recorded now
         existing = d._row(id)
         if existing is not None:
             return _state(existing)
         d._kept[id] = (name, text, now_ms())
+        if resumed:
+            # Its first attempt, sent by an instance before this one, may be
+            # out in the queue still: nothing is sent now, and the attempt is
+            # taken for lost once any run of it has ended, unless its report
+            # settles it first (no row meanwhile, as before).
+            d.scheduler.schedule(PARTICIPANT, id, d.running_again_at())
+            await d.scheduler.sync()
+            return {"status": JobStatus.PENDING}
         d._first_attempt_due.add(id)
         d.scheduler.schedule(PARTICIPANT, id, self._first_due())  # (kept in memory: no row)
         await self._first_attempt(id)

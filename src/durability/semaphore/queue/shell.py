@@ -287,6 +287,12 @@ class DurabilitySemaphoreQueue(QueueReleases):
         else:
             await self.admission.ask_finished([identifier(i, "id") for i in ids])
 
+    async def hand_in_admitted(self) -> None:
+        """Hand ``admit()`` now a new instance's admitted items (``resumed``), not at its
+        next reply, sync or alarm: before a word about their work that must find them
+        known (a queue consumer's report)."""
+        await self.admission.admit_pending_safely()
+
     async def cancel(self, item_id: str) -> bool:
         """Remove an item that is still queued."""
         item = self._known(item_id)
