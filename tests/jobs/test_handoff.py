@@ -142,6 +142,41 @@ def test_an_attempt_out_while_its_object_restarts_is_settled_by_its_report():
     assert runtime.queues["attempts"].stats.sent == 2
 
 
+def test_a_kept_job_sent_to_its_queue_writes_its_row_only_when_its_report_settles_it():
+    runtime = handoff_runtime()
+
+    async def scenario():
+        await shard(runtime).submit_kept("k1", {"sleep": 20})
+        await asyncio.sleep(5)
+        during = await shard(runtime).job_rows(), await shard(runtime).result("k1")
+        await asyncio.sleep(30)
+        return during, await shard(runtime).job_rows()
+
+    (rows_during, state_during), rows_after = runtime.run(scenario())
+    assert rows_during == [] and state_during == {"status": "pending"}  # its caller's record stands for it
+    assert rows_after == [["k1", "completed", 1]]
+    assert runs(runtime) == [("k1", 1, 1)]
+
+
+def test_a_kept_job_handed_in_again_is_not_sent_until_its_attempt_is_taken_for_lost_and_counted():
+    runtime = handoff_runtime(consumer=False)  # the first attempt's message is never run
+
+    async def scenario():
+        await shard(runtime).submit_kept("k1", {})
+        await asyncio.sleep(5)
+        runtime.evict(shard(runtime))
+        await shard(runtime).submit_kept("k1", {}, True)  # a new instance: its attempt may be out
+        await asyncio.sleep(SPAN_S - 10)
+        before = runtime.queues["attempts"].stats.sent, await shard(runtime).job_rows()
+        await asyncio.sleep(20)
+        return before, runtime.queues["attempts"].stats.sent, await shard(runtime).job_rows()
+
+    (sent_before, rows_before), sent_after, rows_after = runtime.run(scenario())
+    assert (sent_before, rows_before) == (1, [])
+    assert sent_after == 2 and rows_after == [["k1", "running", 2]]  # attempt 1 counted as failed
+    assert ("k1", "attempt_settled", 1, "failed") in runtime.module.EVENTS
+
+
 def test_an_attempt_that_never_reaches_a_consumer_is_taken_for_lost_after_its_span_and_sent_again():
     runtime = handoff_runtime(consumer=False)  # the queue keeps its messages: no consumer runs them
 

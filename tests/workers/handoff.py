@@ -71,6 +71,10 @@ class Shard(DurableObject):
     async def result(self, job_id):
         return await self.jobs.run.get_result(job_id)
 
+    async def job_rows(self):
+        return [[r["id"], r["status"], r["attempt"]] for r in self.ctx.storage.sql.exec(
+            "SELECT id, status, attempt FROM durability_jobs ORDER BY id")]
+
     async def job_report(self, report):
         return await self.jobs.report(report)
 
