@@ -100,9 +100,10 @@ class RunCall:
     def _first_due(self) -> float:
         """When a new job's timer is due: now, or, for a job whose attempts
         go to a queue and are sent in this call, when the first would be
-        taken for lost (the send sets it so again). Its row is written
-        before the send: a job with no row was never sent, and one with a
-        row ``running`` may be out, until its report or that time."""
+        taken for lost (the send sets it so again). ``run`` writes its row
+        before the send: such a job with no row was never sent, and one
+        with a row ``running`` may be out, until its report or that time
+        (a ``kept`` job's caller keeps its record instead: see ``kept``)."""
         d = self._durability
         return now_ms() + (d.runs_in.span_ms if d.runs_in is not None else 0.0)
 
