@@ -427,3 +427,50 @@ def test_a_key_waiting_in_more_groups_than_a_request_names_asks_once(runtime):
 
     submitted = runtime.run(scenario())
     assert len([at for at, name in world["requests"] if at >= submitted and name == "b"]) == 1
+
+
+
+def test_a_grant_another_answer_lists_before_the_reply_that_brings_it_is_used_not_given_back(runtime):
+    # b asks for b1 and the round grants it the free permit, new in the
+    # request's reply only; that reply is slow, and the answer to the sync of
+    # b0's release lists the grant first, as not new. Taken for one an older
+    # instance may have used, it went back unused, and b1, served in the
+    # holder's eyes, waited for its shard's fallback (a 213 s stall in
+    # bench_vs_naive.py --faults --seed 6).
+    config, world = runtime.module.CONFIG, runtime.module.WORLD
+    config.update(limit=2)
+    gate = config["hold_replies"]["request"] = asyncio.Event()
+    gate.set()  # (b's instance starts with the gate: it is shut for b1's request only)
+    holder_class = runtime.module.Holder
+    real_permits = holder_class.permits
+    replies, reports, cleared = [], [], []
+
+    async def permits(self, message):
+        reply = await real_permits(self, message)
+        if runtime.module._label(message.get("clientId")) == "b":
+            new = [g["grantId"] for g in reply.get("grants", []) if g.get("new")]
+            replies.append((runtime.now_ms(), message["type"], new))
+            reports.extend((runtime.now_ms(), g["grantId"], g["released"]) for g in message.get("grants", []))
+        return reply
+
+    holder_class.permits = permits
+
+    async def scenario():
+        await start(runtime, "b0", 2_000)
+        await asyncio.sleep(1)  # a round may run at once for b's next request
+        gate.clear()
+        cleared.append(runtime.now_ms())
+        await shard(runtime, "b").submit(job("b1", 1_000))
+        await asyncio.sleep(3)  # b0 ended: the answer to its release's sync came first
+        gate.set()
+        return await wait_started(runtime, "b1", timeout_s=60)
+
+    try:
+        b1_started = runtime.run(scenario())
+    finally:
+        holder_class.permits = real_permits
+    granted = next(ids for at, kind, ids in replies if kind == "request" and at >= cleared[0])  # b1's request's
+    assert b1_started is not None and len(granted) == 1
+    # That grant ran b1: not reported released (given back) before b1 had run on it.
+    assert [at for at, grant_id, released in reports if grant_id == granted[0] and released and at < b1_started] == []
+    assert world["violations"] == []

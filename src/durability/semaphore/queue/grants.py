@@ -88,6 +88,12 @@ class QueueGrants:
             if ctx.grants.stale(entry.grant_id, entry.claimed):
                 continue  # a reply sent before it was settled here
             known = ctx.grants.grant(entry.grant_id)
+            if known is None and entry.new is False and key in ctx.memory.asking:
+                # Perhaps the grant the round made for the request on its way,
+                # listed by an answer that overtook that request's reply: taken
+                # as not new here, it would go back unused (its items waiting
+                # for the key's fallback). The reply, new or not, decides.
+                continue
             if known is None:
                 known = LocalGrant(entry.grant_id, key, entry.group, entry.permits, 0, 0, 0, entry.claim_deadline)
             learned = replace(known, permits=entry.permits, claim_deadline=entry.claim_deadline,

@@ -97,6 +97,9 @@ class QueueMemory:
     rejoining: set[str] = field(default_factory=set)
     #: lease id -> the version of its report a request in flight carries
     leases_in_flight: dict[str, int] = field(default_factory=dict)
+    #: keys with a request on its way: its reply may bring as new a grant that
+    #: another answer lists first as not new (``learn`` in ``queue/grants`` leaves it to the reply)
+    asking: set[str] = field(default_factory=set)
     #: per key, its requests that failed in a row (queue/pure/core.ask_again_at_once)
     failures: dict[str, int] = field(default_factory=dict)
     #: per key, when its holder's last word (a reply, a call) came to this instance

@@ -137,7 +137,11 @@ class KeyRequests:
         ctx.memory.unheard.add(key)
         if self.ctx.options.keep_done_ms == 0:
             await ctx.commit(lambda: self.ctx.store.register_key(key))
-        reply = await self._sent_with_lease_reports(key, lease_versions, message)
+        ctx.memory.asking.add(key)
+        try:
+            reply = await self._sent_with_lease_reports(key, lease_versions, message)
+        finally:
+            ctx.memory.asking.discard(key)
 
         def apply() -> None:
             self.leases.reports_heard(lease_versions)
