@@ -304,7 +304,8 @@ class Shard(DurableObject):
                 if TRUTH.register(item.id):
                     TRUTH.start(item.id, key_index(item.key), item.group)
             if self.jobs is not None:  # its consumer runs it, and the job's end releases it
-                await self.jobs.run.kept(item.id, {"ms": item.body["ms"]}, resumed=item.resumed)
+                await self.jobs.run.kept(item.id, {"ms": item.body["ms"]}, resumed=item.resumed,
+                                         since=item.admitted_at)
             else:
                 self.scheduler.schedule("work", item.id, TRUTH.admitted_at[item.id] + item.body["ms"])
         await self.scheduler.sync()

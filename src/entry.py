@@ -553,7 +553,8 @@ class JobShard(DurableObject):
         # the runner writes the job's row only when an attempt settles: one
         # row written per job, not two (docs/jobs.md).
         for item in items:  # the job keeps how it was admitted: its item is not kept once released
-            await self.jobs.run.kept(item.id, {**item.body, "via": item.via}, resumed=item.resumed)
+            await self.jobs.run.kept(item.id, {**item.body, "via": item.via}, resumed=item.resumed,
+                                     since=item.admitted_at)
 
     async def _on_job_event(self, event):
         # The fast path only, once per job: a failed attempt that will be

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from durability.jobs.handoff import CLOCK_MARGIN_MS
-from durability.testing import Faults, Outage, QueueConsumer, Runtime, load_worker_module
+from durability.testing import HIBERNATE_AFTER_MS, Faults, Outage, QueueConsumer, Runtime, load_worker_module
 
 HANDOFF = Path(__file__).resolve().parents[1] / "workers" / "handoff.py"
 SPAN_S = (60_000 + 120_000 + CLOCK_MARGIN_MS) / 1000  #: the test Worker's start and run limits, and the margin
@@ -16,6 +16,7 @@ def handoff_runtime(*, consumer=True, **options):
     module = load_worker_module(HANDOFF)
     module.RUNS.clear()
     module.EVENTS.clear()
+    module.KEPT.clear()
     consumers = [QueueConsumer("attempts", max_batch_size=10, max_batch_timeout=1, max_retries=3,
                                dead_letter_queue="attempts-dead"),
                  QueueConsumer("attempts-dead", max_batch_size=10, max_batch_timeout=1)] if consumer else []
@@ -175,6 +176,26 @@ def test_a_kept_job_handed_in_again_is_not_sent_until_its_attempt_is_taken_for_l
     assert (sent_before, rows_before) == (1, [])
     assert sent_after == 2 and rows_after == [["k1", "running", 2]]  # attempt 1 counted as failed
     assert ("k1", "attempt_settled", 1, "failed") in runtime.module.EVENTS
+
+
+def test_an_attempt_out_is_taken_for_lost_at_its_send_plus_its_span_however_often_its_object_hibernates():
+    # Each wake-up is a new instance (10 s idle: hibernated): a time each set
+    # from its own start would put the attempt off for good. A kept job's
+    # caller hands it in again in each new instance (the test Worker at its
+    # alarm, as a queue does at its next reply, sync or alarm).
+    runtime = handoff_runtime(consumer=False, hibernate_after_ms=HIBERNATE_AFTER_MS)
+
+    async def scenario():
+        await shard(runtime).submit("j1", {})
+        await shard(runtime).submit_kept("k1", {}, False, runtime.now_ms())
+        await asyncio.sleep(SPAN_S - 10)
+        before = runtime.queues["attempts"].stats.sent
+        await asyncio.sleep(15)  # past the span (and the retries' 1 s backoff)
+        return before, runtime.queues["attempts"].stats.sent, runtime.host_of(shard(runtime)).stats.hibernations
+
+    before, after, hibernations = runtime.run(scenario())
+    assert hibernations >= 1  # the alarm at the span woke a new instance
+    assert (before, after) == (2, 4)  # each job's attempt 2, a span after its first was sent
 
 
 def test_an_attempt_that_never_reaches_a_consumer_is_taken_for_lost_after_its_span_and_sent_again():

@@ -25,6 +25,9 @@ from durability import (
 
 RUNS = []
 EVENTS = []  #: (job, type, attempt, outcome)
+#: job id -> (payload, since) of each job run with ``run.kept``: its caller's
+#: record, handed in again at every alarm (as a queue hands in its admitted items)
+KEPT = {}
 CONFIG = {"start_within_ms": 60_000, "run_within_ms": 120_000}
 
 
@@ -65,8 +68,9 @@ class Shard(DurableObject):
     async def submit(self, job_id, payload=None):
         return await self.jobs.run(job_id, payload)
 
-    async def submit_kept(self, job_id, payload=None, resumed=False):
-        return await self.jobs.run.kept(job_id, payload, resumed=resumed)
+    async def submit_kept(self, job_id, payload=None, resumed=False, since=None):
+        KEPT[job_id] = (payload, since)
+        return await self.jobs.run.kept(job_id, payload, resumed=resumed, since=since)
 
     async def result(self, job_id):
         return await self.jobs.run.get_result(job_id)
@@ -79,6 +83,8 @@ class Shard(DurableObject):
         return await self.jobs.report(report)
 
     async def alarm(self, alarm_info=None):
+        for job_id, (payload, since) in KEPT.items():  # (this instance's own are known: a no-op)
+            await self.jobs.run.kept(job_id, payload, resumed=True, since=since)
         await self.scheduler.alarm(alarm_info)
 
 

@@ -4,8 +4,9 @@ Lives here: the ``durability_jobs`` table and its upgrades, ``JobStatus``
 and how a row reads as ``get_result`` reports it, lifecycle events
 (``JobEvent``), ``NonRetryableError`` and the text a failure is kept as,
 the checks a job must pass before anything is stored, and
-``current_job()``. Must not know: when an attempt runs, how a failed one is
-retried, or who listens to the events.
+``current_job()`` with the handler's call under it (``call_handler``).
+Must not know: when an attempt runs, how a failed one is retried, or who
+listens to the events.
 
 A handler is called with the payload alone; ``current_job()``, called from
 the handler (or a task it starts), says which job and attempt it runs for.
@@ -13,6 +14,7 @@ the handler (or a task it starts), says which job and attempt it runs for.
 
 from __future__ import annotations
 
+import inspect
 import json
 from collections.abc import Callable
 from contextvars import ContextVar
@@ -46,7 +48,11 @@ def _stamp_finished(sql: Sql, _version: int) -> None:
 # finished (version 3), written with its outcome (no row more) and read by
 # the purge (``jobs/purge``); jobs that had finished before version 3 are
 # given the time of the upgrade, one write each, once, so that they are kept
-# a full ``max_age_ms`` from then.
+# a full ``max_age_ms`` from then. ``lost_at`` (version 4) is when an
+# attempt out in a queue is taken for lost (its send plus ``span_ms``),
+# written with the attempt's start: every instance takes it for lost then,
+# however often the object hibernates meanwhile (NULL, as in rows written
+# before it: a ``span_ms`` after the instance that finds it started).
 _SCHEMA: dict[int, list[Step]] = {
     1: [
         """
@@ -64,6 +70,7 @@ _SCHEMA: dict[int, list[Step]] = {
     ],
     2: ["ALTER TABLE durability_jobs ADD COLUMN due_at REAL"],
     3: ["ALTER TABLE durability_jobs ADD COLUMN done_at REAL", _stamp_finished],
+    4: ["ALTER TABLE durability_jobs ADD COLUMN lost_at REAL"],
 }
 _TABLES = ["durability_jobs"]
 
@@ -163,3 +170,22 @@ def _state(row: dict[str, Any]) -> dict[str, Any]:
     if row["status"] == JobStatus.FAILED:
         return {"status": JobStatus.FAILED, "error": row["error"]}
     return {"status": JobStatus.PENDING}
+
+
+async def call_handler(handlers: dict[str, Handler], job: JobContext, payload: Any) -> tuple[Any, str]:
+    """Run the job's handler, under ``current_job()``; return its result and the result's JSON text."""
+    name = job.handler
+    handler = handlers.get(name)
+    if handler is None:
+        raise LookupError(f"no job handler named {name!r} in this object")
+    token = _current_job.set(job)
+    try:
+        result = handler(payload)
+        if inspect.isawaitable(result):
+            result = await result
+    finally:
+        _current_job.reset(token)
+    try:
+        return result, compact_json(result, "its result")
+    except ValueError as error:
+        raise TypeError(f"job handler {name!r} returned a result that is not JSON: {error}") from None

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from .._common.checks import is_number
 from .._common.clock import now_ms
 from .records import JobStatus, _checked, _state
 
@@ -49,7 +50,7 @@ class RunCall:
         return {"status": JobStatus.PENDING}
 
     async def kept(self, id: str, payload: Any = None, handler: str | None = None, *,
-                   resumed: bool = False) -> dict[str, Any]:
+                   resumed: bool = False, since: float | None = None) -> dict[str, Any]:
         """Run job ``id`` whose record the caller keeps until the job's
         terminal event: a semaphore queue's admitted item, say. No row is
         written for it until its first attempt settles (one row written per
@@ -65,17 +66,22 @@ class RunCall:
         ``retries`` allows, for a job that brings its instance down each time).
 
         With ``runs_in`` (attempts in a queue's consumer) the first attempt
-        is sent in this call, with no row either. Handed in again, the job is
-        not sent: its attempt may be out, so it is taken for lost, and
-        counted, once any run of it has ended (``span_ms``), unless its
-        report comes first. A report must therefore find the job handed in:
-        the caller hands in its records before it passes a report on (a
-        semaphore queue's ``hand_in_admitted()``).
+        is sent in this call, with no row either, its message counted from
+        ``since`` (epoch ms: when the caller's record was made, a queue
+        item's ``admitted_at``; default now). Handed in again, the job is not
+        sent: its attempt may be out, so it is taken for lost, and counted,
+        once any run of it has ended (``since`` plus ``span_ms``: the same
+        time in every instance), unless its report comes first. A report
+        must therefore find the job handed in: the caller hands in its
+        records before it passes a report on (a semaphore queue's
+        ``hand_in_admitted()``).
         """
         d = self._durability
         name, text = _checked(d, id, payload, handler)
         if d.runs_in is not None:
             d.runs_in.check_payload(text)
+        if since is not None and not is_number(since):
+            raise ValueError(f"since must be a time in epoch milliseconds, not {since!r}")
         if id in d._kept or id in d._in_flight:
             return {"status": JobStatus.PENDING}  # this instance runs it already
         if resumed and d.runs_in is None:
@@ -83,13 +89,14 @@ class RunCall:
         existing = d._row(id)
         if existing is not None:
             return _state(existing)
-        d._kept[id] = (name, text, now_ms())
+        d._kept[id] = (name, text, now_ms() if since is None else min(float(since), now_ms()))
         if resumed:
             # Its first attempt, sent by an instance before this one, may be
             # out in the queue still: nothing is sent now, and the attempt is
             # taken for lost once any run of it has ended, unless its report
             # settles it first (no row meanwhile, as before).
-            d.scheduler.schedule(PARTICIPANT, id, d.running_again_at())
+            lost_at = None if since is None or d.runs_in is None else float(since) + d.runs_in.span_ms
+            d.scheduler.schedule(PARTICIPANT, id, d.running_again_at(lost_at))
             await d.scheduler.sync()
             return {"status": JobStatus.PENDING}
         d._first_attempt_due.add(id)

@@ -62,7 +62,6 @@ item again) holds it back with ``keep``.
 
 from __future__ import annotations
 
-import inspect
 import json
 import logging
 import random
@@ -91,9 +90,9 @@ from .records import (
     JobStatus as JobStatus,
     Listener,
     NonRetryableError as NonRetryableError,
-    _current_job,
     _error_text,
     _state,
+    call_handler,
     current_job as current_job,
 )
 from .retention import JobRetention
@@ -169,16 +168,21 @@ class DurabilityJobs:
         pending one when its row says, a running one (cut short) at once, or
         when one out in a queue would be taken for lost (``running_again_at``)."""
         rows = self.sql.exec(
-            "SELECT id, status, due_at FROM durability_jobs WHERE status IN ('pending', 'running')")
+            "SELECT id, status, due_at, lost_at FROM durability_jobs WHERE status IN ('pending', 'running')")
         for row in rows:
             pending = row["status"] == JobStatus.PENDING and row["due_at"] is not None
-            self.scheduler.schedule(PARTICIPANT, row["id"], row["due_at"] if pending else self.running_again_at())
+            self.scheduler.schedule(PARTICIPANT, row["id"], row["due_at"] if pending else self.running_again_at(
+                row["lost_at"]))
 
-    def running_again_at(self) -> float:
+    def running_again_at(self, lost_at: float | None = None) -> float:
         """When an attempt a new instance finds started runs again: at once here
         (it went with the old instance); one out in a queue may still run, and
-        is taken for lost once any run of it has ended (``span_ms``)."""
-        return now_ms() + (self.runs_in.span_ms if self.runs_in is not None else 0.0)
+        is taken for lost once any run of it has ended: at ``lost_at`` (its send
+        plus ``span_ms``, from its record: each instance of an object that
+        hibernates as it waits would put a time of its own off for good)."""
+        if self.runs_in is None:
+            return now_ms()
+        return now_ms() + self.runs_in.span_ms if lost_at is None else max(now_ms(), lost_at)
 
     migrate = public_migrate("jobs", _TABLES, "the jobs' table")
 
@@ -193,7 +197,7 @@ class DurabilityJobs:
 
     def _row(self, job_id: str) -> dict[str, Any] | None:
         return self.sql.one(
-            "SELECT handler, payload, status, attempt, result, error FROM durability_jobs WHERE id = ?",
+            "SELECT handler, payload, status, attempt, result, error, lost_at FROM durability_jobs WHERE id = ?",
             job_id,
         )
 
@@ -205,10 +209,11 @@ class DurabilityJobs:
         if existing is not None:
             return _state(existing)
         now = now_ms()
+        lost_at = now + self.runs_in.span_ms if self.runs_in is not None else None  # (sent at ``now``)
         self.sql.exec(
-            "INSERT INTO durability_jobs (id, handler, payload, status, attempt, created_at, due_at) "
-            "VALUES (?, ?, ?, 'running', 1, ?, ?)",
-            job_id, name, text, now, now,
+            "INSERT INTO durability_jobs (id, handler, payload, status, attempt, created_at, due_at, lost_at) "
+            "VALUES (?, ?, ?, 'running', 1, ?, ?, ?)",
+            job_id, name, text, now, now, lost_at,
         )
         self.scheduler.schedule(PARTICIPANT, job_id, now if due_at is None else due_at)
         return None
@@ -251,9 +256,10 @@ class DurabilityJobs:
         row = self._row_or_kept(job_id)
         if row is None or row["status"] in _TERMINAL:
             return  # a repeated firing, or a job removed under its timer
-        attempt = int(row["attempt"])
+        attempt, sent_at = int(row["attempt"]), now_ms()
         if job_id in self._first_attempt_due:
             self._first_attempt_due.discard(job_id)  # its row counts it already
+            sent_at = self._first_sent_at(job_id, row)
         elif row["status"] == JobStatus.RUNNING:
             error = (f"attempt {attempt} was interrupted before it settled (the object was evicted or crashed)"
                      if self.runs_in is None else
@@ -262,18 +268,20 @@ class DurabilityJobs:
             return
         else:
             attempt += 1
+            lost_at = sent_at + self.runs_in.span_ms if self.runs_in is not None else None
             self.sql.exec(
-                "UPDATE durability_jobs SET status = 'running', attempt = ? WHERE id = ?", attempt, job_id
+                "UPDATE durability_jobs SET status = 'running', attempt = ?, lost_at = ? WHERE id = ?",
+                attempt, lost_at, job_id,
             )
         if self.runs_in is not None:
-            await self._hand_off(job_id, attempt, row)
+            await self._hand_off(job_id, attempt, row, sent_at)
             return
         self._in_flight.add(job_id)
         try:
             await self._emit([JobEvent(JobEventType.ATTEMPT_STARTED, job_id, attempt)])
             try:
                 job = JobContext(job_id, attempt, row["handler"])
-                result, text = await self._call(job, json.loads(row["payload"]))
+                result, text = await call_handler(self.handlers, job, json.loads(row["payload"]))
             except Exception as error:
                 events = self._fail(job_id, attempt, _error_text(error),
                                     final=isinstance(error, NonRetryableError))
@@ -283,16 +291,26 @@ class DurabilityJobs:
             self._in_flight.discard(job_id)
         await self._emit(events)
 
-    async def _hand_off(self, job_id: str, attempt: int, row: dict[str, Any]) -> None:
-        """Send the attempt to its queue; it settles when its consumer reports
-        (``report``), or fails once its timer finds it still out."""
+    def _first_sent_at(self, job_id: str, row: dict[str, Any]) -> float:
+        """When a first attempt's message counts from: its row's writing, or the making
+        of its caller's record (``run.kept``'s ``since``), which a new instance reads again."""
+        kept, lost_at = self._kept.get(job_id), row.get("lost_at")
+        if kept is not None:
+            return kept[2]
+        return now_ms() if self.runs_in is None or lost_at is None else float(lost_at) - self.runs_in.span_ms
+
+    async def _hand_off(self, job_id: str, attempt: int, row: dict[str, Any], sent_at: float) -> None:
+        """Send the attempt to its queue, counted from ``sent_at`` (its message's
+        start limit, and the time its row or record says it is taken for lost);
+        it settles when its consumer reports (``report``), or fails once its
+        timer finds it still out."""
         assert self.runs_in is not None
         self._in_flight.add(job_id)
         try:
             await self._emit([JobEvent(JobEventType.ATTEMPT_STARTED, job_id, attempt)])
-            lost_at, events = now_ms() + self.runs_in.span_ms, []
+            lost_at, events = sent_at + self.runs_in.span_ms, []
             try:
-                await self.runs_in.send(job_id, attempt, row["handler"], json.loads(row["payload"]), now_ms())
+                await self.runs_in.send(job_id, attempt, row["handler"], json.loads(row["payload"]), sent_at)
             except Exception as error:
                 if refused(error):  # as it is, no attempt of it can be sent
                     events = self._fail(job_id, attempt, f"the queue refused the attempt: {_error_text(error)}",
@@ -334,24 +352,6 @@ class DurabilityJobs:
         await self.scheduler.sync()
         await self._emit(events)
         return {"out": False, **_state(self._row_or_kept(parsed.job) or {"status": JobStatus.NOT_FOUND})}
-
-    async def _call(self, job: JobContext, payload: Any) -> tuple[Any, str]:
-        """Run the handler; return its result and the result's JSON text."""
-        name = job.handler
-        handler = self.handlers.get(name)
-        if handler is None:
-            raise LookupError(f"no job handler named {name!r} in this object")
-        token = _current_job.set(job)
-        try:
-            result = handler(payload)
-            if inspect.isawaitable(result):
-                result = await result
-        finally:
-            _current_job.reset(token)
-        try:
-            return result, compact_json(result, "its result")
-        except ValueError as error:
-            raise TypeError(f"job handler {name!r} returned a result that is not JSON: {error}") from None
 
     def _complete(self, job_id: str, attempt: int, text: str, result: Any) -> list[JobEvent]:
         done_at = now_ms()

@@ -43,6 +43,9 @@ class AdmittedItem:
     #: handed it before, and work it started then was cut short with that
     #: instance (``DurabilityJobs``'s ``run.kept`` counts that attempt)
     resumed: bool = False
+    #: when it was admitted (epoch ms), as its row says in every instance:
+    #: work sent elsewhere counts from it (``run.kept``'s ``since``)
+    admitted_at: float | None = None
 
 
 class Admission:
@@ -104,7 +107,7 @@ class Admission:
             inside = _IN_ADMIT.set((*_IN_ADMIT.get(), self))
             try:
                 result = self.admit([AdmittedItem(i.id, i.key, i.group, i.body, i.via or Via.GRANT,
-                                                  i.id not in here) for i in items])
+                                                  i.id not in here, i.admitted_at) for i in items])
                 if inspect.isawaitable(result):
                     await result
             finally:

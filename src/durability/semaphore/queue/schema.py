@@ -54,7 +54,7 @@ _SCHEMA: dict[int, list[Step]] = {
           state TEXT NOT NULL,
           grant_id TEXT,
           via TEXT,
-          admitted_at REAL  -- when admit() returned; written before version 3, unused since
+          admitted_at REAL  -- when the item was admitted (when admit() returned, before version 3)
         ) WITHOUT ROWID
         """,
         f"""

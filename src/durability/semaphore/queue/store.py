@@ -41,6 +41,7 @@ import json
 from collections.abc import Callable, Set as AbstractSet
 from typing import Any
 
+from ..._common.clock import now_ms
 from ..._common.schema import migrate
 from ..._common.sql import GrowingCounter, Sql
 from .pure.states import (
@@ -255,9 +256,12 @@ class QueueStore:
         if to == GONE:
             self.sql.exec(f"DELETE FROM {ITEMS} WHERE id = ?", item.id)
             return
+        # An admission's time rides in the same row (``AdmittedItem.admitted_at``).
+        admitted_at = now_ms() if to == ADMITTED else None
         self.sql.exec(
-            f"UPDATE {ITEMS} SET state = ?, grant_id = ?, via = ?, done_at = ?, draw = ? WHERE id = ?",
-            to, grant_id, via, done_at, draw, item.id,
+            f"UPDATE {ITEMS} SET state = ?, grant_id = ?, via = ?, done_at = ?, draw = ?, "
+            "admitted_at = coalesce(?, admitted_at) WHERE id = ?",
+            to, grant_id, via, done_at, draw, admitted_at, item.id,
         )
 
     # -- done items: kept a while, then deleted ----------------------------------
