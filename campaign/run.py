@@ -36,7 +36,7 @@ from .checks import (
     rate_violations,
     recovery_violations,
 )
-from .scenario import FAULTS_END_MS, GRANTS_ONLY, LEASE_TTL_MS, Scenario
+from .scenario import FAULTS_END_MS, GRANTS_ONLY, LATE_DELIVERY_MS, LEASE_TTL_MS, Scenario
 
 ROOT = Path(__file__).resolve().parent.parent
 BUDGET_WORKER = Path(__file__).resolve().parent / "worker.py"
@@ -77,6 +77,8 @@ def run(scenario: Scenario) -> Outcome:
 
 def _faults(scenario: Scenario, **extra) -> Faults:
     outages = tuple(Outage(o.target, o.at_ms, o.ms, o.alarms, o.calls) for o in scenario.outages)
+    if "late_delivery" in extra:
+        extra["late_delivery_ms"] = LATE_DELIVERY_MS
     return Faults(**dict(scenario.faults), latency_ms=(0.0, scenario.latency_ms), outages=outages, **extra)
 
 

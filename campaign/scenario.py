@@ -39,13 +39,16 @@ FAULT_KINDS = ("lost_request", "lost_reply", "duplicate", "evict", "crash_before
 #: way, its answer lost, delivered twice, late (1 to 20 s), delivered and then the shard evicted,
 #: and the holder evicted between its round and the call
 CALL_FAULT_KINDS = ("lost", "lost_reply", "duplicate", "late", "evict_client", "evict_holder")
-#: mode "consumer": a consumer's invocation dies partway, an ack is lost (the message comes again)
-QUEUE_FAULT_KINDS = ("consumer_crash", "lost_ack")
+#: mode "consumer": a consumer's invocation dies partway, an ack is lost (the message comes again), a
+#: message comes late (``LATE_DELIVERY_MS``), often past its start limit: dropped, its attempt taken for lost
+QUEUE_FAULT_KINDS = ("consumer_crash", "lost_ack", "late_delivery")
 #: mode "consumer": a consumer starts an attempt within this of its send or drops it, and stops a run
 #: this long after its start (jobs run 20 s at most); the shard's checks wait for its next event this long
 START_WITHIN_MS = 30_000
 RUN_WITHIN_MS = 30_000
 CHECKS_WAIT_MS = 20_000
+#: mode "consumer": how late a late message comes (uniform), up to twice its start limit
+LATE_DELIVERY_MS = (0.0, 2 * START_WITHIN_MS)
 
 
 @dataclass(frozen=True)

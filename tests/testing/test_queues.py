@@ -57,6 +57,19 @@ def test_a_message_sent_with_a_delay_is_not_delivered_before_it():
     assert delivered(runtime) == [(2, 1, 0.0), (1, 1, 30.0)]
 
 
+def test_a_late_delivery_fault_holds_a_message_back_that_much_and_nothing_else():
+    runtime = queue_runtime(QueueConsumer("jobs", max_batch_size=1),
+                            faults=Faults(late_delivery=1.0, late_delivery_ms=(40_000, 40_000)))
+    send_all(runtime, [{"n": 1}], then_s=30)
+    assert delivered(runtime) == []  # not yet
+    runtime = queue_runtime(QueueConsumer("jobs", max_batch_size=1),
+                            faults=Faults(late_delivery=1.0, late_delivery_ms=(40_000, 40_000)))
+    send_all(runtime, [{"n": 1}], then_s=60)
+    assert delivered(runtime) == [(1, 1, 40.0)]
+    with pytest.raises(ValueError, match="late_delivery_ms"):
+        Faults(late_delivery_ms=(2.0, 1.0))
+
+
 def test_a_retried_message_comes_again_after_its_delay_with_one_more_attempt_and_the_first_word_counts():
     runtime = queue_runtime(QueueConsumer("jobs", max_batch_size=1, retry_delay=7))
     send_all(runtime, [{"n": 1, "do": "retry", "delay": 2}, {"n": 2, "do": "retry_then_ack"}], then_s=3)

@@ -71,18 +71,23 @@ class Faults:
     #: a queue consumer's invocation dies within ``evict_window_ms`` of its start: the whole batch comes again
     consumer_crash: float = 0.0
     lost_ack: float = 0.0  #: a message its consumer acked comes again, as a redelivery
+    #: a message reaches its consumer ``late_delivery_ms`` late (uniform): a backlog, a consumer's outage
+    late_delivery: float = 0.0
+    late_delivery_ms: tuple[float, float] = (0.0, 0.0)
     external: bool = False
     targets: frozenset[str] = field(default_factory=frozenset)
 
     def __post_init__(self) -> None:
         for name in ("lost_request", "lost_reply", "duplicate", "evict",
-                     "crash_before_commit", "alarm_failure", "duplicate_alarm", "consumer_crash", "lost_ack"):
+                     "crash_before_commit", "alarm_failure", "duplicate_alarm", "consumer_crash", "lost_ack",
+                     "late_delivery"):
             rate = getattr(self, name)
             if not 0.0 <= rate <= 1.0:
                 raise ValueError(f"Faults.{name} must be a probability from 0 to 1, not {rate!r}")
-        low, high = self.latency_ms
-        if not 0 <= low <= high:
-            raise ValueError(f"Faults.latency_ms must be (low, high) with 0 <= low <= high, not {self.latency_ms!r}")
+        for name in ("latency_ms", "late_delivery_ms"):
+            low, high = getattr(self, name)
+            if not 0 <= low <= high:
+                raise ValueError(f"Faults.{name} must be (low, high) with 0 <= low <= high, not {(low, high)!r}")
         self.targets = frozenset(self.targets)
         self.outages = tuple(self.outages)
         for outage in self.outages:
@@ -166,3 +171,9 @@ class FaultPlanner:
 
     def ack_lost(self, queue: str) -> bool:
         return self._queue_applies(queue) and self._chance(self.faults.lost_ack)
+
+    def delivery_late_ms(self, queue: str) -> float:
+        """How much later than asked a message sent now reaches its consumer (0: on time)."""
+        if self._queue_applies(queue) and self._chance(self.faults.late_delivery):
+            return self.rng.uniform(*self.faults.late_delivery_ms)
+        return 0.0

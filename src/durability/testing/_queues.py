@@ -100,7 +100,10 @@ class QueueBroker:
 
     def put(self, body: Any, size: int, delay_s: float) -> None:
         now = self.loop.now_ms()
-        self._stored(_Stored(self._new_id(), rpc_copy(body), size, now, now + delay_s * 1000))
+        late_ms = self.faults.delivery_late_ms(self.name)
+        if late_ms:
+            self.log("queue message late", f"{self.name}: {late_ms:.0f} ms")
+        self._stored(_Stored(self._new_id(), rpc_copy(body), size, now, now + delay_s * 1000 + late_ms))
 
     def take(self, message: _Stored) -> None:
         """A message another queue gave up on (this is its dead-letter queue):
