@@ -65,7 +65,7 @@ def test_a_late_delivery_fault_holds_a_message_back_that_much_and_nothing_else()
     runtime = queue_runtime(QueueConsumer("jobs", max_batch_size=1),
                             faults=Faults(late_delivery=1.0, late_delivery_ms=(40_000, 40_000)))
     send_all(runtime, [{"n": 1}], then_s=60)
-    assert delivered(runtime) == [(1, 1, 40.0)]
+    assert delivered(runtime) == [(1, 1, 40.0)] and runtime.queues["jobs"].stats.late == 1
     with pytest.raises(ValueError, match="late_delivery_ms"):
         Faults(late_delivery_ms=(2.0, 1.0))
 

@@ -57,6 +57,7 @@ class QueueStats:
     dropped: int = 0  #: past ``max_retries`` with no dead-letter queue
     crashed_invocations: int = 0  #: invocations that died partway (faults)
     acks_lost: int = 0  #: messages that came again after their ack (faults)
+    late: int = 0  #: messages held back by a ``late_delivery`` fault
     operations: int = 0
 
 
@@ -102,6 +103,7 @@ class QueueBroker:
         now = self.loop.now_ms()
         late_ms = self.faults.delivery_late_ms(self.name)
         if late_ms:
+            self.stats.late += 1
             self.log("queue message late", f"{self.name}: {late_ms:.0f} ms")
         self._stored(_Stored(self._new_id(), rpc_copy(body), size, now, now + delay_s * 1000 + late_ms))
 
