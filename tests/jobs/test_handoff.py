@@ -198,6 +198,35 @@ def test_an_attempt_out_is_taken_for_lost_at_its_send_plus_its_span_however_ofte
     assert (before, after) == (2, 4)  # each job's attempt 2, a span after its first was sent
 
 
+def test_a_row_from_before_lost_at_is_given_one_by_the_first_instance_that_finds_it():
+    runtime = handoff_runtime(consumer=False)
+
+    async def scenario():
+        await shard(runtime).submit("j1", {})
+        assert await shard(runtime).lost_at("j1", forget=True) is None
+        runtime.evict(shard(runtime))
+        now = runtime.now_ms()
+        return now, await shard(runtime).lost_at("j1")  # (the call starts a new instance)
+
+    now, lost_at = runtime.run(scenario())
+    assert lost_at == now + SPAN_S * 1000  # later than any send of it; the next instance keeps it
+
+
+def test_a_kept_job_handed_in_long_after_its_record_was_made_is_recorded_and_sent_as_of_now():
+    runtime = handoff_runtime()
+
+    async def scenario():
+        long_ago = runtime.now_ms() - 61_000  # past the test Worker's start limit (60 s)
+        await shard(runtime).submit_kept("k1", {"sleep": 1}, False, long_ago)
+        rows = await shard(runtime).job_rows()
+        await asyncio.sleep(10)
+        return rows, await shard(runtime).result("k1")
+
+    rows, state = runtime.run(scenario())
+    assert rows == [["k1", "running", 1]]  # its own row: counted from now, in any instance
+    assert state["status"] == "completed" and runs(runtime) == [("k1", 1, 1)]  # not dropped as late
+
+
 def test_an_attempt_that_never_reaches_a_consumer_is_taken_for_lost_after_its_span_and_sent_again():
     runtime = handoff_runtime(consumer=False)  # the queue keeps its messages: no consumer runs them
 

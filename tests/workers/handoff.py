@@ -75,6 +75,13 @@ class Shard(DurableObject):
     async def result(self, job_id):
         return await self.jobs.run.get_result(job_id)
 
+    async def lost_at(self, job_id, forget=False):
+        """The job's ``lost_at`` as its row keeps it (``forget``: as a row from before version 4 has none)."""
+        sql = self.ctx.storage.sql
+        if forget:
+            sql.exec("UPDATE durability_jobs SET lost_at = NULL WHERE id = ?", job_id)
+        return next(iter(sql.exec("SELECT lost_at FROM durability_jobs WHERE id = ?", job_id)))["lost_at"]
+
     async def job_rows(self):
         return [[r["id"], r["status"], r["attempt"]] for r in self.ctx.storage.sql.exec(
             "SELECT id, status, attempt FROM durability_jobs ORDER BY id")]

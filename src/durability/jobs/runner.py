@@ -36,8 +36,9 @@ row. Each firing of the timer runs one attempt:
 
 With ``runs_in`` (a ``QueueHandoff``), step 2 is a message to the queue:
 the attempt stays ``running`` until its consumer reports (``report``), or
-its timer, set for when any run of it has ended (``span_ms``), takes it for
-lost, as an interrupted one (a new instance waits out the same span).
+its timer takes it for lost, as an interrupted one, once any run of it has
+ended: its send plus ``span_ms``, which its row (``lost_at``) or its
+caller's record keeps for every instance.
 
 Timers run at least once, so a firing for a job that is already completed
 or failed does nothing. An attempt cut short after its handler had
@@ -52,12 +53,10 @@ are best effort: a crash between the commit and the listener loses the
 event, and a listener that raises is logged and ignored. Read
 ``run.get_result(id)`` for the authoritative state.
 
-A finished job is kept under ``retention`` (by default 30 days, and the
-newest 100,000 of the object), then its row is deleted: ``get_result``
-answers ``not_found`` for it from then on, and ``run`` under its id starts
-a new job. Idempotency on the id therefore holds within the retention
-window; an owner that could run an id again later (a queue admitting an
-item again) holds it back with ``keep``.
+A finished job is kept under ``retention`` (30 days, the newest 100,000
+by default), then its row goes: ``run`` under its id starts a new job, so
+an owner that could run an id again (a queue admitting an item again)
+holds it back with ``keep``.
 """
 
 from __future__ import annotations
@@ -164,22 +163,23 @@ class DurabilityJobs:
         self._purge = JobPurge(scheduler, self.retention, keep)
 
     def _derive_timers(self) -> None:
-        """A new instance sets again the timer of every job not settled: a
-        pending one when its row says, a running one (cut short) at once, or
-        when one out in a queue would be taken for lost (``running_again_at``)."""
+        """A new instance sets again the timer of every job not settled: a pending one when its row
+        says, a running one as ``running_again_at`` says (a row from before version 4 is given that
+        time once: now is later than its send)."""
         rows = self.sql.exec(
             "SELECT id, status, due_at, lost_at FROM durability_jobs WHERE status IN ('pending', 'running')")
         for row in rows:
-            pending = row["status"] == JobStatus.PENDING and row["due_at"] is not None
-            self.scheduler.schedule(PARTICIPANT, row["id"], row["due_at"] if pending else self.running_again_at(
-                row["lost_at"]))
+            at = row["due_at"] if row["status"] == JobStatus.PENDING else self.running_again_at(row["lost_at"])
+            if row["status"] == JobStatus.RUNNING and row["lost_at"] is None and self.runs_in is not None:
+                self.sql.exec("UPDATE durability_jobs SET lost_at = ? WHERE id = ?", at, row["id"])
+            self.scheduler.schedule(PARTICIPANT, row["id"], at if at is not None else now_ms())
 
     def running_again_at(self, lost_at: float | None = None) -> float:
         """When an attempt a new instance finds started runs again: at once here
         (it went with the old instance); one out in a queue may still run, and
-        is taken for lost once any run of it has ended: at ``lost_at`` (its send
-        plus ``span_ms``, from its record: each instance of an object that
-        hibernates as it waits would put a time of its own off for good)."""
+        is taken for lost once any run of it has ended: at ``lost_at`` (its send plus
+        ``span_ms``, from its record: each instance of an object that hibernates
+        as it waits would put a time of its own off for good)."""
         if self.runs_in is None:
             return now_ms()
         return now_ms() + self.runs_in.span_ms if lost_at is None else max(now_ms(), lost_at)
@@ -219,8 +219,7 @@ class DurabilityJobs:
         return None
 
     def _row_or_kept(self, job_id: str) -> dict[str, Any] | None:
-        """The job's row, or for a job its caller keeps, the row it would
-        have: running its first attempt."""
+        """The job's row, or for a job its caller keeps, the row it would have: running its first attempt."""
         row = self._row(job_id)
         if row is None and job_id in self._kept:
             name, text, _ = self._kept[job_id]
@@ -292,18 +291,20 @@ class DurabilityJobs:
         await self._emit(events)
 
     def _first_sent_at(self, job_id: str, row: dict[str, Any]) -> float:
-        """When a first attempt's message counts from: its row's writing, or the making
-        of its caller's record (``run.kept``'s ``since``), which a new instance reads again."""
-        kept, lost_at = self._kept.get(job_id), row.get("lost_at")
-        if kept is not None:
+        """When a first attempt's message counts from: its row's writing, or the making of its caller's
+        record (``run.kept``'s ``since``), which a new instance reads again; one sent long after that
+        (``admit()`` retried) gets a row and counts from now, not to reach its consumer too late."""
+        kept, lost_at, handoff = self._kept.get(job_id), row.get("lost_at"), self.runs_in
+        if kept is not None and (handoff is None or now_ms() - kept[2] < handoff.start_within_ms / 2):
             return kept[2]
-        return now_ms() if self.runs_in is None or lost_at is None else float(lost_at) - self.runs_in.span_ms
+        if kept is not None and handoff is not None:
+            del self._kept[job_id]
+            self.sql.transaction(lambda: self._record(job_id, kept[0], kept[1], now_ms() + handoff.span_ms))
+        return now_ms() if handoff is None or lost_at is None else float(lost_at) - handoff.span_ms
 
     async def _hand_off(self, job_id: str, attempt: int, row: dict[str, Any], sent_at: float) -> None:
-        """Send the attempt to its queue, counted from ``sent_at`` (its message's
-        start limit, and the time its row or record says it is taken for lost);
-        it settles when its consumer reports (``report``), or fails once its
-        timer finds it still out."""
+        """Send the attempt, counted from ``sent_at`` (its start limit, and when it is taken for lost):
+        it settles at its consumer's report (``report``), or fails once its timer finds it still out."""
         assert self.runs_in is not None
         self._in_flight.add(job_id)
         try:
@@ -364,8 +365,7 @@ class DurabilityJobs:
         ]
 
     def _fail(self, job_id: str, attempt: int, error: str, final: bool = False) -> list[JobEvent]:
-        """Settle ``attempt`` as failed: retry by moving the timer, or give up
-        (at once when ``final``)."""
+        """Settle ``attempt`` as failed: retry by moving the timer, or give up (at once when ``final``)."""
         decision = RetryDecision(False, None) if final else decide_retry(
             self.retries, attempt, now_ms(), random.random())
         settled = JobEvent(JobEventType.ATTEMPT_SETTLED, job_id, attempt, JobStatus.FAILED, error=error)

@@ -92,7 +92,9 @@ class QueueGrants:
                 # Perhaps the grant the round made for the request on its way,
                 # listed by an answer that overtook that request's reply: taken
                 # as not new here, it would go back unused (its items waiting
-                # for the key's fallback). The reply, new or not, decides.
+                # for the key's fallback). The reply decides, or, if it does not
+                # name it, this listing once the reply is in (decide_deferred).
+                ctx.memory.deferred.setdefault(key, []).append(entry)
                 continue
             if known is None:
                 known = LocalGrant(entry.grant_id, key, entry.group, entry.permits, 0, 0, 0, entry.claim_deadline)
@@ -113,6 +115,14 @@ class QueueGrants:
                 ctx.grants.keep(learned)
             ctx.memory.heard_up_to[key] = max(ctx.memory.heard_up_to.get(key, 0.0), entry.claim_deadline)
         return gave_back
+
+    def decide_deferred(self, key: str) -> bool:
+        """The listings ``learn`` put off while a request was on its way,
+        decided now that its reply is applied (or failed): a grant the reply
+        named is known by now and changes nothing; one it did not is given
+        back, as before. True if any claims went back (see ``learn``)."""
+        entries = self.ctx.memory.deferred.pop(key, [])
+        return self.learn(key, tuple(entries), admits_after=True) if entries else False
 
     def apply_outcomes(self, outcomes: tuple[ReportOutcome, ...], sent: dict[str, Report] | None = None) -> None:
         """Confirmed claims admit their items; claims the holder refused go back in line.

@@ -22,7 +22,7 @@ from typing import TypeVar
 from ..._common.clock import now_ms
 from ...scheduler.alarm import DurabilityScheduler
 from ..client import SemaphoreClient
-from ..messages import MAX_DEMAND_TIMES, Demand, Reply, Sync
+from ..messages import MAX_DEMAND_TIMES, Demand, GrantEntry, Reply, Sync
 from .grant_book import GrantBook
 from .lease_book import LeaseBook
 from .pure.core import grid_at_or_after
@@ -100,6 +100,9 @@ class QueueMemory:
     #: keys with a request on its way: its reply may bring as new a grant that
     #: another answer lists first as not new (``learn`` in ``queue/grants`` leaves it to the reply)
     asking: set[str] = field(default_factory=set)
+    #: per key, the listings of grants so put off: decided once the request's reply is applied,
+    #: as they would have been (``QueueGrants.decide_deferred``), whether or not that reply names them
+    deferred: dict[str, list[GrantEntry]] = field(default_factory=dict)
     #: per key, its requests that failed in a row (queue/pure/core.ask_again_at_once)
     failures: dict[str, int] = field(default_factory=dict)
     #: per key, when its holder's last word (a reply, a call) came to this instance

@@ -218,7 +218,8 @@ class KeyRequests:
 
         def apply() -> None:
             self.apply_grants_reply(key, reply, {})
-            self.ctx.memory.unheard.discard(key)  # the holder listed every grant it counts here
+            if not self.ctx.memory.deferred.get(key):  # the holder listed every grant it counts here
+                self.ctx.memory.unheard.discard(key)
 
         known = {grant.grant_id for grant in self.ctx.grants.grants(key)}
         news = any(entry.grant_id not in known for entry in reply.grants) or any(e.new for e in reply.leases)
@@ -252,6 +253,8 @@ class KeyRequests:
         if reply.contended:
             self.leases.return_idle(key)  # _after_reply reports them
         gave_back = self.claims.learn(key, reply.grants, admits_after=True)
+        if key not in ctx.memory.asking:  # (a request's reply: its own was cleared before)
+            gave_back = self.claims.decide_deferred(key) or gave_back
         interval = pacing_interval((reply.next_request_at or now) - now)
         if interval > 0 and not ctx.options.woken:  # (a woken key's pacing is a fallback its items fix)
             self.ctx.store.set_pacing(key, interval)

@@ -191,7 +191,7 @@ class DurabilitySemaphoreQueue(QueueReleases):
         for lease in self.lease_book.leases():
             self.leases.report_due(lease.key, lease.lease_id, now)
         self.leases.schedule_renewal()
-        ctx.commit_now(lambda: self.store.stamp_done(now))
+        ctx.commit_now(lambda: self.store.stamp_untimed(now))
         oldest_done = self.store.oldest_done()
         if oldest_done is not None:
             ctx.due_by(TimerKind.PURGE, None, max(now, oldest_done + self.options.keep_done_ms))

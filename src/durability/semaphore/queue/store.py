@@ -270,11 +270,18 @@ class QueueStore:
         row = self.sql.one(f"SELECT min(done_at) AS t FROM {ITEMS} WHERE state IN (?, ?)", *DONE)
         return None if row is None else row["t"]
 
-    def stamp_done(self, now: float) -> None:
-        """Give items done before version 4 (no ``done_at``) the time ``now``:
-        they are kept ``keep_done_ms`` from the upgrade, like any done item.
-        One write per such item, once per object."""
-        self.sql.exec(f"UPDATE {ITEMS} SET done_at = ? WHERE state IN (?, ?) AND done_at IS NULL", now, *DONE)
+    def stamp_untimed(self, now: float) -> None:
+        """Give the time ``now`` to items done before version 4 (no ``done_at``:
+        kept ``keep_done_ms`` from the upgrade, like any done item) and to
+        items admitted before their admission was timed (no ``admitted_at``:
+        work sent elsewhere counts from it, and ``now`` is later than any send
+        of it). One write per such item, once per object; one scan, as before."""
+        self.sql.exec(
+            f"UPDATE {ITEMS} SET done_at = CASE WHEN state = ? THEN done_at ELSE ? END, "
+            "admitted_at = CASE WHEN state = ? THEN ? ELSE admitted_at END "
+            "WHERE (state IN (?, ?) AND done_at IS NULL) OR (state = ? AND admitted_at IS NULL)",
+            ADMITTED, now, ADMITTED, now, *DONE, ADMITTED,
+        )
 
     def purge_done(self, before: float, limit: int, held: AbstractSet[str] = frozenset(),
                    held_keys: AbstractSet[str] = frozenset()) -> bool:
