@@ -8,24 +8,26 @@ holder, timers, or when anything happens.
 
 Items are a WITHOUT ROWID table keyed by id with no secondary index: each
 state change of an item writes one row (a draw from a lease writes only
-its item). Finding the oldest queued items scans the
-table; reads cost a thousandth of writes.
+its item). The store reads the table once per instance, every column
+but the bodies, and keeps what it read in step with its own writes
+(``queue/item_rows``): every question about the items is answered in
+memory, and a body is read by id when its item is handed out.
 
 A released or cancelled item is kept ``keep_done_ms`` (so that enqueueing
 its id again is a no-op and ``status`` still answers), then deleted. That
-delete is one row written per item, and it keeps every scan of the table
-the size of the recent work: kept for good, done items made each scan
-longer with the object's whole history (a scan of n rows is billed n rows
-read, and the queue scans its items dozens of times per item, so keeping
-more than a few dozen done items costs more than deleting them). With
+delete is one row written per item, and it keeps each instance's read of
+the table the size of the recent work: kept for good, done items would
+make it longer with the object's whole history (a scan of n rows is
+billed n rows read, and an object that hibernates between events reads
+its items once per event). With
 ``keep_done_ms`` 0 a released item is deleted at once instead, and
 its key keeps a pacing row while it may hold grants (``register_key``); the
 key of every lease learned keeps one too, in every mode.
 
 No row is kept for a grant (``queue/grant_book`` keeps them in memory): a
 grant's confirmed and released counts are the counts of its items
-admitted or released on it, scanned once and kept until an item's state
-changes (``_all_counts``). The grant table older versions wrote is read
+admitted or released on it, counted from the rows kept and again when an
+item's state changes (``_all_counts``). The grant table older versions wrote is read
 once (``legacy_grants``) and its rows deleted as their grants settle. No
 row is kept for a lease either (``queue/lease_book``): its drawn and released
 counts are its items' too (and, with ``keep_done_ms`` 0, draws whose
@@ -37,13 +39,15 @@ answered and count as claimed too.
 
 from __future__ import annotations
 
+import itertools
 import json
-from collections.abc import Callable, Set as AbstractSet
+from collections.abc import Set as AbstractSet
 from typing import Any
 
 from ..._common.clock import now_ms
 from ..._common.schema import migrate
-from ..._common.sql import GrowingCounter, Sql
+from ..._common.sql import Sql
+from .item_rows import COLUMNS as ROW_COLUMNS, ItemRow, ItemRows, queued_of
 from .pure.states import (
     ADMITTED,
     CLAIMING,
@@ -72,13 +76,9 @@ from .schema import (
 )
 
 _LEASE_COLUMNS = "lease_id, key, grp, permits, drawn, released, stopped, ttl_ms, renew_at, settled_at"
-_ITEM_COLUMNS = "id, key, grp, body, seq, enqueued_at, state, grant_id, via, admitted_at, draw"
+#: the most ids one read of bodies binds (a statement binds at most 100 values)
+_IDS_PER_READ = 50
 _GRANT_COLUMNS = "grant_id, key, grp, permits, claimed, confirmed, released, claim_deadline"
-
-
-def _item(row: dict[str, Any]) -> Item:
-    return Item(row["id"], row["key"], row["grp"], json.loads(row["body"]), row["seq"],
-                row["enqueued_at"], row["state"], row["grant_id"], row["via"], row["admitted_at"], row["draw"])
 
 
 def _legacy_grant(row: dict[str, Any]) -> LocalGrant:
@@ -100,21 +100,32 @@ class QueueStore:
     def __init__(self, sql: Sql) -> None:
         self.sql = sql
         migrate(sql, COMPONENT, _SCHEMA)
-        self._seq = GrowingCounter(sql, f"SELECT max(seq) AS n FROM {ITEMS}")
-        # Item state changes made through this store: the counts scanned
-        # (_all_counts) hold until the next one, or until a transaction rolls
-        # back (counts read inside it may include what it undid).
+        self._rows_version = sql.rollbacks
+        self._item_rows = self._read_rows()
+        # Read now and not at the first number: a number this instance read
+        # before its first write (a message version held by a call in
+        # flight) stays below every one it hands out, even once that row is deleted.
+        self._seq = itertools.count(self._item_rows.max_seq() + 1)
+        # Item state changes made through this store: the counts (_all_counts)
+        # hold until the next one, or until the rows are read again.
         self._changes = 0
         self._memo: tuple[tuple[int, int], dict[str, dict[str, Counts]]] | None = None
-        # The same, with inserts too, for the queued and admitted items read
-        # (demand and admit() passes read them a dozen times per job: about
-        # 650 of the 1,080 rows a job read on the demo's workload).
-        self._inserts = 0
-        self._item_memo: tuple[tuple[int, int, int], dict[str | None, list[Any]]] = ((0, 0, -1), {})
         #: items this instance moved to admitted and not on since (a move
         #: rolled back may leave an id here: that item is not admitted, so
         #: nothing asks about it; if it is admitted later, it is by this instance)
         self.admitted_here: set[str] = set()
+
+    def _read_rows(self) -> ItemRows:
+        return ItemRows(self.sql.exec(f"SELECT {ROW_COLUMNS} FROM {ITEMS}"))
+
+    @property
+    def rows(self) -> ItemRows:
+        """The items' rows (``queue/item_rows``), read again after a transaction
+        rolled back: what this instance kept may include what it undid."""
+        if self._rows_version != self.sql.rollbacks:
+            self._rows_version = self.sql.rollbacks
+            self._item_rows = self._read_rows()
+        return self._item_rows
 
     # -- how the queue speaks to its holders ---------------------------------------
     def label(self, given: str | None) -> str | None:
@@ -180,49 +191,37 @@ class QueueStore:
         self.sql.exec(f"DELETE FROM {PACING} WHERE key = ?", key)
 
     def has_items(self, key: str) -> bool:
-        # (A count, not LIMIT 1: with no index both scan the table, and the
-        # embedded runtime bills a scan's reads as workerd does only in full.)
-        count: int = self.sql.exec(f"SELECT count(*) AS n FROM {ITEMS} WHERE key = ?", key)[0]["n"]  # always one row
-        return count > 0
+        return self.rows.has_key(key)
 
     # -- items ----------------------------------------------------------------
     def item(self, item_id: str) -> Item | None:
-        row = self.sql.one(f"SELECT {_ITEM_COLUMNS} FROM {ITEMS} WHERE id = ?", item_id)
-        return None if row is None else _item(row)
+        row = self.rows.get(item_id)
+        return None if row is None else self._items([row])[0]
 
     def insert(self, item_id: str, key: str, group: str, body_json: str, now: float) -> None:
-        self._inserts += 1
+        seq = next(self._seq)
         self.sql.exec(
             f"INSERT INTO {ITEMS} (id, key, grp, body, seq, enqueued_at, state) VALUES (?, ?, ?, ?, ?, ?, ?)",
-            item_id, key, group, body_json, self._seq.next(), now, QUEUED,
+            item_id, key, group, body_json, seq, now, QUEUED,
         )
+        self.rows.inserted(ItemRow(item_id, key, group, seq, now, QUEUED))
 
     def oldest_queued(self, key: str, group: str, limit: int, skip: int = 0) -> list[Item]:
         """The oldest ``limit`` queued items of a key and group after the first ``skip``."""
-        rows = self.sql.exec(
-            f"SELECT {_ITEM_COLUMNS} FROM {ITEMS} WHERE key = ? AND grp = ? AND state = ? "
-            "ORDER BY seq LIMIT ? OFFSET ?",
-            key, group, QUEUED, limit, skip,
-        )
-        return [_item(r) for r in rows]
+        return self._items(self.rows.in_state(QUEUED, key, group)[skip:skip + limit])
 
     def place_in_line(self, item: Item) -> int:
         """How many queued items of its key and group are ahead of ``item``."""
-        row = self.sql.one(f"SELECT count(*) AS n FROM {ITEMS} WHERE key = ? AND grp = ? AND state = ? AND seq < ?",
-                           item.key, item.group, QUEUED, item.seq)
-        return row["n"] if row else 0
+        return sum(1 for row in self.rows.in_state(QUEUED, item.key, item.group) if row.seq < item.seq)
 
     def demand(self, key: str, reserved: dict[str, int],
                times: int) -> list[tuple[str, int, float, tuple[float, ...]]]:
         """For one key, per group, the queued items past the first
         ``reserved[group]``: (group, their count, the oldest one's enqueue
         time, the enqueue times of the oldest ``times`` of them), oldest group first."""
-        rows = self._read_once(key, lambda: [
-            (row["grp"], row["enqueued_at"]) for row in self.sql.exec(
-                f"SELECT grp, enqueued_at FROM {ITEMS} WHERE key = ? AND state = ? ORDER BY seq", key, QUEUED)])
         counts: dict[str, int] = {}
         oldest: dict[str, list[float]] = {}
-        for group, enqueued_at in rows:
+        for group, enqueued_at in queued_of(self.rows, key):
             seen = counts[group] = counts.get(group, 0) + 1
             if reserved.get(group, 0) < seen <= reserved.get(group, 0) + times:
                 oldest.setdefault(group, []).append(enqueued_at)
@@ -232,16 +231,10 @@ class QueueStore:
         return sorted(demand, key=lambda d: d[2])
 
     def keys_in(self, *states: str) -> list[str]:
-        marks = ", ".join("?" * len(states))
-        rows = self.sql.exec(f"SELECT DISTINCT key FROM {ITEMS} WHERE state IN ({marks}) ORDER BY key", *states)
-        return [r["key"] for r in rows]
+        return self.rows.keys_in(states)
 
     def claiming(self, grant_id: str) -> list[Item]:
-        rows = self.sql.exec(
-            f"SELECT {_ITEM_COLUMNS} FROM {ITEMS} WHERE grant_id = ? AND state = ? ORDER BY seq",
-            grant_id, CLAIMING,
-        )
-        return [_item(r) for r in rows]
+        return self._items(self.rows.in_state(CLAIMING, grant_id=grant_id))
 
     def move_item(self, item: Item, to: str, grant_id: str | None = None, via: str | None = None,
                   done_at: float | None = None, draw: int | None = None) -> None:
@@ -255,6 +248,7 @@ class QueueStore:
             self.admitted_here.discard(item.id)
         if to == GONE:
             self.sql.exec(f"DELETE FROM {ITEMS} WHERE id = ?", item.id)
+            self.rows.moved(item.id, GONE)
             return
         # An admission's time rides in the same row (``AdmittedItem.admitted_at``).
         admitted_at = now_ms() if to == ADMITTED else None
@@ -263,58 +257,69 @@ class QueueStore:
             "admitted_at = coalesce(?, admitted_at) WHERE id = ?",
             to, grant_id, via, done_at, draw, admitted_at, item.id,
         )
+        row = self.rows.get(item.id)
+        self.rows.moved(item.id, to, grant_id=grant_id, via=via, done_at=done_at, draw=draw,
+                        admitted_at=admitted_at if admitted_at is not None or row is None else row.admitted_at)
 
     # -- done items: kept a while, then deleted ----------------------------------
     def oldest_done(self) -> float | None:
         """When the longest-done item was released or cancelled."""
-        row = self.sql.one(f"SELECT min(done_at) AS t FROM {ITEMS} WHERE state IN (?, ?)", *DONE)
-        return None if row is None else row["t"]
+        return min((row.done_at for row in self.rows.done() if row.done_at is not None), default=None)
 
     def stamp_untimed(self, now: float) -> None:
         """Give the time ``now`` to items done before version 4 (no ``done_at``:
         kept ``keep_done_ms`` from the upgrade, like any done item) and to
         items admitted before their admission was timed (no ``admitted_at``:
         work sent elsewhere counts from it, and ``now`` is later than any send
-        of it). One write per such item, once per object; one scan, as before."""
+        of it). One write per such item, once per object; no read when there is none."""
+        if not self.rows.untimed():
+            return
         self.sql.exec(
             f"UPDATE {ITEMS} SET done_at = CASE WHEN state = ? THEN done_at ELSE ? END, "
             "admitted_at = CASE WHEN state = ? THEN ? ELSE admitted_at END "
             "WHERE (state IN (?, ?) AND done_at IS NULL) OR (state = ? AND admitted_at IS NULL)",
             ADMITTED, now, ADMITTED, now, *DONE, ADMITTED,
         )
+        self.rows.stamped(now)
 
     def purge_done(self, before: float, limit: int, held: AbstractSet[str] = frozenset(),
                    held_keys: AbstractSet[str] = frozenset()) -> bool:
-        """Delete up to ``limit`` items done at ``before`` or earlier, except those whose
-        counts a grant (``held``) or lease still held here is made of (they go
-        once it is settled), and those of ``held_keys``. True if more are due."""
+        """Delete up to ``limit`` items done at ``before`` or earlier, oldest
+        first, except those whose counts a grant (``held``) or lease still
+        held here is made of (they go once it is settled), and those of
+        ``held_keys``. True if more are due."""
         live = set(held) | {row["lease_id"] for row in self.sql.exec(f"SELECT lease_id FROM {LEASES}")}
-        rows = self.sql.exec(
-            f"SELECT id, key, grant_id, state FROM {ITEMS} WHERE state IN (?, ?) AND done_at <= ?", *DONE, before)
-        due = [row for row in rows if row["grant_id"] not in live and row["key"] not in held_keys]
+        due = [row for row in self.rows.done() if row.done_at is not None and row.done_at <= before
+               and row.grant_id not in live and row.key not in held_keys]
         self._changes += 1
         for row in due[:limit]:
-            move(row["state"], GONE)  # (a done item may go: the table says so)
-            self.sql.exec(f"DELETE FROM {ITEMS} WHERE id = ?", row["id"])
+            move(row.state, GONE)  # (a done item may go: the table says so)
+            self.sql.exec(f"DELETE FROM {ITEMS} WHERE id = ?", row.id)
+            self.rows.moved(row.id, GONE)
         return len(due) > limit
 
     def admitted(self) -> list[Item]:
         """Admitted items not yet released, oldest first."""
-        rows = self._read_once(None, lambda: list(self.sql.exec(
-            f"SELECT {_ITEM_COLUMNS} FROM {ITEMS} WHERE state = ? ORDER BY seq", ADMITTED)))
-        return [_item(r) for r in rows]  # (each call its own bodies: admit() may change what it gets)
+        return self._items(self.rows.in_state(ADMITTED))  # (each call its own bodies: admit() may change them)
 
-    def _read_once(self, key: str | None, read: Callable[[], list[Any]]) -> list[Any]:
-        """What ``read()`` read of the key's queued items (None: the admitted
-        ones), kept until an item is inserted or changes state through this
-        store, or a transaction rolls back."""
-        version = (self._changes, self._inserts, self.sql.rollbacks)
-        if self._item_memo[0] != version:
-            self._item_memo = (version, {})
-        known = self._item_memo[1]
-        if key not in known:
-            known[key] = read()
-        return known[key]
+    def _items(self, rows: list[ItemRow]) -> list[Item]:
+        """The items of ``rows``, with their bodies: an admitted item's kept once
+        read, any other read by id (a row read each; bodies can be large, and
+        most items are read whole only when they are handed out)."""
+        missing = [row.id for row in rows if self.rows.body(row.id) is None]
+        read: dict[str, str] = {}
+        for start in range(0, len(missing), _IDS_PER_READ):
+            ids = missing[start:start + _IDS_PER_READ]
+            marks = ", ".join("?" * len(ids))
+            read.update((r["id"], r["body"]) for r in self.sql.exec(
+                f"SELECT id, body FROM {ITEMS} WHERE id IN ({marks})", *ids))
+        items = []
+        for row in rows:
+            body = self.rows.body(row.id) or read[row.id]
+            self.rows.keep_body(row.id, body)
+            items.append(Item(row.id, row.key, row.grp, json.loads(body), row.seq, row.enqueued_at, row.state,
+                              row.grant_id, row.via, row.admitted_at, row.draw))
+        return items
 
     # -- grants: counted from their items (the terms live in memory, grant_book) --
     def grant_counts(self, key: str | None = None, grant_id: str | None = None) -> dict[str, Counts]:
@@ -331,23 +336,11 @@ class QueueStore:
         return dict(counts) if key is None else {i: c for i, c in counts.items() if c.key == key}
 
     def _all_counts(self) -> dict[str, dict[str, Counts]]:
-        """via -> id -> counts, from one scan of the items, kept until an item's
-        state changes. (The queue asks for these counts many times per item;
-        a scan reads every row of the table.)"""
+        """via -> id -> counts, counted once and kept until an item's state
+        changes. (The queue asks for these counts many times per item.)"""
         version = (self._changes, self.sql.rollbacks)
         if self._memo is None or self._memo[0] != version:
-            rows = self.sql.exec(
-                f"SELECT grant_id, via, key, grp, state, count(*) AS n, max(draw) AS last FROM {ITEMS} "
-                "WHERE via IS NOT NULL AND state IN (?, ?, ?) GROUP BY grant_id, via, key, grp, state",
-                CLAIMING, ADMITTED, RELEASED,
-            )
-            counts: dict[str, dict[str, Counts]] = {}
-            for row in rows:
-                by_id = counts.setdefault(row["via"], {})
-                known = by_id.get(row["grant_id"]) or Counts(row["key"], row["grp"], {})
-                known.by_state[row["state"]] = row["n"]
-                by_id[row["grant_id"]] = known._replace(last_draw=max(known.last_draw, row["last"] or 0))
-            self._memo = (version, counts)
+            self._memo = (version, self.rows.counts())
         return self._memo[1]
 
     def legacy_grants(self) -> list[LocalGrant]:
