@@ -327,6 +327,31 @@ def test_a_job_that_succeeds_first_time_costs_three_rows_written_and_an_idle_obj
     assert (written, read) == (4, 12)
 
 
+def rows_a_new_instance_reads(finished: int) -> int:
+    """Rows read by a new instance of an object with ``finished`` jobs kept, asked for one result."""
+    with jobs_runtime() as runtime:
+        stub = runtime.env.PLAIN.getByName("p")
+
+        async def scenario():
+            for n in range(finished):
+                await stub.submit(f"job-{n}", {"n": n}, "echo")
+            await asyncio.sleep(5)
+            runtime.evict(stub)
+            host = runtime.host_of(stub)
+            before = host.db.rows_read
+            assert (await stub.result("job-0"))["status"] == "completed"
+            return host.db.rows_read - before
+
+        return runtime.run(scenario())
+
+
+def test_a_new_instance_reads_the_jobs_table_once():
+    # Its unfinished jobs' timers and the purge's census come from one scan:
+    # a row read per job kept (two, when each had a scan of its own).
+    extra = rows_a_new_instance_reads(60) - rows_a_new_instance_reads(30)
+    assert 30 <= extra < 40, extra
+
+
 def test_a_handler_learns_its_job_from_current_job(runtime):
     stub = runtime.env.PLAIN.getByName("p")
 

@@ -12,7 +12,8 @@ row. It fires ``slack_ms`` (a day, by default) after the oldest finished job
 comes due, so jobs that finished within it share a firing. Each firing scans
 the table twice (a count, then the oldest rows: there is no index on
 ``done_at``, which would cost a row written per job when it finishes and
-again when it goes; a new instance scans it once) and deletes up to ``PURGE_BATCH`` of them in one
+again when it goes; a new instance's read of the table, the runner's, gives
+its census) and deletes up to ``PURGE_BATCH`` of them in one
 transaction, so its wake-up (a request) and its alarm (at most one row,
 and only when nothing sooner is due) are shared by up to 500 jobs: 0.002
 rows per job at most. A batch cut short by a crash rolls back whole; the
@@ -42,21 +43,18 @@ Keep = Callable[[list[str]], Any]
 class JobPurge:
     """Deletes finished jobs that ``retention`` says are due, in batches, oldest first."""
 
-    def __init__(self, scheduler: DurabilityScheduler, retention: JobRetention, keep: Keep | None) -> None:
+    def __init__(self, scheduler: DurabilityScheduler, retention: JobRetention, keep: Keep | None,
+                 census: tuple[int, float | None]) -> None:
+        """``census``: how many jobs are finished here, and when the oldest of
+        them finished (the runner's one read of the table per instance)."""
         self.scheduler = scheduler
         self.sql = scheduler.sql
         self.retention = retention
         self.keep = keep
         self._held: dict[str, float] = {}  #: job id -> until when ``keep`` is not asked about it again
         scheduler.register(PARTICIPANT, self._on_timer, durable=False)
-        self._finished, self._oldest = self._census()
+        self._finished, self._oldest = census
         self._arm()
-
-    def _census(self) -> tuple[int, float | None]:
-        """How many jobs are finished here, and when the oldest of them finished."""
-        row = self.sql.one("SELECT count(*) AS n, min(done_at) AS oldest FROM durability_jobs "
-                           "WHERE done_at IS NOT NULL")
-        return (0, None) if row is None else (int(row["n"]), row["oldest"])
 
     def finished(self, done_at: float) -> None:
         """A job finished at ``done_at`` (called with the write that says so):

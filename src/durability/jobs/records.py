@@ -3,7 +3,8 @@
 Lives here: the ``durability_jobs`` table and its upgrades, ``JobStatus``
 and how a row reads as ``get_result`` reports it, lifecycle events
 (``JobEvent``), ``NonRetryableError`` and the text a failure is kept as,
-the checks a job must pass before anything is stored, and
+the checks a job must pass before anything is stored (and the options
+of ``DurabilityJobs`` when it is made), and
 ``current_job()`` with the handler's call under it (``call_handler``).
 Must not know: when an attempt runs, how a failed one is retried, or who
 listens to the events.
@@ -16,7 +17,7 @@ from __future__ import annotations
 
 import inspect
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from contextvars import ContextVar
 from dataclasses import dataclass
 from enum import StrEnum
@@ -26,6 +27,7 @@ from .._common.checks import compact_json
 from .._common.clock import now_ms
 from .._common.schema import Step
 from .._common.sql import Sql
+from .retention import JobRetention
 
 if TYPE_CHECKING:
     from .runner import DurabilityJobs
@@ -189,3 +191,18 @@ async def call_handler(handlers: dict[str, Handler], job: JobContext, payload: A
         return result, compact_json(result, "its result")
     except ValueError as error:
         raise TypeError(f"job handler {name!r} returned a result that is not JSON: {error}") from None
+
+
+def check_options(handlers: Mapping[str, Any], retention: Any, keep: Any) -> None:
+    """``DurabilityJobs``' handlers, retention and ``keep`` hook, checked when it is made."""
+    if not handlers:
+        raise ValueError("DurabilityJobs needs at least one handler")
+    for name, handler in handlers.items():
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"a handler name must be a non-empty string, not {name!r}")
+        if not callable(handler):
+            raise ValueError(f"handler {name!r} is not callable")
+    if retention is not None and not isinstance(retention, JobRetention):
+        raise ValueError(f"retention must be a JobRetention, not {retention!r}")
+    if keep is not None and not callable(keep):
+        raise ValueError("keep must be callable: keep(ids) -> the ids still needed")
