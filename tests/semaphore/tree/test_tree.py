@@ -110,6 +110,25 @@ def test_a_tree_holders_rounds_keep_its_beat_and_a_loans_round_does_not_wait_for
     assert _round_time(holder, False, None) == pytest.approx(now_ms() + 1_000.0, abs=50)
 
 
+def test_a_parents_first_round_comes_a_quarter_period_after_its_first_child_asked_in_a_new_tree_too(monkeypatch):
+    from types import SimpleNamespace
+
+    from durability.semaphore.holder import rounds
+
+    asked = now_ms()
+    monkeypatch.setattr(rounds, "_first_child_since", lambda holder: asked)
+    parent_beats = SimpleNamespace(keeps_beat=True, next_beat=lambda at: on_beat(at, 2_000.0, 1_000.0))
+    for made_its_tables in (True, False):  # a new tree's root, and one restarted
+        holder = SimpleNamespace(tree=parent_beats, round_wait_ms=1_000.0, round_period_ms=2_000.0,
+                                 _last_round_at=None, _started_at=asked, rejoin_wait_ms=1_000.0,
+                                 _holds_permits=lambda: False, _parked=object(),
+                                 store=SimpleNamespace(created=made_its_tables))
+        # Not its next beat (up to a period on): the children on one beat ask a
+        # moment apart, so a quarter period hears them all, and a new tree's
+        # first loans reach its leaves a beat sooner.
+        assert rounds._round_time(holder, False, None) == pytest.approx(asked + 500.0, abs=1)
+
+
 def test_a_tree_shape_is_checked_where_it_is_given():
     for bad in ({"fan_out": 1}, {"fan_out": 0}, {"fan_out": 2, "depth": 0}, {"fan_out": True}):
         with pytest.raises(ValueError):

@@ -139,15 +139,17 @@ def _round_time(holder: DurabilitySemaphore, soon: bool, spacing: float | None) 
     beats space its rounds a period apart, and every holder of the tree
     keeps the same ones, so the children's lines move together and each
     hears its parent just before its round (see ``tree.beat_phase``)."""
-    # A tree's parent restarted (not its first instance ever) runs its
-    # first round off the beat, a quarter period (or ``round_wait_ms``, if
-    # shorter) after the first child in its line asked: the children it
-    # woke as it started ask again at once, and those on the same beat a
-    # moment apart. Restarted between their requests and its beat, again
-    # and again, it never ran one with their demand in it (its line is not
-    # in rows; a leaf's is). A parent's very first round keeps the beat.
+    # A tree's parent runs an instance's first round off the beat, a
+    # quarter period (or ``round_wait_ms``, if shorter) after the first
+    # child in its line asked: the children it woke as it started ask again
+    # at once, and those on the same beat a moment apart. Restarted between
+    # their requests and its beat, again and again, it never ran one with
+    # their demand in it (its line is not in rows; a leaf's is). A new
+    # tree's first loans so reach its leaves a beat sooner (one level of
+    # bench_tree.py, 2,000 clients: 96.1% busy instead of 96.0%; two
+    # levels: 95.1% instead of 94.7%).
     first_child = _first_child_since(holder) if holder.tree.keeps_beat and holder._last_round_at is None else None
-    first = first_child is not None and not holder.store.created
+    first = first_child is not None
     beat = holder.tree.keeps_beat and not soon and not first
     at = now_ms() + (0 if soon or beat else holder.round_wait_ms)
     if first and not soon:

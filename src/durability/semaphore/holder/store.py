@@ -40,7 +40,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from ..._common.schema import Step, migrate, schema_version
+from ..._common.schema import Step, migrate
 from ..._common.sql import Sql
 from ..tree.pure.rules import Loan
 from .pure.allocation import Changes, Grant
@@ -190,8 +190,6 @@ _LEASE_COLUMNS = "lease_id, client_id, grp, permits, drawn, released, expires_at
 class HolderStore:
     def __init__(self, sql: Sql) -> None:
         self.sql = sql
-        #: this instance made the holder's tables: the object never served before (a row read to know)
-        self.created = schema_version(sql, COMPONENT) == 0
         migrate(sql, COMPONENT, _SCHEMA)
 
     def load_clients(self) -> dict[tuple[str, str], ClientRow]:
