@@ -34,9 +34,9 @@ transaction; the outbox then delivers the report at least once. A tally
 keeps, per counter, the highest count it was told, so lost, repeated and
 reordered reports still add up to exactly what was counted.
 
-Retention: a shard keeps a finished job 30 days (the newest ``JOBS_KEPT``
-at most, and any that finished within the hour), then deletes its row
-within a day; ``GET /jobs/{id}`` answers
+Retention: a shard keeps a finished job a day (``JOBS_KEPT_MS``; its
+newest ``JOBS_KEPT`` at most, and any that finished within the hour), then
+deletes its row within the hour after; ``GET /jobs/{id}`` answers
 ``not_found`` from then on, and submitting the id again runs a new job. A job whose queue item
 is still kept is not deleted, so the queue can never run it twice.
 
@@ -431,10 +431,14 @@ async def deliver_webhook(job):
     raise NonRetryableError(refusal)
 
 
-#: Finished jobs a shard keeps at most (past it, those done over an hour ago
-#: go). A shard wakes for each job's report and reads every job it keeps once
-#: per wake, a row read each ($1 per million jobs per 1,000 kept): the
-#: library's 100,000 would cost a busy shard up to $100 per million jobs.
+#: How long a shard keeps a finished job, and how many at most (past it,
+#: those done over an hour ago go). A shard wakes for each job's report and
+#: reads every job it keeps once per wake, a row read each ($1 per million
+#: jobs per 1,000 kept): the library's 30 days and 100,000 would cost a busy
+#: shard up to $100 per million jobs. A day makes the purge wait an hour past
+#: a job's time at most (``JobRetention.slack_ms``), not a day: a shard that
+#: wakes per job (one every 10 s or fewer) keeps about 2,700 at most.
+JOBS_KEPT_MS = 24 * 3_600_000
 JOBS_KEPT = 2_000
 
 
@@ -450,10 +454,10 @@ class JobShard(DurableObject):
             on_lifecycle_event=self._on_job_event,
             retries=Backoff(initial_ms=1_000, max_attempts=3),
             runs_in=_attempts_queue(env, ctx),
-            # Finished jobs go after the library's 30 days (or beyond the
-            # newest JOBS_KEPT of the shard), one row written each, except
-            # while the queue keeps their item (see _queue_keeps).
-            retention=JobRetention(max_count=JOBS_KEPT),
+            # Finished jobs go after a day (or beyond the newest JOBS_KEPT of
+            # the shard), one row written each, except while the queue keeps
+            # their item (see _queue_keeps).
+            retention=JobRetention(max_age_ms=JOBS_KEPT_MS, max_count=JOBS_KEPT),
             keep=self._queue_keeps,
         )
         # finished() asks the shard's own job runner (rows read, no request),

@@ -13,7 +13,7 @@ import asyncio
 from durability.semaphore import AdmittedItem
 from support import example_runtime
 
-DAY_S = 86_400
+HOUR_S = 3_600
 #: rows per object or per key, not per job (see the module's docstring)
 FIXED = {"durability_schema", "durability_semaphore_lease_ids", "durability_queue_pacing"}
 ACCOUNTS = 3
@@ -41,9 +41,10 @@ def test_no_row_per_finished_job_is_left_past_the_retention_window():
             await asyncio.sleep(600)
             done = [(await runtime.call_entrypoint("job_status", job["id"]))["job"]["status"] for job in jobs]
             during = rows_by_table(runtime)
-            await asyncio.sleep(29 * DAY_S)
+            window_s = runtime.module.JOBS_KEPT_MS / 1000
+            await asyncio.sleep(window_s - 4 * HOUR_S)
             kept = rows_by_table(runtime)
-            await asyncio.sleep(3 * DAY_S)  # past the 30 days, and the day the purge may wait (slack_ms)
+            await asyncio.sleep(6 * HOUR_S)  # past the window, and the hour the purge may wait (slack_ms)
             after = rows_by_table(runtime)
             answers = [await runtime.call_entrypoint("job_status", job["id"]) for job in jobs[:3]]
             return done, during, kept, after, answers
@@ -87,10 +88,10 @@ def test_a_finished_job_whose_queue_item_is_still_kept_is_not_purged_and_never_r
             instance.jobs.run.get_result = still_running  # what the finished() sweep asks
             await asyncio.sleep(60)
             item = instance.permits.status("job-3")
-            # 31 days on, as far as the job's row says (waiting them out would
-            # run the finished() sweep half a million times): its purge is due.
+            # Past the window, as far as the job's row says (waiting it out
+            # would run the finished() sweep thousands of times): its purge is due.
             instance.ctx.storage.sql.exec("UPDATE durability_jobs SET done_at = done_at - ? WHERE id = 'job-3'",
-                                          31 * DAY_S * 1000)
+                                          runtime.module.JOBS_KEPT_MS + 2 * HOUR_S * 1000)
             instance.scheduler.schedule("durability.jobs.retention", "purge", runtime.now_ms())
             await instance.scheduler.sync()
             await asyncio.sleep(60)

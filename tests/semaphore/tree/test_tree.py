@@ -118,15 +118,14 @@ def test_a_parents_first_round_comes_a_quarter_period_after_its_first_child_aske
     asked = now_ms()
     monkeypatch.setattr(rounds, "_first_child_since", lambda holder: asked)
     parent_beats = SimpleNamespace(keeps_beat=True, next_beat=lambda at: on_beat(at, 2_000.0, 1_000.0))
-    for made_its_tables in (True, False):  # a new tree's root, and one restarted
-        holder = SimpleNamespace(tree=parent_beats, round_wait_ms=1_000.0, round_period_ms=2_000.0,
-                                 _last_round_at=None, _started_at=asked, rejoin_wait_ms=1_000.0,
-                                 _holds_permits=lambda: False, _parked=object(),
-                                 store=SimpleNamespace(created=made_its_tables))
-        # Not its next beat (up to a period on): the children on one beat ask a
-        # moment apart, so a quarter period hears them all, and a new tree's
-        # first loans reach its leaves a beat sooner.
-        assert rounds._round_time(holder, False, None) == pytest.approx(asked + 500.0, abs=1)
+    # A new tree's root as one restarted (only a restarted one did, once).
+    holder = SimpleNamespace(tree=parent_beats, round_wait_ms=1_000.0, round_period_ms=2_000.0,
+                             _last_round_at=None, _started_at=asked, rejoin_wait_ms=1_000.0,
+                             _holds_permits=lambda: False, _parked=object())
+    # Not its next beat (up to a period on): the children on one beat ask a
+    # moment apart, so a quarter period hears them all, and a new tree's
+    # first loans reach its leaves a beat sooner.
+    assert rounds._round_time(holder, False, None) == pytest.approx(asked + 500.0, abs=1)
 
 
 def test_a_tree_shape_is_checked_where_it_is_given():

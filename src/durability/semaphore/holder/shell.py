@@ -96,7 +96,7 @@ class DurabilitySemaphore:
             that the clients whose requests failed with the old instance are
             back in line, oldest work first, before anything is handed out.
             A first round waits ``round_wait_ms`` anyway: this matters only
-            when it is longer. (A tree's restarted parent runs its first
+            when it is longer. (A tree's parent runs an instance's first
             round off its beat instead: ``holder.rounds._round_time``.)
         leases: None (no leases), or the lease options: ``provisioning``
             (``{"mode": "strict"}``, ``{"mode": "under", "reserve": n}``,

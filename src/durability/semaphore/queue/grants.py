@@ -21,10 +21,11 @@ from dataclasses import replace
 
 from ..._common.clock import now_ms
 from ..messages import MAX_REPORTS, GrantEntry, Reply, Report, ReportOutcome, Sync
+from .item_rows import ItemRow
 from .leases import QueueLeases
 from .memory import QueueContext
 from .pure.core import report_due, settle, usable_claims
-from .pure.states import ADMITTED, QUEUED, LocalGrant, TimerKind, Via
+from .pure.states import ADMITTED, QUEUED, Item, LocalGrant, TimerKind, Via
 
 log = logging.getLogger("durability.semaphore.queue")
 
@@ -166,7 +167,7 @@ class QueueGrants:
         """
         store = self.ctx.store
         rows = store.claiming(grant.grant_id) if grant.claiming_rows else []
-        to_admit = rows[:admit]
+        to_admit: list[Item | ItemRow] = list(rows[:admit])
         if len(to_admit) < admit:
             to_admit += store.oldest_queued(grant.key, grant.group, admit - len(to_admit))
         for item in to_admit:

@@ -19,6 +19,7 @@ item is handed out (one row read), and kept while its item is admitted.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from typing import Any
@@ -46,29 +47,59 @@ class ItemRow:
 
 
 class ItemRows:
-    """Every item's row but its body, in memory, in seq order."""
+    """Every item's row but its body, in memory, by state, each state's in seq order.
+
+    Grouped by state, a question reads only the rows of the state it asks
+    about (the queued ones, mostly), not the done ones a queue keeps."""
 
     def __init__(self, rows: Iterable[dict[str, Any]]) -> None:
-        self._rows = {r["id"]: ItemRow(**r) for r in sorted(rows, key=lambda r: r["seq"])}
+        self._rows: dict[str, ItemRow] = {}
+        self._by_state: dict[str, dict[str, ItemRow]] = {}
+        self._unsorted: set[str] = set()  #: states whose rows came out of seq order
+        self._keys: Counter[str] = Counter()  #: rows per key
+        for row in sorted(rows, key=lambda r: r["seq"]):
+            self._put(ItemRow(**row))
         self._bodies: dict[str, str] = {}  #: body JSON of admitted items, read once each
+
+    def _put(self, row: ItemRow) -> None:
+        old = self._rows.pop(row.id, None)
+        if old is not None:
+            del self._by_state[old.state][row.id]
+            self._keys[old.key] -= 1
+        bucket = self._by_state.setdefault(row.state, {})
+        if bucket and next(reversed(bucket.values())).seq > row.seq:
+            self._unsorted.add(row.state)
+        bucket[row.id] = self._rows[row.id] = row
+        self._keys[row.key] += 1
+
+    def _drop(self, item_id: str) -> None:
+        old = self._rows.pop(item_id, None)
+        if old is not None:
+            del self._by_state[old.state][item_id]
+            self._keys[old.key] -= 1
+
+    def _of(self, state: str) -> Iterable[ItemRow]:
+        if state in self._unsorted:
+            self._by_state[state] = dict(sorted(self._by_state[state].items(), key=lambda kv: kv[1].seq))
+            self._unsorted.discard(state)
+        return self._by_state.get(state, {}).values()
 
     # -- kept in step with the writes ----------------------------------------
     def inserted(self, row: ItemRow) -> None:
-        self._rows[row.id] = row  # (seq grows: the newest goes last)
+        self._put(row)
 
     def moved(self, item_id: str, to: str, **columns: Any) -> None:
         if to == GONE:
-            self._rows.pop(item_id, None)
+            self._drop(item_id)
         elif item_id in self._rows:
-            self._rows[item_id] = replace(self._rows[item_id], state=to, **columns)
+            self._put(replace(self._rows[item_id], state=to, **columns))
         if to != ADMITTED:
             self._bodies.pop(item_id, None)
 
     def stamped(self, now: float) -> None:
         """As ``QueueStore.stamp_untimed`` writes."""
         for row in self.untimed():
-            timed = replace(row, admitted_at=now) if row.state == ADMITTED else replace(row, done_at=now)
-            self._rows[row.id] = timed
+            self._put(replace(row, admitted_at=now) if row.state == ADMITTED else replace(row, done_at=now))
 
     # -- questions ----------------------------------------------------------
     def get(self, item_id: str) -> ItemRow | None:
@@ -85,31 +116,30 @@ class ItemRows:
         return max((r.seq for r in self._rows.values()), default=0)
 
     def has_key(self, key: str) -> bool:
-        return any(r.key == key for r in self._rows.values())
+        return self._keys[key] > 0
 
     def in_state(self, state: str, key: str | None = None, group: str | None = None,
                  grant_id: str | None = None) -> list[ItemRow]:
         """The items in ``state`` (of one key, group or grant), oldest first."""
-        return [r for r in self._rows.values() if r.state == state and (key is None or r.key == key)
+        return [r for r in self._of(state) if (key is None or r.key == key)
                 and (group is None or r.grp == group) and (grant_id is None or r.grant_id == grant_id)]
 
     def keys_in(self, states: Iterable[str]) -> list[str]:
-        wanted = set(states)
-        return sorted({r.key for r in self._rows.values() if r.state in wanted})
+        return sorted({r.key for state in set(states) for r in self._of(state)})
 
     def done(self) -> list[ItemRow]:
-        return [r for r in self._rows.values() if r.state in DONE]
+        return sorted((r for state in DONE for r in self._of(state)), key=lambda r: r.seq)
 
     def untimed(self) -> list[ItemRow]:
         """Items done before ``done_at`` was kept, and admitted before ``admitted_at`` was."""
-        return [r for r in self._rows.values()
-                if (r.state in DONE and r.done_at is None) or (r.state == ADMITTED and r.admitted_at is None)]
+        return [r for r in self.done() if r.done_at is None] + [
+            r for r in self._of(ADMITTED) if r.admitted_at is None]
 
     def counts(self) -> dict[str, dict[str, Counts]]:
         """via -> grant or lease id -> the counts of its items claiming, admitted or released."""
         counts: dict[str, dict[str, Counts]] = {}
-        for r in self._rows.values():
-            if r.via is None or r.grant_id is None or r.state not in _COUNTED:
+        for r in (r for state in _COUNTED for r in self._of(state)):
+            if r.via is None or r.grant_id is None:
                 continue
             by_id = counts.setdefault(r.via, {})
             known = by_id.get(r.grant_id) or Counts(r.key, r.grp, {})

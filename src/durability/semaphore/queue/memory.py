@@ -24,6 +24,7 @@ from ...scheduler.alarm import DurabilityScheduler
 from ..client import SemaphoreClient
 from ..messages import MAX_DEMAND_TIMES, Demand, GrantEntry, Reply, Sync
 from .grant_book import GrantBook
+from .item_rows import ItemRow
 from .lease_book import LeaseBook
 from .pure.core import grid_at_or_after
 from .pure.states import CANCELLED, DONE, QUEUED, Item, TimerKind, timer_key
@@ -206,7 +207,7 @@ class QueueContext:
             raise
 
     # -- inside a commit: item moves and timers ----------------------------------------
-    def move(self, item: Item, state: str, grant_id: str | None = None, via: str | None = None,
+    def move(self, item: Item | ItemRow, state: str, grant_id: str | None = None, via: str | None = None,
              draw: int | None = None) -> None:
         """Write an item's next state, as the life cycle (queue/pure/states.TRANSITIONS) allows."""
         done_at = None

@@ -184,7 +184,7 @@ class DurabilitySemaphoreQueue(QueueReleases):
                 if interval is not None:  # the holder's pacing holds across an eviction
                     self.server.paced(key, now + interval)
             self._wake(key, now)
-        if self.store.admitted():
+        if self.store.has_admitted():
             ctx.due_by(TimerKind.ADMIT, None, now, alarm_by=now + self.options.checks_wait_ms)
         for key in sorted({grant.key for grant in self.grants.grants() if self.claims.report_due(grant)}):
             ctx.due_by(TimerKind.REPORT, key, now)  # what the holder may not have heard

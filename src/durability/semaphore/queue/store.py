@@ -204,9 +204,10 @@ class QueueStore:
         )
         self.rows.inserted(ItemRow(item_id, key, group, seq, now, QUEUED))
 
-    def oldest_queued(self, key: str, group: str, limit: int, skip: int = 0) -> list[Item]:
-        """The oldest ``limit`` queued items of a key and group after the first ``skip``."""
-        return self._items(self.rows.in_state(QUEUED, key, group)[skip:skip + limit])
+    def oldest_queued(self, key: str, group: str, limit: int, skip: int = 0) -> list[ItemRow]:
+        """The oldest ``limit`` queued items of a key and group after the first
+        ``skip`` (their rows, bodies left out: a claim counts them, an admission moves them)."""
+        return self.rows.in_state(QUEUED, key, group)[skip:skip + limit]
 
     def place_in_line(self, item: Item) -> int:
         """How many queued items of its key and group are ahead of ``item``."""
@@ -234,7 +235,7 @@ class QueueStore:
     def claiming(self, grant_id: str) -> list[Item]:
         return self._items(self.rows.in_state(CLAIMING, grant_id=grant_id))
 
-    def move_item(self, item: Item, to: str, grant_id: str | None = None, via: str | None = None,
+    def move_item(self, item: Item | ItemRow, to: str, grant_id: str | None = None, via: str | None = None,
                   done_at: float | None = None, draw: int | None = None) -> None:
         """Write ``item``'s next state (``GONE`` deletes its row), as the life
         cycle allows; else ValueError, and nothing is written."""
@@ -282,10 +283,10 @@ class QueueStore:
 
     def purge_done(self, before: float, limit: int, held: AbstractSet[str] = frozenset(),
                    held_keys: AbstractSet[str] = frozenset()) -> bool:
-        """Delete up to ``limit`` items done at ``before`` or earlier, oldest
-        first, except those whose counts a grant (``held``) or lease still
-        held here is made of (they go once it is settled), and those of
-        ``held_keys``. True if more are due."""
+        """Delete up to ``limit`` items done at ``before`` or earlier, in the
+        order they were enqueued, except those whose counts a grant
+        (``held``) or lease still held here is made of (they go once it is
+        settled), and those of ``held_keys``. True if more are due."""
         live = set(held) | {row["lease_id"] for row in self.sql.exec(f"SELECT lease_id FROM {LEASES}")}
         due = [row for row in self.rows.done() if row.done_at is not None and row.done_at <= before
                and row.grant_id not in live and row.key not in held_keys]
@@ -295,6 +296,9 @@ class QueueStore:
             self.sql.exec(f"DELETE FROM {ITEMS} WHERE id = ?", row.id)
             self.rows.moved(row.id, GONE)
         return len(due) > limit
+
+    def has_admitted(self) -> bool:
+        return bool(self.rows.in_state(ADMITTED))
 
     def admitted(self) -> list[Item]:
         """Admitted items not yet released, oldest first."""
