@@ -324,7 +324,7 @@ def test_a_job_that_succeeds_first_time_costs_three_rows_written_and_an_idle_obj
     # The job with its first attempt, the alarm, the outcome (its timer lives
     # in memory); then, the object idle, the alarm set again for the purge 30
     # days on: one row per idle spell, shared by every job of a busy one.
-    assert (written, read) == (4, 12)
+    assert (written, read) == (4, 8)
 
 
 def rows_a_new_instance_reads(finished: int) -> int:

@@ -531,3 +531,30 @@ def test_an_alarm_leaves_a_timer_an_event_is_running_alone_and_runs_it_once_it_i
     start, runs = runtime.run(scenario())
     assert [(r["key"], round((r["at"] - start) / 1000)) for r in runs] == [("k", 0), ("w", 1), ("k", 5)]
     assert runtime.hosts()[0].stats.alarm_invocations <= 3
+
+
+def test_the_earliest_durable_timer_is_read_once_until_a_write_and_a_rolled_back_one_is_not_kept(runtime):
+    stub = runtime.env.TIMERS.getByName("t")
+
+    async def scenario():
+        await stub.schedule("a", 5_000)
+        host = runtime.host_of(stub)
+        scheduler, start = host.instance.scheduler, runtime.now_ms()
+        before = host.db.rows_read
+        for _ in range(3):
+            await scheduler.sync()  # each sync asks for the earliest timer
+        reads = host.db.rows_read - before
+
+        def scheduled_then_failed():
+            scheduler.schedule("work", "ghost", start + 1_000)
+            assert scheduler._rows.earliest() == [start + 1_000]  # read inside: the ghost is earliest
+            raise RuntimeError("rolled back")
+
+        with pytest.raises(RuntimeError):
+            scheduler.transaction(scheduled_then_failed)
+        await scheduler.sync()
+        return reads, await stub.alarm_time() - start
+
+    reads, alarm = runtime.run(scenario())
+    assert reads == 0  # read by the schedule's own sync, kept since: no write came
+    assert alarm == 5_000  # the timer the transaction rolled back moved nothing
