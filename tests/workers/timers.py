@@ -84,7 +84,9 @@ class Timers(DurableObject):
         return self.ctx.storage.sql.exec("SELECT count(*) AS n FROM runs").one()["n"]
 
     async def write_old_timer_row(self, participant, key):
-        """A timer row as an older deployment wrote it, for a participant now kept in memory."""
+        """A timer row as an older deployment wrote it, for a participant now kept in memory.
+        (Written past the scheduler, whose earliest-timer read it leaves stale
+        until the scheduler's own next write: the tests using it make one.)"""
         self.ctx.storage.sql.exec(
             "INSERT INTO durability_timers (participant, key, due_at, version) VALUES (?, ?, ?, 0)",
             participant, key, time.time() * 1000)

@@ -19,6 +19,7 @@ item is handed out (one row read), and kept while its item is admitted.
 
 from __future__ import annotations
 
+import heapq
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
@@ -64,8 +65,7 @@ class ItemRows:
     def _put(self, row: ItemRow) -> None:
         old = self._rows.pop(row.id, None)
         if old is not None:
-            del self._by_state[old.state][row.id]
-            self._keys[old.key] -= 1
+            self._forget(old)
         bucket = self._by_state.setdefault(row.state, {})
         if bucket and next(reversed(bucket.values())).seq > row.seq:
             self._unsorted.add(row.state)
@@ -75,8 +75,13 @@ class ItemRows:
     def _drop(self, item_id: str) -> None:
         old = self._rows.pop(item_id, None)
         if old is not None:
-            del self._by_state[old.state][item_id]
-            self._keys[old.key] -= 1
+            self._forget(old)
+
+    def _forget(self, old: ItemRow) -> None:
+        del self._by_state[old.state][old.id]
+        self._keys[old.key] -= 1
+        if not self._keys[old.key]:
+            del self._keys[old.key]
 
     def _of(self, state: str) -> Iterable[ItemRow]:
         if state in self._unsorted:
@@ -128,7 +133,7 @@ class ItemRows:
         return sorted({r.key for state in set(states) for r in self._of(state)})
 
     def done(self) -> list[ItemRow]:
-        return sorted((r for state in DONE for r in self._of(state)), key=lambda r: r.seq)
+        return list(heapq.merge(*(self._of(state) for state in DONE), key=lambda r: r.seq))
 
     def untimed(self) -> list[ItemRow]:
         """Items done before ``done_at`` was kept, and admitted before ``admitted_at`` was."""
