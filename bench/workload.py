@@ -45,8 +45,10 @@ def shard_of(job_id: str, shards: int) -> str:
 
 class LostReleases:
     """Lose the application's release of a share of jobs on every path it
-    takes (each ``release()`` call for a chosen job does nothing), so that
-    only the queue's ``finished()`` sweep can return their permits.
+    takes (each ``release()`` call for a chosen job does nothing, and each
+    ``release_keeping()`` answers that it kept nothing, so the job's runner
+    keeps its outcome in a row of its own), so that only the queue's
+    ``finished()`` sweep can return their permits.
 
     Use it as a context manager around the run: it patches the queue class
     the example Worker uses and puts it back after.
@@ -55,26 +57,35 @@ class LostReleases:
     def __init__(self, queue_class: type, rate: float, rng: random.Random) -> None:
         self.queue_class, self.rate, self.rng = queue_class, rate, rng
         self.chosen: dict[str, bool] = {}  #: job id -> its releases are lost
-        self._real = None
+        self._real: tuple | None = None
 
     @property
     def lost(self) -> int:
         """Jobs whose release was asked for and lost."""
         return sum(self.chosen.values())
 
+    def _lost(self, item_id: str) -> bool:
+        if item_id not in self.chosen:
+            self.chosen[item_id] = self.rng.random() < self.rate
+        return self.chosen[item_id]
+
     def __enter__(self) -> LostReleases:
-        real = self._real = self.queue_class.release
-        chosen, rate, rng = self.chosen, self.rate, self.rng
+        real, real_keeping = self._real = self.queue_class.release, self.queue_class.release_keeping
+        lost = self._lost
 
         async def release(queue, item_id):
-            if item_id not in chosen:
-                chosen[item_id] = rng.random() < rate
-            if chosen[item_id]:
+            if lost(item_id):
                 return True  # the caller believes it released; the permit is still out
             return await real(queue, item_id)
 
-        self.queue_class.release = release
+        def release_keeping(queue, item_id, record):
+            if lost(item_id):
+                return False  # nothing kept: the caller keeps the outcome itself; the permit is still out
+            return real_keeping(queue, item_id, record)
+
+        self.queue_class.release, self.queue_class.release_keeping = release, release_keeping
         return self
 
     def __exit__(self, *exc) -> None:
-        self.queue_class.release = self._real
+        assert self._real is not None
+        self.queue_class.release, self.queue_class.release_keeping = self._real

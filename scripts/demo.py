@@ -178,8 +178,9 @@ async def ended_jobs(runtime: Runtime, ledger: Ledger) -> dict[str, str]:
     """Read job states straight from the shards' storage: observing is not billed."""
     for host in runtime.hosts():
         if host.class_name == "JobShard":
-            for row in host.db.inspect(
-                "SELECT id, status FROM durability_jobs WHERE status IN ('completed', 'failed')"
+            for row in host.db.inspect(  # a job that ended in its first attempt keeps its outcome in its item
+                "SELECT id, status FROM durability_jobs WHERE status IN ('completed', 'failed') UNION ALL "
+                "SELECT id, record ->> 'status' FROM durability_queue_items WHERE record IS NOT NULL"
             ):
                 ledger.outcome[row["id"]] = row["status"]
     return ledger.outcome

@@ -442,23 +442,40 @@ JOBS_KEPT_MS = 24 * 3_600_000
 JOBS_KEPT = 2_000
 
 
+class _OutcomesInItems:
+    """A job's outcome kept in its queue item's row, written by the item's release."""
+
+    def __init__(self, shard):
+        self.shard = shard
+
+    def keep(self, job_id, row):
+        return self.shard.permits.release_keeping(job_id, row)
+
+    def get(self, job_id):
+        return self.shard.permits.record(job_id)
+
+
 class JobShard(DurableObject):
     """Queues jobs of many accounts, runs each once its account admits it."""
 
     def __init__(self, ctx, env):
         super().__init__(ctx, env)
         self.scheduler = DurabilityScheduler(ctx, max_concurrency=64)
+        attempts = _attempts_queue(env, ctx)
         self.jobs = DurabilityJobs(
             self.scheduler,
             handlers={"run": lambda job: run_job(self.env, job)},
             on_lifecycle_event=self._on_job_event,
             retries=Backoff(initial_ms=1_000, max_attempts=3),
-            runs_in=_attempts_queue(env, ctx),
+            runs_in=attempts,
             # Finished jobs go after a day (or beyond the newest JOBS_KEPT of
             # the shard), one row written each, except while the queue keeps
             # their item (see _queue_keeps).
             retention=JobRetention(max_age_ms=JOBS_KEPT_MS, max_count=JOBS_KEPT),
             keep=self._queue_keeps,
+            # A job that ends in its first attempt keeps its outcome in its
+            # item's row, released with it: no row of its own (see _admit).
+            outcomes=_OutcomesInItems(self),
         )
         # finished() asks the shard's own job runner (rows read, no request),
         # so the example asks 5 s after admit() returned instead of the
@@ -476,9 +493,13 @@ class JobShard(DurableObject):
             finished=self._finished,
             finished_check_ms=5_000,
             # The job runner keeps every job id, so the queue need not keep
-            # done items to know them: a released item's row goes at once,
-            # one row written per job less (docs/queue.md).
+            # done items to know them: a released item's row goes at once
+            # (docs/queue.md), but for the item of a job that ended in its
+            # first attempt, which keeps the job's outcome (release_keeping)
+            # as long as the runner would keep a row of its own.
             keep_done_ms=0,
+            keep_records_ms=JOBS_KEPT_MS,
+            keep_done_max=JOBS_KEPT,
             # The holder may hold a shard's request up to 4 minutes instead of
             # the library's 50 s: a shard waiting for a busy account asks again
             # a fifth as often, and its alarm, kept running by the wait, is
@@ -516,7 +537,7 @@ class JobShard(DurableObject):
             # seeds 1-6, busy and order moved by less than seed-to-seed spread
             # (docs/design.md; uv run scripts/bench_vs_naive.py --faults
             # --system grants --seed N).
-            checks_wait_ms=0 if self.jobs.runs_in is None else 600_000,
+            checks_wait_ms=0 if attempts is None else 600_000,
         )
 
     async def semaphore_reply(self, key, reply):
@@ -553,7 +574,7 @@ class JobShard(DurableObject):
         if queued is None:
             if result["status"] == "not_found":
                 return {"id": job_id, "state": "not_found"}
-            queued = {"id": job_id, "state": "released"}  # its item is not kept once released
+            queued = {"id": job_id, "state": "released"}  # its item went before the job's row
         if queued["state"] == "admitted" and result["status"] == "not_found":
             # Admitted, its job not yet handed in again to a new instance (its
             # item is its record until the job writes a row): it runs.
@@ -562,27 +583,30 @@ class JobShard(DurableObject):
 
     async def _admit(self, items):
         # Idempotent: a job id already known to the runner is not run again.
-        # The admitted item is the job's record until it ends (the queue keeps
-        # it until its release, and hands it in again from a new instance), so
-        # the runner writes the job's row only when an attempt settles: one
-        # row written per job, not two (docs/jobs.md).
-        for item in items:  # the job keeps how it was admitted: its item is not kept once released
+        # The admitted item is the job's record (the queue hands it in again
+        # from a new instance), so the runner writes no row for the job
+        # until an attempt settles, and none at all for a job that ends in
+        # its first: its outcome goes into its item's row, with the item's
+        # release (_OutcomesInItems). Per job, the shard writes its item
+        # three times (queued, admitted, released) and deletes it a day on;
+        # a row for the job besides cost two writes more (docs/jobs.md).
+        for item in items:  # the job keeps how it was admitted
             await self.jobs.run.kept(item.id, {**item.body, "via": item.via}, resumed=item.resumed,
                                      since=item.admitted_at)
 
     async def _on_job_event(self, event):
         # The fast path only, once per job: a failed attempt that will be
         # retried keeps its permit, and finished() returns any permit whose
-        # release is lost. (A released item is not kept: a second release of
-        # it would raise KeyError.)
+        # release is lost. A job whose outcome its item keeps was released
+        # with it already (then this is a no-op).
         if event.type == "terminal":
             await self.permits.release(event.id)
 
     def _queue_keeps(self, ids):
         # The queue calls admit() again until it returns, so a job whose item
         # it still keeps could be admitted once more: only the job's row
-        # makes that a no-op. Such a job stays until its item is gone (with
-        # keep_done_ms 0, at its release). Reads only.
+        # makes that a no-op. Such a job stays until its item is gone (both
+        # are kept a day). Reads only.
         return [job_id for job_id in ids if self.permits.status(job_id) is not None]
 
     async def _finished(self, ids):

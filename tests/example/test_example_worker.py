@@ -239,35 +239,6 @@ def test_a_shard_whose_alarm_the_runtime_gave_up_on_resumes_at_the_sweep_or_a_re
     assert then == ["released"] * 4
 
 
-def test_a_read_starts_a_new_instance_s_work_its_registered_keys_included():
-    # Jobs of many accounts on one shard, all done; the shard is evicted and
-    # started again by a read. The new instance asks once about every key
-    # its pacing table registers (it may hold grants no row records), and
-    # that first ask drops the row of a key that holds nothing: a read is
-    # enough for that, as a write was before.
-    job_ids = ["job-3", "job-16", "job-21", "job-40"]  # all on shard-3 of 16
-    with example_runtime() as runtime:
-        shard = runtime.env.JOB_SHARD.getByName("shard-3")
-
-        def pacing_rows():
-            return runtime.host_of(shard).db.inspect("SELECT key FROM durability_queue_pacing ORDER BY key")
-
-        async def scenario():
-            for n, job_id in enumerate(job_ids):
-                await runtime.call_entrypoint("submit_job", {"id": job_id, "account": f"acct-{n}", "work_ms": 1_000})
-            await asyncio.sleep(60)
-            done = [(await runtime.call_entrypoint("job_status", j))["job"]["status"] for j in job_ids]
-            registered = pacing_rows()
-            runtime.evict(shard)
-            await runtime.call_entrypoint("job_status", "job-3")  # a read starts the new instance
-            await asyncio.sleep(600)
-            return done, registered, pacing_rows()
-
-        done, registered, left = runtime.run(scenario())
-    assert done == ["completed"] * 4
-    assert registered == [{"key": f"acct-{n}"} for n in range(4)] and left == []
-
-
 ODD_IDS = ["job one", "a/b", "a\\b", "50%", "%41", "é ü", "a?b#c", "..x", "+plus", "日本"]
 
 

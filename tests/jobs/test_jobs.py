@@ -12,7 +12,7 @@ JOBS = Path(__file__).resolve().parents[1] / "workers" / "jobs.py"
 
 
 def jobs_runtime(**options) -> Runtime:
-    return Runtime(load_worker_module(JOBS), {"JOBS": "Jobs", "PLAIN": "Plain"}, **options)
+    return Runtime(load_worker_module(JOBS), {"JOBS": "Jobs", "PLAIN": "Plain", "KEEPER": "Keeper"}, **options)
 
 
 @pytest.fixture
@@ -325,6 +325,41 @@ def test_a_job_that_succeeds_first_time_costs_three_rows_written_and_an_idle_obj
     # in memory); then, the object idle, the alarm set again for the purge 30
     # days on: one row per idle spell, shared by every job of a busy one.
     assert (written, read) == (4, 8)
+
+
+@pytest.mark.parametrize("refused", [False, True])
+def test_a_kept_job_that_ends_in_its_first_attempt_keeps_its_outcome_with_its_caller(runtime, refused):
+    # With outcomes=, a job handed in with run.kept that ends in its first
+    # attempt writes no row of its own: its outcome goes to the caller's
+    # record (one write there), and get_result reads it back. A job retried
+    # gets its row, as without. A caller that can no longer keep it (False)
+    # gets the row written instead.
+    stub = runtime.env.KEEPER.getByName("k")
+    runtime.module.Keeper.refuse = refused
+
+    async def scenario():
+        rows = await warmed_up(runtime, stub)
+        before = rows()
+        await stub.submit_kept("job-1", {"n": 1}, "echo")
+        await asyncio.sleep(1)
+        after = rows()
+        await stub.submit_kept("job-2", {"fail_first": True}, "whoami")
+        await asyncio.sleep(5)
+        again = await stub.submit_kept("job-1", {"n": 2}, "echo")  # handed in again: not run again
+        return (after[0] - before[0], await stub.result("job-1"), await stub.result("job-2"), again,
+                await stub.stored())
+
+    try:
+        written, first, retried, again, stored = runtime.run(scenario())
+    finally:
+        runtime.module.Keeper.refuse = False
+    assert first == again == {"status": "completed", "result": {"n": 1}}
+    assert retried["status"] == "completed" and retried["result"]["attempt"] == 2
+    # The outcome (in the runner's row or the caller's), and the alarm set for
+    # the attempt, then again for the purge of the job run first.
+    assert written == 3
+    # (The warm-up's job has its row too: it ran with run.)
+    assert stored == ({"durability_jobs": 3, "kept": 0} if refused else {"durability_jobs": 2, "kept": 1})
 
 
 def rows_a_new_instance_reads(finished: int) -> int:

@@ -42,6 +42,9 @@ CONFIG = {
     "ceiling": None,  # what work may really reach (limit + extra for leases "over"); None: the limit
     "lease_report_delay_ms": 10_000,
     "keep_done_ms": 600_000,
+    "keep_records_ms": None,  # the shards' keep_records_ms
+    "keep_done_max": None,  # the shards' keep_done_max
+    "records": False,  # a job's end releases its item keeping a record of it (release_keeping)
     "hold_syncs": None,  # an asyncio.Event: the shard's syncs wait for it before they reach the holder
     "hold_replies": {},  # message type -> an asyncio.Event: the holder's answers wait for it to reach the shard
     "lose_replies": {},  # message type -> how many of the holder's next answers are lost on the way
@@ -295,6 +298,8 @@ class Shard(DurableObject):
             finished_check_ms=CONFIG["finished_check_ms"],
             lease_report_delay_ms=CONFIG["lease_report_delay_ms"],
             keep_done_ms=CONFIG["keep_done_ms"],
+            keep_records_ms=CONFIG["keep_records_ms"],
+            keep_done_max=CONFIG["keep_done_max"],
             on_lifecycle_event=lambda event: WORLD["events"].append((ctx.id.name, event)),
             woken=CONFIG["calls"],
             request_wait_ms=CONFIG["request_wait_ms"],
@@ -340,6 +345,9 @@ class Shard(DurableObject):
 
     async def status(self, item_id):
         return self.queue.status(item_id)
+
+    async def record(self, item_id):
+        return self.queue.record(item_id)
 
     async def leases(self):
         """The leases the queue holds, with their counts (drawn and released are its items')."""
@@ -387,7 +395,10 @@ class Shard(DurableObject):
     async def _work_ends(self, timer):
         _stop(timer.key)
         if random.random() >= CONFIG["lose_releases"]:
-            await self.queue.release(timer.key)
+            if CONFIG["records"]:
+                self.queue.release_keeping(timer.key, {"ran": timer.key})
+            else:
+                await self.queue.release(timer.key)
 
     async def _finished(self, ids):
         WORLD["finished_asks"].append((time.time() * 1000, list(ids)))

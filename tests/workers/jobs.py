@@ -4,7 +4,9 @@
 counters it keeps, ``fail_times``, ``sleep``, ``error``, ``refused`` (final), ``bad_result``,
 ``result``), and a listener that records every lifecycle event. ``Plain``
 has two sync handlers, one async one that reports ``current_job()``, and no
-listener, so it writes nothing but the runner's own rows.
+listener, so it writes nothing but the runner's own rows. ``Keeper`` is a
+``Plain`` whose kept jobs keep their outcome in a table of its own
+(``outcomes=``), as a semaphore queue's released item keeps one.
 """
 
 import asyncio
@@ -155,3 +157,29 @@ class Plain(DurableObject):
 
     async def alarm(self, alarm_info=None):
         await self.scheduler.alarm(alarm_info)
+
+
+class Keeper(Plain):
+    """Keeps the outcome of a job handed in with ``run.kept`` in its own table, one row each."""
+
+    refuse = False  #: keep() answers that it can keep nothing (the runner writes its row)
+
+    def __init__(self, ctx, env):
+        super().__init__(ctx, env)
+        ctx.storage.sql.exec("CREATE TABLE IF NOT EXISTS kept (id TEXT PRIMARY KEY, row TEXT) WITHOUT ROWID")
+        self.jobs.outcomes = self
+
+    def keep(self, job_id, row):
+        if Keeper.refuse:
+            return False
+        self.ctx.storage.sql.exec("INSERT INTO kept VALUES (?, ?)", job_id, json.dumps(row))
+        return True
+
+    def get(self, job_id):
+        rows = self.ctx.storage.sql.exec("SELECT row FROM kept WHERE id = ?", job_id).toArray()
+        return json.loads(rows[0]["row"]) if rows else None
+
+    async def stored(self):
+        sql = self.ctx.storage.sql
+        tables = ("durability_jobs", "kept")
+        return {table: sql.exec(f"SELECT count(*) AS n FROM {table}").one()["n"] for table in tables}

@@ -1,6 +1,7 @@
 """A durable job's record: its row, the states and events it is reported by, and the job a handler runs for.
 
-Lives here: the ``durability_jobs`` table and its upgrades, ``JobStatus``
+Lives here: the ``durability_jobs`` table and its upgrades, where a
+caller keeps the outcome of a job it keeps the record of (``KeptOutcomes``), ``JobStatus``
 and how a row reads as ``get_result`` reports it, lifecycle events
 (``JobEvent``), ``NonRetryableError`` and the text a failure is kept as,
 the checks a job must pass before anything is stored (and the options
@@ -21,7 +22,7 @@ from collections.abc import Callable, Mapping
 from contextvars import ContextVar
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from .._common.checks import compact_json
 from .._common.clock import now_ms
@@ -206,3 +207,25 @@ def check_options(handlers: Mapping[str, Any], retention: Any, keep: Any) -> Non
         raise ValueError(f"retention must be a JobRetention, not {retention!r}")
     if keep is not None and not callable(keep):
         raise ValueError("keep must be callable: keep(ids) -> the ids still needed")
+
+
+class KeptOutcomes(Protocol):
+    """Where the caller that keeps a job's record (``run.kept``) keeps its outcome too.
+
+    A job handed in with ``run.kept`` has no row until its first attempt
+    settles; if that attempt ends the job (completed, or failed for good),
+    the runner hands ``keep`` the row it would have written, and writes
+    none: the caller keeps it in the record it has already (a semaphore
+    queue's item, released with it by ``release_keeping``), one row written
+    where a row here would cost that write, then its purge, and the
+    caller's own record its deletion. A job that is retried gets its row here
+    as any other."""
+
+    def keep(self, job_id: str, row: dict[str, Any]) -> bool:
+        """Keep the finished job's row (its handler, payload, status, attempt,
+        result, error, lost_at), synchronously: in the runner's write batch.
+        False if the caller's record can no longer keep it (the runner writes
+        its row then)."""
+
+    def get(self, job_id: str) -> dict[str, Any] | None:
+        """The row kept for ``job_id``, or None."""

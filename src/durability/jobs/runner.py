@@ -67,14 +67,14 @@ import random
 from collections.abc import Mapping
 from typing import Any
 
-from .._common.checks import compact_json
 from .._common.clock import now_ms
 from .._common.listeners import notify
 from .._common.schema import migrate, public_migrate
 from .._common.sql import Sql
 from ..retry import Backoff, RetryDecision, decide_retry
 from ..scheduler.alarm import DurabilityScheduler, Timer
-from .handoff import AttemptReport, QueueHandoff, refused
+from .handed_off import HandedOffAttempts
+from .handoff import QueueHandoff
 from .purge import JobPurge, Keep
 from .records import (
     _SCHEMA,
@@ -87,6 +87,7 @@ from .records import (
     JobEvent as JobEvent,
     JobEventType as JobEventType,
     JobStatus as JobStatus,
+    KeptOutcomes,
     Listener,
     NonRetryableError as NonRetryableError,
     _error_text,
@@ -101,7 +102,7 @@ from .run_call import PARTICIPANT, RunCall
 log = logging.getLogger("durability.jobs")
 
 
-class DurabilityJobs:
+class DurabilityJobs(HandedOffAttempts):
     """Durable jobs on a scheduler: each runs until it completes or its attempts are spent.
 
     Args:
@@ -121,17 +122,23 @@ class DurabilityJobs:
             jobs due to be purged, the ones the owner still needs (work a
             queue could still admit again, say); they are kept and offered
             again an hour later.
+        outcomes: optional ``KeptOutcomes``: where a job whose caller keeps
+            its record (``run.kept``) and that ends in its first attempt
+            keeps its outcome, with no row here (a semaphore queue's
+            released item, say: see ``records.KeptOutcomes``).
     """
 
     def __init__(self, scheduler: DurabilityScheduler, *, handlers: Mapping[str, Handler],
                  on_lifecycle_event: Listener | None = None,
                  retries: Backoff | None = None, retention: JobRetention | None = None,
-                 keep: Keep | None = None, runs_in: QueueHandoff | None = None) -> None:
+                 keep: Keep | None = None, runs_in: QueueHandoff | None = None,
+                 outcomes: KeptOutcomes | None = None) -> None:
         check_options(handlers, retention, keep)
         if runs_in is not None and not isinstance(runs_in, QueueHandoff):
             raise ValueError(f"runs_in must be a QueueHandoff, not {runs_in!r}")
         #: where attempts run: None, in this object; a ``QueueHandoff``, in that queue's consumer
         self.runs_in = runs_in
+        self.outcomes = outcomes
         self.scheduler = scheduler
         self.sql: Sql = scheduler.sql
         self.handlers = dict(handlers)
@@ -192,10 +199,14 @@ class DurabilityJobs:
         return handler
 
     def _row(self, job_id: str) -> dict[str, Any] | None:
-        return self.sql.one(
+        """The job's row, or the outcome its caller keeps for it (``outcomes``)."""
+        row = self.sql.one(
             "SELECT handler, payload, status, attempt, result, error, lost_at FROM durability_jobs WHERE id = ?",
             job_id,
         )
+        if row is None and self.outcomes is not None:
+            row = self.outcomes.get(job_id)
+        return row
 
     def _record(self, job_id: str, name: str, text: str, due_at: float | None = None) -> dict[str, Any] | None:
         """Inside a transaction: the state of the job kept under ``job_id``,
@@ -223,22 +234,28 @@ class DurabilityJobs:
         return row
 
     def _settle(self, job_id: str, status: str, *, error: str | None = None, result: str | None = None,
-                due_at: float | None = None, done_at: float | None = None) -> None:
+                due_at: float | None = None, done_at: float | None = None) -> bool:
         """Write an attempt's outcome: into the job's row, or, for a job its
-        caller keeps, as its first row (one row written either way)."""
+        caller keeps, as its first row, or, once it ends, into the caller's
+        record (``outcomes``; one row written every way). True if written here."""
         kept = self._kept.get(job_id)
         if kept is None:
             self.sql.exec(
                 "UPDATE durability_jobs SET status = ?, result = ?, error = ?, due_at = ?, done_at = ? "
                 "WHERE id = ?", status, result, error, due_at, done_at, job_id,
             )
-            return
+            return True
         name, text, created_at = kept
+        if self.outcomes is not None and done_at is not None and self.outcomes.keep(job_id, {
+                "handler": name, "payload": text, "status": status, "attempt": 1, "result": result,
+                "error": error, "lost_at": None}):
+            return False
         self.sql.exec(
             "INSERT INTO durability_jobs (id, handler, payload, status, attempt, result, error, created_at, "
             "due_at, done_at) VALUES (?, ?, ?, ?, 1, ?, ?, ?, ?, ?)",
             job_id, name, text, status, result, error, created_at, due_at, done_at,
         )
+        return True
 
     # -- one attempt per timer firing ---------------------------------------
     async def _on_timer(self, timer: Timer) -> None:
@@ -298,63 +315,11 @@ class DurabilityJobs:
             self.sql.transaction(lambda: self._record(job_id, kept[0], kept[1], now_ms() + handoff.span_ms))
         return now_ms() if handoff is None or lost_at is None else float(lost_at) - handoff.span_ms
 
-    async def _hand_off(self, job_id: str, attempt: int, row: dict[str, Any], sent_at: float) -> None:
-        """Send the attempt, counted from ``sent_at`` (its start limit, and when it is taken for lost):
-        it settles at its consumer's report (``report``), or fails once its timer finds it still out."""
-        assert self.runs_in is not None
-        self._in_flight.add(job_id)
-        try:
-            await self._emit([JobEvent(JobEventType.ATTEMPT_STARTED, job_id, attempt)])
-            lost_at, events = sent_at + self.runs_in.span_ms, []
-            try:
-                await self.runs_in.send(job_id, attempt, row["handler"], json.loads(row["payload"]), sent_at)
-            except Exception as error:
-                if refused(error):  # as it is, no attempt of it can be sent
-                    events = self._fail(job_id, attempt, f"the queue refused the attempt: {_error_text(error)}",
-                                        final=True)
-                else:  # it may have been queued all the same: out until taken for lost
-                    log.warning("job %s: sending attempt %d failed: %r", job_id, attempt, error)
-            current = self._row_or_kept(job_id)  # (its report may have come already)
-            if not events and current is not None and current["status"] == JobStatus.RUNNING and int(
-                    current["attempt"]) == attempt:
-                self.scheduler.schedule(PARTICIPANT, job_id, lost_at)
-        finally:
-            self._in_flight.discard(job_id)
-        await self._emit(events)
-
-    async def report(self, report: Any) -> dict[str, Any]:
-        """A consumer's ``AttemptReport`` (a dict): its outcome settles the attempt
-        if it is the job's attempt out now, and changes nothing otherwise (a
-        repeat, or an attempt taken for lost); with no outcome it only asks.
-        Returns ``{"out": bool, **state as get_result reads it}``; ``ValueError``
-        for what is not a report."""
-        if self.runs_in is None:
-            raise ValueError("this runner runs its attempts itself: no report is expected")
-        parsed = AttemptReport.parse(report)
-        row = self._row_or_kept(parsed.job)
-        if row is None:
-            return {"out": False, "status": JobStatus.NOT_FOUND}
-        out = row["status"] == JobStatus.RUNNING and int(row["attempt"]) == parsed.attempt
-        if not out or parsed.outcome is None:
-            return {"out": out, **_state(row)}
-        if parsed.outcome == "completed":
-            events = self._complete(parsed.job, parsed.attempt, compact_json(parsed.result, "its result"),
-                                    parsed.result)
-            self.scheduler.cancel(PARTICIPANT, parsed.job)
-        else:
-            assert parsed.error is not None
-            events = self._fail(parsed.job, parsed.attempt, parsed.error, final=parsed.final)
-            if parsed.final:
-                self.scheduler.cancel(PARTICIPANT, parsed.job)
-        await self.scheduler.sync()
-        await self._emit(events)
-        return {"out": False, **_state(self._row_or_kept(parsed.job) or {"status": JobStatus.NOT_FOUND})}
-
     def _complete(self, job_id: str, attempt: int, text: str, result: Any) -> list[JobEvent]:
         done_at = now_ms()
-        self._settle(job_id, JobStatus.COMPLETED, result=text, done_at=done_at)
-        self._kept.pop(job_id, None)  # its row is its record now
-        self._purge.finished(done_at)
+        if self._settle(job_id, JobStatus.COMPLETED, result=text, done_at=done_at):
+            self._purge.finished(done_at)
+        self._kept.pop(job_id, None)  # its row (or its caller's record) says so now
         return [
             JobEvent(JobEventType.ATTEMPT_SETTLED, job_id, attempt, JobStatus.COMPLETED, result=result),
             JobEvent(JobEventType.TERMINAL, job_id, attempt, JobStatus.COMPLETED, result=result),
@@ -381,9 +346,9 @@ class DurabilityJobs:
             return [settled]
         log.error("job %s: attempt %d failed: %s; giving up", job_id, attempt, error)
         done_at = now_ms()
-        self._settle(job_id, JobStatus.FAILED, error=error, done_at=done_at)
+        if self._settle(job_id, JobStatus.FAILED, error=error, done_at=done_at):
+            self._purge.finished(done_at)
         self._kept.pop(job_id, None)
-        self._purge.finished(done_at)
         return [settled, JobEvent(JobEventType.TERMINAL, job_id, attempt, JobStatus.FAILED, error=error)]
 
     async def _emit(self, events: list[JobEvent]) -> None:

@@ -308,8 +308,8 @@ def test_a_version_1_queue_migrates_in_place_and_keeps_its_items(runtime):
     before, version, columns, spoken, statuses, after = runtime.run(scenario())
     assert before == {"a0": "queued", "a1": "queued", "d0": "released", "c0": "cancelled"}
     # The lease table (2), the pacing table (3), the items' done_at (4), draw (5), how it speaks (6),
-    # the label it was given (7).
-    assert version == 7 and {"done_at", "draw"} <= columns
+    # the label it was given (7), the record a released item keeps (8).
+    assert version == 8 and {"done_at", "draw", "record"} <= columns
     assert spoken == [{"since": 1}]  # it held items at the upgrade: it speaks as the id it was given
     assert statuses == {"d0": "released", "c0": "cancelled"}
     assert after["a0"] == after["a1"] == "released"  # the queued items ran under the holder, then were released

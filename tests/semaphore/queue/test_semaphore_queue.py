@@ -642,6 +642,30 @@ def test_a_release_not_yet_reported_when_its_shard_is_evicted_still_reaches_the_
     assert before == 1 and after == 0 and states == {"a0": "released"}
 
 
+def test_a_read_starts_a_new_instance_s_asks_for_its_registered_keys(runtime):
+    # keep_done_ms=0: a released item leaves its key's pacing row, and a new
+    # instance asks once about every key it registers (it may hold grants no
+    # row records); that first ask drops the row of a key that holds nothing.
+    # A read is enough to start it, as a write is.
+    runtime.module.CONFIG["keep_done_ms"] = 0
+
+    def keys():
+        sql = runtime.host_of(shard(runtime)).instance.ctx.storage.sql
+        return [r["key"] for r in sql.exec("SELECT key FROM durability_queue_pacing").toArray()]
+
+    async def scenario():
+        await shard(runtime).submit(jobs("a", 1, ms=1_000))
+        await asyncio.sleep(10)
+        registered = keys()
+        runtime.evict(shard(runtime))
+        await shard(runtime).states()  # a read starts the new instance
+        await asyncio.sleep(600)
+        return registered, keys()
+
+    registered, left = runtime.run(scenario())
+    assert registered == ["holder"] and left == []
+
+
 @pytest.mark.parametrize("evicted", [False, True])
 def test_without_kept_done_items_a_release_deletes_its_item_and_still_reaches_the_holder(runtime, evicted):
     # keep_done_ms=0: the release deletes the item (one write, not two); the

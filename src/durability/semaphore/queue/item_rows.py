@@ -27,8 +27,9 @@ from typing import Any
 
 from .pure.states import ADMITTED, CLAIMING, DONE, GONE, QUEUED, RELEASED, Counts
 
-#: the columns of an item's row that are kept here (all but its body)
-COLUMNS = "id, key, grp, seq, enqueued_at, state, grant_id, via, admitted_at, draw, done_at"
+#: the columns of an item's row that are kept here (all but its body and record: whether it has one)
+COLUMNS = ("id, key, grp, seq, enqueued_at, state, grant_id, via, admitted_at, draw, done_at, "
+           "record IS NOT NULL AS recorded")
 _COUNTED = (CLAIMING, ADMITTED, RELEASED)
 
 
@@ -45,6 +46,7 @@ class ItemRow:
     admitted_at: float | None = None
     draw: int | None = None
     done_at: float | None = None
+    recorded: bool = False  #: released with a record (``release_keeping``)
 
 
 class ItemRows:
@@ -57,7 +59,9 @@ class ItemRows:
         self._rows: dict[str, ItemRow] = {}
         self._by_state: dict[str, dict[str, ItemRow]] = {}
         self._unsorted: set[str] = set()  #: states whose rows came out of seq order
-        self._keys: Counter[str] = Counter()  #: rows per key
+        #: rows per key, those that keep a record left out: such an item
+        #: counts for no grant, so its key holds nothing for it
+        self._keys: Counter[str] = Counter()
         for row in sorted(rows, key=lambda r: r["seq"]):
             self._put(ItemRow(**row))
         self._bodies: dict[str, str] = {}  #: body JSON of admitted items, read once each
@@ -70,7 +74,8 @@ class ItemRows:
         if bucket and next(reversed(bucket.values())).seq > row.seq:
             self._unsorted.add(row.state)
         bucket[row.id] = self._rows[row.id] = row
-        self._keys[row.key] += 1
+        if not row.recorded:
+            self._keys[row.key] += 1
 
     def _drop(self, item_id: str) -> None:
         old = self._rows.pop(item_id, None)
@@ -79,6 +84,8 @@ class ItemRows:
 
     def _forget(self, old: ItemRow) -> None:
         del self._by_state[old.state][old.id]
+        if old.recorded:
+            return
         self._keys[old.key] -= 1
         if not self._keys[old.key]:
             del self._keys[old.key]
@@ -121,6 +128,7 @@ class ItemRows:
         return max((r.seq for r in self._rows.values()), default=0)
 
     def has_key(self, key: str) -> bool:
+        """Does the key have an item that is not a kept record?"""
         return self._keys[key] > 0
 
     def in_state(self, state: str, key: str | None = None, group: str | None = None,

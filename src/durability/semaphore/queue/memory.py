@@ -32,6 +32,8 @@ from .store import QueueStore
 
 T = TypeVar("T")
 PARTICIPANT = "durability.semaphore-queue"
+#: how long done items past ``keep_done_max`` may wait for their purge
+OVER_MAX_WAIT_MS = 3_600_000
 log = logging.getLogger("durability.semaphore.queue")
 
 
@@ -49,6 +51,19 @@ class QueueOptions:
     #: how long the object's own checks (admitted items handed in again by a
     #: new instance, the finished() sweep) may wait for its next event
     checks_wait_ms: float = 0.0
+    #: how long an item released with a record is kept
+    keep_records_ms: float = 0.0
+    #: at most this many done items are kept (None: as many as the times make)
+    keep_done_max: int | None = None
+
+    def purge_by(self, first_due: float, done_count: int, now: float) -> float:
+        """When the purge is due, with the first done item due to go at
+        ``first_due`` and ``done_count`` kept: then, or sooner, within
+        ``OVER_MAX_WAIT_MS``, once more than ``keep_done_max`` are kept (so
+        that one purge deletes an hour's worth, not one per release)."""
+        if self.keep_done_max is not None and done_count > self.keep_done_max:
+            return min(first_due, now + OVER_MAX_WAIT_MS)
+        return first_due
 
     @property
     def settled_horizon_ms(self) -> float:
@@ -208,13 +223,16 @@ class QueueContext:
 
     # -- inside a commit: item moves and timers ----------------------------------------
     def move(self, item: Item | ItemRow, state: str, grant_id: str | None = None, via: str | None = None,
-             draw: int | None = None) -> None:
-        """Write an item's next state, as the life cycle (queue/pure/states.TRANSITIONS) allows."""
+             draw: int | None = None, record: str | None = None) -> None:
+        """Write an item's next state, as the life cycle (queue/pure/states.TRANSITIONS) allows
+        (``record``: what a released item keeps of its work)."""
         done_at = None
         if state in DONE:
             done_at = now_ms()
-            self.due_by(TimerKind.PURGE, None, done_at + self.options.keep_done_ms)
-        self.store.move_item(item, state, grant_id, via, done_at, draw)
+            keep_ms = self.options.keep_records_ms if record is not None else self.options.keep_done_ms
+            self.due_by(TimerKind.PURGE, None, self.options.purge_by(done_at + keep_ms, self.store.done_count() + 1,
+                                                                     done_at))
+        self.store.move_item(item, state, grant_id, via, done_at, draw, record)
 
     def due_at(self, kind: TimerKind, key: str | None, at: float, *, alarm_by: float | None = None) -> None:
         """The timer fires at ``at``, whatever time it had (``alarm_by``: see ``DurabilityScheduler.schedule_by``)."""
@@ -264,13 +282,26 @@ class QueueContext:
         until the task ends, as for an alarm run. A failure is retried from
         the alarm, under the timer's backoff. Outside a running loop (no
         event), its alarm runs it."""
+        self.in_this_event(lambda: self._run_now(timer_key(kind, key)))
+
+    def in_this_event(self, work: Callable[[], Awaitable[None]]) -> None:
+        """Run ``work()`` in a task of the caller's event (none outside one):
+        what it does must also be owed by the rows, for a later event to do
+        should this one end first."""
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:
             return
-        task = loop.create_task(self._run_now(timer_key(kind, key)))
+        task = loop.create_task(self._logged(work))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+
+    @staticmethod
+    async def _logged(work: Callable[[], Awaitable[None]]) -> None:
+        try:
+            await work()
+        except Exception as error:  # what it owed is owed still: a later event does it
+            log.warning("the queue's work in this event failed: %r", error)
 
     async def _run_now(self, name: str) -> None:
         try:

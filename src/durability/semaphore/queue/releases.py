@@ -1,9 +1,11 @@
-"""Releases: an admitted item's permit returned, and its holder told.
+"""Releases: an admitted item's permit returned, its holder told, and done items purged.
 
 Lives here: ``QueueReleases``, the part of ``DurabilitySemaphoreQueue``
-that releases an admitted item (inside a commit): its new state written,
-or its row deleted at once (``keep_done_ms`` 0), and how its holder hears
-of it. A grant's release goes with the request of its key when the
+that releases an admitted item (``release``, or ``release_keeping``
+inside its caller's write): its new state written, with the record it
+keeps, or its row deleted at once (``keep_done_ms`` 0), and how its
+holder hears of it; the deletion of done items (``keep_done_ms``,
+``keep_done_max``). A grant's release goes with the request of its key when the
 release puts the key back in line, else in a report ``report_delay_ms``
 on, or at once when its holder said it is short of permits or calls the
 queue; a draw's release goes in a lease report ``lease_report_delay_ms``
@@ -20,15 +22,23 @@ footprint to the holder, never a permit to draw.
 
 from __future__ import annotations
 
+import json
+from collections.abc import Awaitable, Callable
 from dataclasses import replace
+from typing import Any
 
+from ..._common.checks import compact_json
 from ..._common.clock import now_ms
+from .admission import Admission
 from .grant_book import GrantBook
 from .grants import QueueGrants
 from .lease_book import LeaseBook
 from .leases import QueueLeases
 from .memory import QueueContext, QueueOptions
-from .pure.states import GONE, RELEASED, Item, TimerKind, Via
+from .pure.states import ADMITTED, GONE, RELEASED, Item, QueueEvent, TimerKind, Via
+from .store import QueueStore
+
+PURGE_BATCH = 500  #: done items deleted per transaction; the purge timer comes back at once for more
 
 
 class QueueReleases:
@@ -36,12 +46,70 @@ class QueueReleases:
 
     ctx: QueueContext
     options: QueueOptions
+    store: QueueStore
     grants: GrantBook
     lease_book: LeaseBook
     leases: QueueLeases
     claims: QueueGrants
+    admission: Admission
+    _emit: Callable[[QueueEvent], Awaitable[None]]
+    _known: Callable[[str], Item]
+    _state: Callable[[Item], str]
 
-    def _release(self, item: Item) -> None:
+    async def release(self, item_id: str) -> bool:
+        """Return an admitted item's permit. True if released now or before
+        (within ``keep_done_ms``; after that the id is unknown: ``KeyError``)."""
+        item = self._admitted(item_id)
+        if item is None:
+            return True
+        await self.ctx.commit(lambda: self._release(item))
+        await self._after_release(item)
+        return True
+
+    def release_keeping(self, item_id: str, record: Any) -> bool:
+        """Release an admitted item inside the caller's write, and keep
+        ``record`` (a JSON value: what became of its work) in its row until it
+        is purged (``keep_records_ms``, ``keep_done_max``); ``record(id)`` reads it.
+
+        Synchronous, so that the record commits with the caller's own
+        writes: a job's outcome, say, kept in its item's row by the release's
+        one update, where a row of its own would cost one more write, and
+        one more to purge. The holder is told, and listeners hear of it, in a
+        task of the caller's event, as ``release`` would. False, and
+        nothing written, for an item released already; ``ValueError`` for
+        one not admitted, or a record that is not JSON."""
+        item = self._admitted(item_id)
+        if item is None:
+            return False
+        text = compact_json(record, "a released item's record")
+        self.ctx.commit_now(lambda: self._release(item, record=text))
+        # (With no event, the holder hears at the key's next report or request.)
+        self.ctx.in_this_event(lambda: self._after_release(item, move_alarm=True))
+        return True
+
+    def record(self, item_id: str) -> Any:
+        """The record a released item keeps (``release_keeping``), or None: for
+        any other item, and any id no item has (a row read)."""
+        text = self.store.record(item_id) if isinstance(item_id, str) else None
+        return None if text is None else json.loads(text)
+
+    def _admitted(self, item_id: str) -> Item | None:
+        """The admitted item ``item_id``; None if released already."""
+        item = self._known(item_id)
+        if item.state == RELEASED:
+            return None
+        if item.state != ADMITTED:
+            raise ValueError(f"item {item_id!r} is {self._state(item)}, not admitted")
+        return item
+
+    async def _after_release(self, item: Item, *, move_alarm: bool = False) -> None:
+        if move_alarm:
+            await self.ctx.scheduler.sync()
+        await self._report_at_once_if_contended({item.key})
+        await self._emit(QueueEvent("released", item.key, (item.id,)))
+        await self.admission.check_finished_if_due()
+
+    def _release(self, item: Item, record: str | None = None) -> None:
         """Release an admitted item (inside a commit) and have the holder told."""
         ctx = self.ctx
         ctx.memory.returned.pop(item.id, None)
@@ -51,22 +119,26 @@ class QueueReleases:
         assert grant_id is not None  # an admitted item came through a grant or a lease
         grant = self.grants.grant(grant_id) if item.via == Via.GRANT else None
         lease = self.lease_book.lease(grant_id) if item.via == Via.LEASE else None
+        # Kept with no record, or with one for a while (the same one write):
+        # a row that need not count for its grant goes, or, holding a record,
+        # stays with no grant named (gone, as the grant counts it).
+        gone = GONE if record is None else RELEASED
         if self.options.keep_done_ms == 0 and grant is not None:
             # Not kept: its row goes now, one write instead of two, and its
             # grant counts it as a claim with no item, released. An instance
             # that starts before the holder heard counts it so again: its
             # key's row makes it ask, and the holder lists the grant's claims.
-            ctx.move(item, GONE)
+            ctx.move(item, gone, None, item.via, item.draw, record)
             self.grants.keep(replace(grant, extra=grant.extra + 1))
         elif lease is not None and self._drawn_row_may_go(item):
             # The same for a numbered draw, when the key's holder lists every
             # lease: one write instead of two. The terms keep the drawn count
             # it was part of; a new instance counts it from the other draws'
             # numbers or the holder's answer (see lease_book).
-            ctx.move(item, GONE)
+            ctx.move(item, gone, None, item.via, item.draw, record)
             self.lease_book.keep(lease)
         else:
-            ctx.move(item, RELEASED, item.grant_id, item.via, item.draw)
+            ctx.move(item, RELEASED, item.grant_id, item.via, item.draw, record)
         if self._rejoin_with(item) and item.via == Via.GRANT:
             return
         if item.via == Via.LEASE:  # its released count is its items released: report it
@@ -107,3 +179,33 @@ class QueueReleases:
             await self.claims.report_safely(key)
         if keys & self.ctx.memory.contended:
             await self.leases.report_all()
+
+    # -- done items: kept a while, then deleted ------------------------------------
+    async def _purge(self) -> None:
+        await self.ctx.commit(self._purge_due)
+
+    def _purge_due(self) -> None:
+        """Delete items done ``keep_done_ms`` ago or more, and the oldest past
+        ``keep_done_max`` (inside a commit; see QueueStore.purge_done), and
+        forget grants and leases long settled."""
+        now = now_ms()
+        held = {lease.lease_id for lease in self.lease_book.leases()}  # their counts are their items
+        held |= self.claims.forget_finished(now)
+        self.grants.prune(now)
+        self.lease_book.prune(now)
+        options = self.options
+        keep_ms, most = options.keep_done_ms, options.keep_done_max
+        over = 0 if most is None else max(0, self.store.done_count() - most)
+        before = (now - keep_ms, now - options.keep_records_ms)
+        if self.store.purge_done(before, PURGE_BATCH, held, self.ctx.memory.unheard, over):
+            self.ctx.due_at(TimerKind.PURGE, None, now)
+            return
+        first = self.store.first_purge_at(keep_ms, options.keep_records_ms)
+        if first is not None:
+            at = options.purge_by(first, self.store.done_count(), now)
+            if at <= now:
+                # Held by a grant or a lease still here: look again an
+                # interval on, not in a loop (a lease's settlement calls
+                # the purge sooner).
+                at = now + max(keep_ms, options.settled_horizon_ms)
+            self.ctx.due_at(TimerKind.PURGE, None, at)

@@ -11,7 +11,8 @@ holder, timers, or when anything happens.
 Version 2 added the lease table; version 3 the pacing table: per key, the
 interval the holder asks between requests, written only when that
 interval changes (about once per key), so that a new instance paces its
-first request as the holder asked; version 4 the items' ``done_at``.
+first request as the holder asked; version 4 the items' ``done_at``;
+version 8 the record a released item keeps.
 """
 
 from __future__ import annotations
@@ -107,4 +108,7 @@ _SCHEMA: dict[int, list[Step]] = {
     # reached through its id alone (a holder calling back a client it knows
     # by id) may not know the name its label was made from (see QueueStore.label).
     7: [f"CREATE TABLE IF NOT EXISTS {LABEL} (label TEXT NOT NULL)"],
+    # What a released item keeps of its work (``release_keeping``): the
+    # record is written by the release's own update, no row more.
+    8: [f"ALTER TABLE {ITEMS} ADD COLUMN record TEXT"],
 }

@@ -1,14 +1,14 @@
 """DurabilitySemaphoreQueue: work queued in a client object, admitted under a holder's budget.
 
-Lives here: the queue's shell: the public API (enqueue, release, cancel,
-status), the timers a new instance derives from its rows, which key's
-pump is due when, and the deletion of done items. The parts it is made
+Lives here: the queue's shell: the public API (enqueue, cancel, status;
+releases are ``queue/releases``'), the timers a new instance derives from
+its rows, and which key's pump is due when. The parts it is made
 of: ``queue/memory`` (shared memory, options, the one commit),
 ``queue/requests`` (each key's pump and request, and what its reply
 does), ``queue/grants`` (claims and grant reports), ``queue/leases``
 (draws and lease reports), ``queue/admission`` (``admit()`` and the
-``finished()`` sweep), ``queue/releases`` (an item's release, and how its
-holder hears of it), ``queue/old_outbox`` (what older versions queued), and
+``finished()`` sweep), ``queue/releases`` (an item's release, how its
+holder hears of it, and the deletion of done items), ``queue/old_outbox`` (what older versions queued), and
 the pure rules of ``queue/pure/core`` and ``queue/pure/lease_rules``. Must not know: the holder's rules (it only reads
 its replies), how a message is spelled on the wire (``messages``), or SQL
 (``queue/store``).
@@ -22,7 +22,8 @@ drawn from a lease is admitted at once: the holder already counts the
 lease, so the draw and the admission commit together. Releasing an item
 writes its new state (see queue_releases). Done items are deleted
 ``keep_done_ms`` after they were released or cancelled (at once, for a
-released item, with ``keep_done_ms`` 0).
+released item with no record to keep, with ``keep_done_ms`` 0), or
+sooner past ``keep_done_max``.
 
 Every change that writes goes through ``QueueContext.commit``: what a
 transaction changes in memory is put back if it fails, and the commit
@@ -34,7 +35,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from ..._common.clock import now_ms
@@ -52,7 +52,16 @@ from .leases import QueueLeases
 from .memory import PARTICIPANT, QueueContext, QueueOptions
 from .old_outbox import CHANNEL, OLD_LEASE_CHANNEL, OldOutboxDrain
 from .pure.core import fallback_at, may_leave_line, oldest_of
-from .pure.states import ADMITTED, CANCELLED, CLAIMING, QUEUED, RELEASED, Item, TimerKind, Via, parse_timer_key
+from .pure.states import (
+    CANCELLED,
+    CLAIMING,
+    QUEUED,
+    Item,
+    QueueEvent as QueueEvent,
+    TimerKind,
+    Via,
+    parse_timer_key,
+)
 from .releases import QueueReleases
 from .requests import KeyRequests
 from .store import COMPONENT as QUEUE_COMPONENT, TABLES as QUEUE_TABLES, QueueStore
@@ -60,15 +69,6 @@ from .store import COMPONENT as QUEUE_COMPONENT, TABLES as QUEUE_TABLES, QueueSt
 __all__ = ["CHANNEL", "OLD_LEASE_CHANNEL", "PARTICIPANT", "AdmittedItem", "DurabilitySemaphoreQueue", "QueueEvent"]
 
 log = logging.getLogger("durability.semaphore.queue")
-PURGE_BATCH = 500  #: done items deleted per transaction; the purge timer comes back at once for more
-
-
-@dataclass(frozen=True)
-class QueueEvent:
-    type: str  #: "admitted", "released", "blocked"
-    key: str
-    ids: tuple[str, ...] = ()
-    blocked: dict[str, dict[str, Any]] | None = None  #: group -> {"reason", "waiting"}, for "blocked"
 
 
 class DurabilitySemaphoreQueue(QueueReleases):
@@ -106,8 +106,18 @@ class DurabilitySemaphoreQueue(QueueReleases):
             lease already); when the holder says it is contended, pending
             lease reports go at once.
         keep_done_ms: how long a released or cancelled item is kept (its id
-            stays known: enqueueing it again is a no-op, ``status`` and
-            ``release`` still answer for it) before its row is deleted.
+            stays known: enqueueing it again is a no-op, ``status``,
+            ``release`` and ``record`` still answer for it) before its row is
+            deleted.
+        keep_records_ms: how long an item released with a record
+            (``release_keeping``) is kept (None: ``keep_done_ms``). With
+            ``keep_done_ms`` 0, such an item's grant counts it as released
+            and gone, as it counts one deleted at its release: a new instance
+            does not report it again.
+        keep_done_max: at most this many done items are kept: past it, the
+            oldest go within an hour, whatever their age. A new instance
+            reads every item kept, a row read each, so an object woken
+            often that keeps its items long bounds them here (None: no bound).
         checks_wait_ms: how long the object's own checks may wait for an
             event that runs them (a reply or a sync from the holder, or its
             call, for a new instance handing its admitted items to
@@ -129,18 +139,24 @@ class DurabilitySemaphoreQueue(QueueReleases):
                  attempt_timeout_ms: float = 10_000, finished_check_ms: float = 60_000,
                  report_delay_ms: float = 1_000, request_wait_ms: float = 50_000,
                  lease_report_delay_ms: float = 10_000, keep_done_ms: float = 600_000,
-                 woken: bool = False, checks_wait_ms: float = 0.0) -> None:
+                 keep_records_ms: float | None = None, keep_done_max: int | None = None, woken: bool = False,
+                 checks_wait_ms: float = 0.0) -> None:
         if not 0 <= request_wait_ms <= MAX_WAIT_MS:
             raise ValueError(f"request_wait_ms must be from 0 to {MAX_WAIT_MS}")
         if not keep_done_ms >= 0:
             raise ValueError("keep_done_ms must be 0 or more")
         if not checks_wait_ms >= 0:
             raise ValueError("checks_wait_ms must be 0 or more")
+        if keep_records_ms is not None and not keep_records_ms >= 0:
+            raise ValueError("keep_records_ms must be 0 or more, or None")
+        if keep_done_max is not None and (type(keep_done_max) is not int or keep_done_max < 0):
+            raise ValueError(f"keep_done_max must be a whole number, 0 or more, or None, not {keep_done_max!r}")
         self.scheduler = scheduler
         self.server = server
         self.on_lifecycle_event = on_lifecycle_event
         self.options = QueueOptions(attempt_timeout_ms, finished_check_ms, report_delay_ms, request_wait_ms,
-                                    lease_report_delay_ms, keep_done_ms, woken, checks_wait_ms)
+                                    lease_report_delay_ms, keep_done_ms, woken, checks_wait_ms,
+                                    keep_done_ms if keep_records_ms is None else keep_records_ms, keep_done_max)
         self.store = QueueStore(scheduler.sql)
         self.client_id = self._identity(client_id)
         self.ctx = ctx = QueueContext(scheduler, self.store, server, self.client_id, self.options)
@@ -192,9 +208,9 @@ class DurabilitySemaphoreQueue(QueueReleases):
             self.leases.report_due(lease.key, lease.lease_id, now)
         self.leases.schedule_renewal()
         ctx.commit_now(lambda: self.store.stamp_untimed(now))
-        oldest_done = self.store.oldest_done()
-        if oldest_done is not None:
-            ctx.due_by(TimerKind.PURGE, None, max(now, oldest_done + self.options.keep_done_ms))
+        first = self.store.first_purge_at(self.options.keep_done_ms, self.options.keep_records_ms)
+        if first is not None:
+            ctx.due_by(TimerKind.PURGE, None, max(now, self.options.purge_by(first, self.store.done_count(), now)))
 
     migrate = public_migrate(QUEUE_COMPONENT, QUEUE_TABLES, "the queue's tables")
 
@@ -262,20 +278,6 @@ class DurabilitySemaphoreQueue(QueueReleases):
             raise ValueError(f"not a holder's reply: {error}") from None
         self.server.heard(key, reply)
         return (await self.requests.hear(key, parsed)).to_wire()
-
-    async def release(self, item_id: str) -> bool:
-        """Return an admitted item's permit. True if released now or before
-        (within ``keep_done_ms``; after that the id is unknown: ``KeyError``)."""
-        item = self._known(item_id)
-        if item.state == RELEASED:
-            return True
-        if item.state != ADMITTED:
-            raise ValueError(f"item {item_id!r} is {self._state(item)}, not admitted")
-        await self.ctx.commit(lambda: self._release(item))
-        await self._report_at_once_if_contended({item.key})
-        await self._emit(QueueEvent("released", item.key, (item.id,)))
-        await self.admission.check_finished_if_due()
-        return True
 
     async def check_finished(self, ids: list[str] | None = None) -> None:
         """Ask ``finished()`` now, from an event the object has anyway (a
@@ -362,31 +364,6 @@ class DurabilitySemaphoreQueue(QueueReleases):
         elif key in ctx.memory.away and may_leave_line(ctx.memory.away[key], oldest_of(ctx.demand(key))):
             return
         ctx.pump_at(key, at, earlier_only=True)
-
-    async def _purge(self) -> None:
-        await self.ctx.commit(self._purge_due)
-
-    def _purge_due(self) -> None:
-        """Delete items done ``keep_done_ms`` ago or more (inside a commit; see
-        QueueStore.purge_done), and forget grants and leases long settled."""
-        now = now_ms()
-        held = {lease.lease_id for lease in self.lease_book.leases()}  # their counts are their items
-        held |= self.claims.forget_finished(now)
-        self.grants.prune(now)
-        self.lease_book.prune(now)
-        keep_ms = self.options.keep_done_ms
-        if self.store.purge_done(now - keep_ms, PURGE_BATCH, held, self.ctx.memory.unheard):
-            self.ctx.due_at(TimerKind.PURGE, None, now)
-            return
-        oldest = self.store.oldest_done()
-        if oldest is not None:
-            at = oldest + keep_ms
-            if at <= now:
-                # Held by a grant or a lease still here: look again an
-                # interval on, not in a loop (a lease's settlement calls
-                # the purge sooner).
-                at = now + max(keep_ms, self.options.settled_horizon_ms)
-            self.ctx.due_at(TimerKind.PURGE, None, at)
 
     # -- listeners ------------------------------------------------------------------------
     async def _emit_blocked(self, key: str, blocked: dict[str, dict[str, Any]]) -> None:

@@ -189,6 +189,7 @@ class QueueStore:
         self.sql.exec(f"DELETE FROM {PACING} WHERE key = ?", key)
 
     def has_items(self, key: str) -> bool:
+        """Has the key any item but those kept for their record?"""
         return self.rows.has_key(key)
 
     # -- items ----------------------------------------------------------------
@@ -236,9 +237,10 @@ class QueueStore:
         return self._items(self.rows.in_state(CLAIMING, grant_id=grant_id))
 
     def move_item(self, item: Item | ItemRow, to: str, grant_id: str | None = None, via: str | None = None,
-                  done_at: float | None = None, draw: int | None = None) -> None:
+                  done_at: float | None = None, draw: int | None = None, record: str | None = None) -> None:
         """Write ``item``'s next state (``GONE`` deletes its row), as the life
-        cycle allows; else ValueError, and nothing is written."""
+        cycle allows, with the ``record`` (JSON) a released item keeps; else
+        ValueError, and nothing is written."""
         move(item.state, to)
         self._changes += 1
         if to == ADMITTED:
@@ -253,17 +255,28 @@ class QueueStore:
         admitted_at = now_ms() if to == ADMITTED else None
         self.sql.exec(
             f"UPDATE {ITEMS} SET state = ?, grant_id = ?, via = ?, done_at = ?, draw = ?, "
-            "admitted_at = coalesce(?, admitted_at) WHERE id = ?",
-            to, grant_id, via, done_at, draw, admitted_at, item.id,
+            "admitted_at = coalesce(?, admitted_at), record = ? WHERE id = ?",
+            to, grant_id, via, done_at, draw, admitted_at, record, item.id,
         )
         row = self.rows.get(item.id)
         self.rows.moved(item.id, to, grant_id=grant_id, via=via, done_at=done_at, draw=draw,
+                        recorded=record is not None,
                         admitted_at=admitted_at if admitted_at is not None or row is None else row.admitted_at)
 
     # -- done items: kept a while, then deleted ----------------------------------
-    def oldest_done(self) -> float | None:
-        """When the longest-done item was released or cancelled."""
-        return min((row.done_at for row in self.rows.done() if row.done_at is not None), default=None)
+    def first_purge_at(self, keep_ms: float, keep_records_ms: float) -> float | None:
+        """When the first done item is due to go: ``keep_ms`` after it was done,
+        ``keep_records_ms`` for one released with a record."""
+        return min((row.done_at + (keep_records_ms if row.recorded else keep_ms)
+                    for row in self.rows.done() if row.done_at is not None), default=None)
+
+    def done_count(self) -> int:
+        return len(self.rows.done())
+
+    def record(self, item_id: str) -> str | None:
+        """The record (JSON) an item released with one keeps; None for any other item (a row read)."""
+        row = self.sql.one(f"SELECT record FROM {ITEMS} WHERE id = ?", item_id)
+        return None if row is None else row["record"]
 
     def stamp_untimed(self, now: float) -> None:
         """Give the time ``now`` to items done before version 4 (no ``done_at``:
@@ -281,14 +294,17 @@ class QueueStore:
         )
         self.rows.stamped(now)
 
-    def purge_done(self, before: float, limit: int, held: AbstractSet[str] = frozenset(),
-                   held_keys: AbstractSet[str] = frozenset()) -> bool:
-        """Delete up to ``limit`` items done at ``before`` or earlier, in the
-        order they were enqueued, except those whose counts a grant
-        (``held``) or lease still held here is made of (they go once it is
-        settled), and those of ``held_keys``. True if more are due."""
+    def purge_done(self, before: tuple[float, float], limit: int, held: AbstractSet[str] = frozenset(),
+                   held_keys: AbstractSet[str] = frozenset(), over: int = 0) -> bool:
+        """Delete up to ``limit`` items done at ``before`` or earlier (its
+        second time for those released with a record), and the ``over``
+        oldest done ones whenever done, in the order they were enqueued,
+        except those whose counts a grant (``held``) or lease still held here
+        is made of (they go once it is settled), and those of ``held_keys``.
+        True if more are due."""
         live = set(held) | {row["lease_id"] for row in self.sql.exec(f"SELECT lease_id FROM {LEASES}")}
-        due = [row for row in self.rows.done() if row.done_at is not None and row.done_at <= before
+        done = [(row.done_at, row) for row in self.rows.done() if row.done_at is not None]
+        due = [row for at, (done_at, row) in enumerate(done) if (done_at <= before[row.recorded] or at < over)
                and row.grant_id not in live and row.key not in held_keys]
         self._changes += 1
         for row in due[:limit]:

@@ -3,9 +3,9 @@
 Lives here: ``ItemState`` and ``TRANSITIONS`` (the item life cycle, with
 ``GONE`` for a deleted row, so that a delete is a move like any other),
 ``Via`` (how an item was admitted), ``TimerKind`` and the timer keys it
-spells, and the records the store reads and the books keep (``Item``,
-``LocalGrant``, ``LocalLease``, ``Counts``). Must not know: storage, the
-wire, timers' times or the clock; it imports only the standard library,
+spells, the records the store reads and the books keep (``Item``,
+``LocalGrant``, ``LocalLease``, ``Counts``), and what a listener hears
+(``QueueEvent``). Must not know: storage, the wire, timers' times or the clock; it imports only the standard library,
 so the store, the books and the pure core can all share it.
 """
 
@@ -161,3 +161,13 @@ class Counts(NamedTuple):
     group: str
     by_state: dict[str, int]  #: item state -> count
     last_draw: int = 0  #: a lease's: the highest draw number of its items
+
+
+@dataclass(frozen=True)
+class QueueEvent:
+    """What a queue's lifecycle listener hears."""
+
+    type: str  #: "admitted", "released", "blocked"
+    key: str
+    ids: tuple[str, ...] = ()
+    blocked: dict[str, dict[str, Any]] | None = None  #: group -> {"reason", "waiting"}, for "blocked"
