@@ -7,6 +7,7 @@ only this package, the standard library and the ``workers`` SDK;
 
 from .jobs.consumer import JobConsumer
 from .jobs.handoff import QueueHandoff
+from .jobs.records import KeptOutcomes
 from .jobs.retention import JobRetention
 from .jobs.runner import Durability, DurabilityJobs, JobContext, JobEvent, NonRetryableError, current_job
 from .outbox import DurabilityOutbox, OutboxChannel, OutboxMessage
@@ -23,6 +24,7 @@ __all__ = [
     "JobContext",
     "JobEvent",
     "JobRetention",
+    "KeptOutcomes",
     "NonRetryableError",
     "OutboxChannel",
     "OutboxMessage",

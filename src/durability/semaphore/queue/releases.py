@@ -76,10 +76,13 @@ class QueueReleases:
         one update, where a row of its own would cost one more write, and
         one more to purge. The holder is told, and listeners hear of it, in a
         task of the caller's event, as ``release`` would. False, and
-        nothing written, for an item released already; ``ValueError`` for
+        nothing written, for an item released already, and for one whose
+        row must count for its lease (``keep_done_ms`` 0, a draw whose row
+        may not go at its release): kept a day, it would be reported to the
+        holder by every new instance (``release`` it). ``ValueError`` for
         one not admitted, or a record that is not JSON."""
         item = self._admitted(item_id)
-        if item is None:
+        if item is None or not self._may_keep_record(item):
             return False
         text = compact_json(record, "a released item's record")
         self.ctx.commit_now(lambda: self._release(item, record=text))
@@ -152,6 +155,15 @@ class QueueReleases:
             ctx.memory.report_now.add(item.key)  # the caller reports it at once (_report_at_once_if_contended)
         else:
             ctx.due_by(TimerKind.REPORT, item.key, now_ms() + self.options.report_delay_ms)
+
+    def _may_keep_record(self, item: Item) -> bool:
+        """With ``keep_done_ms`` 0, only an item whose row may go at its release keeps a record
+        (counted as gone by its grant or lease); else any (done items count as their grant's)."""
+        if self.options.keep_done_ms > 0:
+            return True
+        if item.via == Via.GRANT:
+            return item.grant_id is not None and self.grants.grant(item.grant_id) is not None
+        return self._drawn_row_may_go(item)
 
     def _drawn_row_may_go(self, item: Item) -> bool:
         """May a drawn item's row go at its release (``keep_done_ms`` 0)? Only
