@@ -36,9 +36,11 @@ reordered reports still add up to exactly what was counted.
 
 Retention: a shard keeps a finished job a day (``JOBS_KEPT_MS``; its
 newest ``JOBS_KEPT`` at most, and any that finished within the hour), then
-deletes its row within the hour after; ``GET /jobs/{id}`` answers
-``not_found`` from then on, and submitting the id again runs a new job. A job whose queue item
-is still kept is not deleted, so the queue can never run it twice.
+deletes its row (its queue item's, which keeps the outcome of a job that
+ended in its first attempt, or the job runner's) within the hour after;
+``GET /jobs/{id}`` answers ``not_found`` from then on, and submitting the
+id again runs a new job. A job whose queue item is still kept is not
+deleted, so the queue can never run it twice.
 
 Uploads: at most ``UPLOADS_PER_USER`` uploads of one user run at once,
 held like a lock around the upload with ``durability.locks.semaphore``; a

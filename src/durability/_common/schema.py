@@ -9,6 +9,7 @@ Must not know: any component's tables beyond the statements it is handed.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -39,7 +40,10 @@ def migrate(sql: Sql, component: str, steps: Mapping[int, Sequence[Step]]) -> in
     (a function among them is called with the storage and the version the
     component had, in the same transaction).
     A database already at a newer version than the code knows is refused
-    rather than silently used.
+    rather than silently used. A component made new (version 0) gets each
+    column a later version adds in the ``CREATE TABLE`` that makes its
+    table (``folded``): the same table, with no ``ALTER TABLE``, which
+    workerd bills a row written and a read of the whole schema each.
     """
     target = max(steps)
     current = schema_version(sql, component)
@@ -51,12 +55,12 @@ def migrate(sql: Sql, component: str, steps: Mapping[int, Sequence[Step]]) -> in
         )
 
     def apply() -> None:
-        for version in range(current + 1, target + 1):
-            for statement in steps[version]:
-                if callable(statement):
-                    statement(sql, current)
-                else:
-                    sql.exec(statement)
+        statements = [step for version in range(current + 1, target + 1) for step in steps[version]]
+        for statement in folded(statements) if current == 0 else statements:
+            if callable(statement):
+                statement(sql, current)
+            else:
+                sql.exec(statement)
         sql.exec(
             "INSERT INTO durability_schema (component, version) VALUES (?, ?) "
             "ON CONFLICT (component) DO UPDATE SET version = excluded.version",
@@ -66,6 +70,35 @@ def migrate(sql: Sql, component: str, steps: Mapping[int, Sequence[Step]]) -> in
 
     sql.transaction(apply)
     return target
+
+
+_CREATE = re.compile(r"\s*CREATE TABLE (?:IF NOT EXISTS )?(\w+) \((.*)\)(\s*WITHOUT ROWID)?\s*$", re.DOTALL)
+_ADD_COLUMN = re.compile(r"\s*ALTER TABLE (\w+) ADD COLUMN (.+?)\s*$", re.DOTALL)
+#: a table constraint after the columns: a column added must come before it, so such a table is not folded
+_TABLE_CONSTRAINT = re.compile(r",\s*(?:CONSTRAINT|PRIMARY KEY|UNIQUE|CHECK|FOREIGN KEY)\s*\(", re.IGNORECASE)
+
+
+def folded(statements: Sequence[Step]) -> list[Step]:
+    """``statements`` with each ``ALTER TABLE t ADD COLUMN c`` moved into the
+    ``CREATE TABLE t`` made earlier among them, when that statement lists
+    columns only: the table they make is the same, column for column."""
+    out: list[Step] = []
+    creates: dict[str, int] = {}  # table -> index of its CREATE in ``out``
+    for statement in statements:
+        create = _CREATE.match(statement) if isinstance(statement, str) else None
+        add = _ADD_COLUMN.match(statement) if isinstance(statement, str) else None
+        if create and not _TABLE_CONSTRAINT.search(create.group(2)):
+            creates[create.group(1)] = len(out)
+        elif add and add.group(1) in creates:
+            at = creates[add.group(1)]
+            made = _CREATE.match(str(out[at]))
+            assert made is not None
+            # (The comma on a line of its own: the last column's line may end with a comment.)
+            out[at] = (f"CREATE TABLE IF NOT EXISTS {made.group(1)} ({made.group(2)}\n"
+                       f"  , {add.group(2)}\n){made.group(3) or ''}")
+            continue
+        out.append(statement)
+    return out
 
 
 def drop(sql: Sql, component: str, tables: Sequence[str]) -> None:

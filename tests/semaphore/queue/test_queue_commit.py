@@ -114,6 +114,8 @@ def test_every_commit_crashed_anywhere_leaves_memory_as_it_was(runtime, monkeypa
             queue, lambda: queue._enqueued({"c0": (key, "g", "{}")}, []))
         admitted = queue.store.admitted()
         statements["release"] = crashed_at_every_statement(queue, lambda: queue._release(admitted[0]))
+        statements["release keeping a record"] = crashed_at_every_statement(
+            queue, lambda: queue._release(admitted[1], record='{"ran": true}'))
         gate.set()
         return statements, len(admitted)
 

@@ -1,0 +1,74 @@
+"""A component made new gets, in fewer statements, the very tables an old one upgraded step by step has."""
+
+import types
+
+import pytest
+
+from durability import outbox
+from durability._common.schema import folded, migrate
+from durability._common.sql import Sql
+from durability.jobs import records
+from durability.locks import store as locks_store
+from durability.scheduler import alarm
+from durability.semaphore.holder import store as holder_store
+from durability.semaphore.queue import schema as queue_schema
+from durability.testing._sql import SqlDatabase
+
+SCHEMAS = {
+    "scheduler": alarm._SCHEMA, "jobs": records._SCHEMA, "outbox": outbox._SCHEMA,
+    "semaphore": holder_store._SCHEMA, "semaphore-queue": queue_schema._SCHEMA, "locks": locks_store._SCHEMA,
+}
+
+
+class _Storage:
+    """Just enough of ``ctx.storage`` for a schema's creation."""
+
+    def __init__(self) -> None:
+        self.db = SqlDatabase()
+        self.sql = self
+
+    def exec(self, query, *bindings):
+        return self.db.exec(query, bindings)
+
+    def transactionSync(self, fn):
+        return self.db.run_in_savepoint(fn)
+
+    def shape(self):
+        """Every table's columns, keys and kind, as SQLite describes them."""
+        tables = [r["name"] for r in self.exec("SELECT name, wr FROM pragma_table_list WHERE schema = 'main' "
+                                                "AND name NOT LIKE 'sqlite_%' ORDER BY name").toArray()]
+        return {table: (self.exec(f"SELECT wr FROM pragma_table_list WHERE name = '{table}'").toArray(),
+                        self.exec(f"SELECT * FROM pragma_table_xinfo('{table}')").toArray(),
+                        self.exec(f"SELECT name, [unique], origin FROM pragma_index_list('{table}')").toArray())
+                for table in tables}
+
+
+def made(steps, *, from_version=None):
+    storage = _Storage()
+    sql = Sql(types.SimpleNamespace(storage=storage))
+    if from_version is not None:  # an object made by an old version, then upgraded
+        migrate(sql, "c", {v: s for v, s in steps.items() if v <= from_version})
+    before = storage.db.rows_written
+    migrate(sql, "c", steps)
+    return storage.shape(), storage.db.rows_written - before
+
+
+@pytest.mark.parametrize("component", sorted(SCHEMAS))
+def test_a_component_made_new_has_the_tables_of_one_upgraded_from_its_first_version(component):
+    steps = SCHEMAS[component]
+    new, _ = made(steps)
+    upgraded, _ = made(steps, from_version=1)
+    assert new == upgraded
+
+
+def test_a_new_queue_and_job_runner_are_made_with_no_alter_table():
+    for steps in (queue_schema._SCHEMA, records._SCHEMA):
+        statements = [s for v in sorted(steps) for s in steps[v]]
+        assert not [s for s in folded(statements) if isinstance(s, str) and "ALTER TABLE" in s]
+        assert [s for s in statements if isinstance(s, str) and "ALTER TABLE" in s]  # (the steps do add columns)
+
+
+def test_a_table_with_a_constraint_after_its_columns_is_left_to_its_alter_table():
+    statements = ["CREATE TABLE t (a TEXT, b TEXT, PRIMARY KEY (a, b)) WITHOUT ROWID",
+                  "ALTER TABLE t ADD COLUMN c REAL"]
+    assert folded(statements) == statements
