@@ -36,6 +36,9 @@ The invariants (``docs/testing.md`` explains each bound):
 - ``run_in_permit``: in mode "consumer", each run of an item's work by the
   queue's consumer starts while the item holds its permit (admitted, not yet
   ended), and no two runs of one item overlap.
+- ``outcome``: in mode "consumer", at the end, every job whose work ended
+  reads ``completed`` or ``failed`` (its outcome kept, in the runner's row or,
+  with ``records``, in its released item; checked by ``campaign/run``).
 - ``recovery``: in a tree run whose only faults are restarts
   (``Scenario.restarts_alone``), after each restart of a key's root that
   finds work of the key waiting and a permit of its limit (and of the

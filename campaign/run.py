@@ -142,7 +142,7 @@ def _run_budget(scenario: Scenario) -> Outcome:
                          call_rng=random.Random(f"{scenario.mode}:{scenario.seed}:call faults"),
                          evict=runtime.evict, rates=list(scenario.rates),
                          group_rates={group: tuple(rate) for group, *rate in scenario.group_rates},
-                         consumer=consumer)
+                         consumer=consumer, records=scenario.records)
     start = runtime.now_ms()
     try:
         with planted(scenario.plant):
@@ -298,6 +298,25 @@ class _BudgetDriver:
             if all(states.get(item) in ("released", "cancelled") for item in self.accepted) and not self.leaks():
                 break
         self.check_end(await self.states(), bounds)
+        if self.scenario.mode == "consumer":
+            self.check_outcomes(await self.job_statuses())
+
+    async def job_statuses(self) -> dict[str, str]:
+        """Mode "consumer": each accepted job's status as its shard's runner reads it."""
+        found: dict[str, str] = {}
+        with self.runtime.no_faults():
+            for index in range(self.scenario.shards):
+                ids = [item for item, (shard, _, _) in self.accepted.items() if shard == index]
+                found.update(await self.shard(index).job_statuses(ids))
+        return found
+
+    def check_outcomes(self, statuses: dict[str, str]) -> None:
+        """A job whose work ran and ended is read back as completed or failed:
+        its outcome was kept (in the runner's row, or in its released item)."""
+        for item, ended_at in self.truth.stopped.items():
+            if item in self.accepted and statuses.get(item) not in ("completed", "failed"):
+                self.truth.violations.add("outcome", f"{item} ended at {ended_at:.0f} ms, yet reads "
+                                                     f"{statuses.get(item)}")
 
     async def states(self) -> dict[str, str]:
         found = {}

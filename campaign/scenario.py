@@ -21,7 +21,8 @@ GRANTS_ONLY = ("grants", "tree", "rate", "consumer")
 #: every mode the full campaign and CI's sample run
 MODES = ("grants", "strict", "under", "over", "tree", "rate", "consumer", "locks")
 ALL_MODES = BUDGET_MODES + ("locks",)
-PLANTS = ("over_grant", "double_report", "lost_release", "double_admit", "over_rate", "consumer_overlap")
+PLANTS = ("over_grant", "double_report", "lost_release", "double_admit", "over_rate", "consumer_overlap",
+          "lost_outcome")
 
 LEASE_TTL_MS = 20_000
 GRANT_TIMEOUT_MS = 5_000
@@ -148,6 +149,9 @@ class Scenario:
     #: False: the shards keep no done item (keep_done_ms=0), as the example
     #: Worker; the end check takes an item gone after its work ended as released
     keep_done: bool = True
+    #: mode "consumer": a job that ends in its first attempt keeps its outcome
+    #: in its released item (``outcomes=``, ``release_keeping``), as the example Worker
+    records: bool = False
     outages: tuple[Outage, ...] = ()
     restarts: tuple[Restart, ...] = ()
     fan_out: int = 0  #: mode "tree": children per root (shards reach them by a hash of their name)
@@ -242,6 +246,7 @@ def generate(seed: int, mode: str) -> Scenario:
         calls=calls, call_faults=call_faults, rates=_rates(f"{mode}:{seed}", keys) if mode == "rate" else (),
         group_rates=_group_rates(f"{mode}:{seed}") if mode == "rate" else (),
         queue_faults=_queue_faults(f"{mode}:{seed}") if mode == "consumer" else (),
+        records=mode == "consumer" and _records(f"{mode}:{seed}"),
     )
     if _restarts_alone(f"{mode}:{seed}", scenario):
         scenario = replace(scenario, faults=(), call_faults=(), partitions=(), outages=(), lose_releases=0.0,
@@ -275,6 +280,11 @@ def _queue_faults(name: str) -> tuple[tuple[str, float], ...]:
     heavy = rng.choice(QUEUE_FAULT_KINDS + (None,))
     return tuple((kind, round(rng.uniform(0.2, 0.4) if kind == heavy else rng.uniform(0.01, 0.1), 3))
                  for kind in QUEUE_FAULT_KINDS if kind == heavy or rng.random() < 0.6)
+
+
+def _records(name: str) -> bool:
+    """Mode "consumer", half the runs: jobs' outcomes kept in their items (drawn apart, as ``_rates``)."""
+    return random.Random(f"{name}:records").random() < 0.5
 
 
 def _hibernates(name: str) -> bool:

@@ -58,6 +58,8 @@ CONFIG = {
     "rates": [],  # mode "rate": per key, the holder's rate= (limit, period_ms, burst)
     "group_rates": {},  # mode "rate": group -> its own rate (group_rate=), every key
     "consumer": False,  # mode "consumer": admitted work runs in the ATTEMPTS queue's consumer
+    # mode "consumer": a job its first attempt ends keeps its outcome in its released item
+    "records": False,
 }
 TRUTH = None
 
@@ -247,7 +249,9 @@ class Shard(DurableObject):
             self.scheduler, handlers={"run": run_attempt}, on_lifecycle_event=self._on_job_event,
             retries=Backoff(initial_ms=500, max_ms=RETRY_MAX_MS),
             runs_in=QueueHandoff(env.ATTEMPTS, ctx.id.toString(), start_within_ms=START_WITHIN_MS,
-                                 run_within_ms=RUN_WITHIN_MS)) if CONFIG["consumer"] else None
+                                 run_within_ms=RUN_WITHIN_MS),
+            outcomes=self if CONFIG["records"] else None) if CONFIG["consumer"] else None
+        self._lost: dict[str, bool] = {}  #: item id -> its release is lost (drawn once an item)
         self.queue = DurabilitySemaphoreQueue(
             self.scheduler, client_id=self.name, server=server, admit=self._admit,
             finished=None if lost_all else self._finished,  # a lost release with no sweep
@@ -257,6 +261,7 @@ class Shard(DurableObject):
             # check reads every accepted item's final state from the shards),
             # or not at all, as the example Worker does.
             keep_done_ms=KEEP_DONE_MS if CONFIG["keep_done"] else 0,
+            keep_records_ms=KEEP_DONE_MS,  # a record outlives the run, as a kept item does
             woken=CONFIG["calls"],
             checks_wait_ms=CHECKS_WAIT_MS if CONFIG["consumer"] else 0,
         )
@@ -315,11 +320,38 @@ class Shard(DurableObject):
     async def _work_ends(self, timer):
         await self._ended(timer.key)
 
+    def _release_lost(self, item_id):
+        if item_id not in self._lost:
+            self._lost[item_id] = CONFIG["plant"] == "lost_release" or random.random() < CONFIG["lose_releases"]
+        return self._lost[item_id]
+
     async def _ended(self, item_id):
         TRUTH.stop(item_id)
-        lost = CONFIG["plant"] == "lost_release" or random.random() < CONFIG["lose_releases"]
-        if not lost:
+        if not self._release_lost(item_id):
             await self.queue.release(item_id)
+
+    # -- the job runner's outcomes= (records): kept in the released item
+    def keep(self, job_id, row):
+        if self._release_lost(job_id):
+            return False  # the runner keeps it, and the item stays admitted: the sweep returns its permit
+        # (Planted: the release keeps no outcome, and the runner writes none either.)
+        kept = self.queue.release_keeping(job_id, None if CONFIG["plant"] == "lost_outcome" else row)
+        if kept:
+            # Its end counts once the release is durable, before its holder
+            # hears of it (the holder hears once the write commits).
+            self.queue.ctx.in_this_event(lambda: self._stopped_once_durable(job_id))
+        return kept
+
+    async def _stopped_once_durable(self, job_id):
+        await self.scheduler.sql.flush()
+        TRUTH.stop(job_id)
+
+    def get(self, job_id):
+        return self.queue.record(job_id)
+
+    async def job_statuses(self, ids):
+        """Mode "consumer": what each job's record says now (``get_result``)."""
+        return {job_id: (await self.jobs.run.get_result(job_id))["status"] for job_id in ids}
 
     async def _on_job_event(self, event):
         if event.type == "terminal":

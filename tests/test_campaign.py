@@ -78,6 +78,16 @@ def test_a_consumer_that_runs_an_attempt_twice_at_once_is_found_in_mode_consumer
     assert not run(generate(found[0], "consumer")).violations  # and the seed passes without it
 
 
+def test_a_release_that_keeps_no_outcome_is_found_in_mode_consumer():
+    # A job's outcome kept in its released item (records): a release that keeps
+    # none, where the runner writes no row either, leaves the job unreadable.
+    found = [seed for seed in range(10)
+             if "outcome" in run(with_plant(generate(seed, "consumer"), "lost_outcome")).violations.counts]
+    assert found, "lost_outcome not found in 10 seeds"
+    assert generate(found[0], "consumer").records
+    assert not run(generate(found[0], "consumer")).violations  # and the seed passes without it
+
+
 def test_the_shrinker_keeps_what_fails():
     scenario = generate(3, "grants")
     # "Fails" while two particular jobs remain: the shrinker must end with exactly those.

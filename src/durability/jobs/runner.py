@@ -2,7 +2,7 @@
 
 Lives here: running one attempt per timer firing (or, with ``runs_in``,
 sending it to a queue's consumer and settling it on the consumer's
-report), retrying failed attempts under a ``retry.Backoff``, results and
+report: ``jobs/handed_off``), retrying failed attempts under a ``retry.Backoff``, results and
 errors, and best-effort lifecycle events. ``run(id=..., payload=...)``,
 which records a job idempotently on its id, is in ``jobs/run_call``; the
 jobs' table, a job's statuses and events, and ``current_job()`` in
@@ -15,7 +15,10 @@ A job is one row of ``durability_jobs``, and the row says when its next
 attempt is due (``due_at``); its timer (participant ``durability.jobs``,
 key = the job id) is kept in memory and derived from the rows again when
 the object starts, so an accepted job is never lost and its timer costs no
-row. Each firing of the timer runs one attempt:
+row. (A job handed in by a caller that keeps its record, ``run.kept``, has
+no row until its first attempt settles, and with ``outcomes`` none at all
+if that attempt ends it: see ``records.KeptOutcomes``.) Each firing of the
+timer runs one attempt:
 
 1. the attempt is marked started (``attempt + 1``, status ``running``)
    before the handler is called, and that write commits at the first await

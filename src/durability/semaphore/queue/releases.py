@@ -58,7 +58,8 @@ class QueueReleases:
 
     async def release(self, item_id: str) -> bool:
         """Return an admitted item's permit. True if released now or before
-        (within ``keep_done_ms``; after that the id is unknown: ``KeyError``)."""
+        (while its row is kept: ``keep_done_ms``, or ``keep_records_ms`` for one
+        that keeps a record; after that the id is unknown: ``KeyError``)."""
         item = self._admitted(item_id)
         if item is None:
             return True
@@ -122,15 +123,15 @@ class QueueReleases:
         assert grant_id is not None  # an admitted item came through a grant or a lease
         grant = self.grants.grant(grant_id) if item.via == Via.GRANT else None
         lease = self.lease_book.lease(grant_id) if item.via == Via.LEASE else None
-        # Kept with no record, or with one for a while (the same one write):
-        # a row that need not count for its grant goes, or, holding a record,
-        # stays with no grant named (gone, as the grant counts it).
+        # A row that need not count for its grant or lease goes, one write
+        # instead of two; holding a record, it stays instead (the same one
+        # write), naming no grant or lease: they count it as gone all the same.
         gone = GONE if record is None else RELEASED
         if self.options.keep_done_ms == 0 and grant is not None:
-            # Not kept: its row goes now, one write instead of two, and its
-            # grant counts it as a claim with no item, released. An instance
-            # that starts before the holder heard counts it so again: its
-            # key's row makes it ask, and the holder lists the grant's claims.
+            # Not kept as done: its grant counts it as a claim with no item,
+            # released. An instance that starts before the holder heard counts
+            # it so again: its key's row makes it ask, and the holder lists
+            # the grant's claims.
             ctx.move(item, gone, None, item.via, item.draw, record)
             self.grants.keep(replace(grant, extra=grant.extra + 1))
         elif lease is not None and self._drawn_row_may_go(item):
