@@ -334,8 +334,10 @@ class Shard(DurableObject):
     def keep(self, job_id, row):
         if self._release_lost(job_id):
             return False  # the runner keeps it, and the item stays admitted: the sweep returns its permit
-        # (Planted: the release keeps no outcome, and the runner writes none either.)
-        kept = self.queue.release_keeping(job_id, None if CONFIG["plant"] == "lost_outcome" else row)
+        try:
+            kept = self.queue.release_keeping(job_id, row)
+        except (KeyError, ValueError):  # no item admitted under it: the runner keeps its row
+            return False
         if kept:
             # Its end counts once the release is durable, before its holder
             # hears of it (the holder hears once the write commits).
@@ -347,6 +349,8 @@ class Shard(DurableObject):
         TRUTH.stop(job_id)
 
     def get(self, job_id):
+        if CONFIG["plant"] == "lost_outcome":
+            return None  # planted: what the release kept is never read back
         return self.queue.record(job_id)
 
     async def job_statuses(self, ids):

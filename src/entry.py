@@ -451,7 +451,10 @@ class _OutcomesInItems:
         self.shard = shard
 
     def keep(self, job_id, row):
-        return self.shard.permits.release_keeping(job_id, row)
+        try:
+            return self.shard.permits.release_keeping(job_id, row)
+        except (KeyError, ValueError):  # no item admitted under it: the runner keeps its row
+            return False
 
     def get(self, job_id):
         return self.shard.permits.record(job_id)

@@ -79,8 +79,8 @@ def test_a_consumer_that_runs_an_attempt_twice_at_once_is_found_in_mode_consumer
 
 
 def test_a_release_that_keeps_no_outcome_is_found_in_mode_consumer():
-    # A job's outcome kept in its released item (records): a release that keeps
-    # none, where the runner writes no row either, leaves the job unreadable.
+    # A job's outcome kept in its released item (records): a keeper that never
+    # reads it back, where the runner wrote no row, leaves the job unreadable.
     found = [seed for seed in range(10)
              if "outcome" in run(with_plant(generate(seed, "consumer"), "lost_outcome")).violations.counts]
     assert found, "lost_outcome not found in 10 seeds"

@@ -68,7 +68,19 @@ def test_a_new_queue_and_job_runner_are_made_with_no_alter_table():
         assert [s for s in statements if isinstance(s, str) and "ALTER TABLE" in s]  # (the steps do add columns)
 
 
-def test_a_table_with_a_constraint_after_its_columns_is_left_to_its_alter_table():
-    statements = ["CREATE TABLE t (a TEXT, b TEXT, PRIMARY KEY (a, b)) WITHOUT ROWID",
-                  "ALTER TABLE t ADD COLUMN c REAL"]
+@pytest.mark.parametrize("create", [
+    "CREATE TABLE t (a TEXT, b TEXT, PRIMARY KEY (a, b)) WITHOUT ROWID",
+    "CREATE TABLE t (a TEXT, b TEXT, CONSTRAINT ab PRIMARY KEY (a, b)) WITHOUT ROWID",
+    "CREATE TABLE t (a TEXT, b TEXT,  -- the pair\n  UNIQUE (a, b))",
+])
+def test_a_table_with_a_constraint_after_its_columns_is_left_to_its_alter_table(create):
+    statements = [create, "ALTER TABLE t ADD COLUMN c REAL"]
     assert folded(statements) == statements
+
+
+def test_a_folded_table_is_the_table_its_statements_make_however_they_end():
+    steps = {1: ["CREATE TABLE IF NOT EXISTS t (a TEXT PRIMARY KEY,  -- a note\n  b TEXT) WITHOUT ROWID;"],
+             2: ["ALTER TABLE t ADD COLUMN c REAL NOT NULL DEFAULT 0;"], 3: ["ALTER TABLE t ADD d INTEGER"]}
+    new, new_rows = made(steps)
+    upgraded, _ = made(steps, from_version=1)
+    assert new == upgraded and len(new["t"][1]) == 4

@@ -72,16 +72,22 @@ def migrate(sql: Sql, component: str, steps: Mapping[int, Sequence[Step]]) -> in
     return target
 
 
-_CREATE = re.compile(r"\s*CREATE TABLE (?:IF NOT EXISTS )?(\w+) \((.*)\)(\s*WITHOUT ROWID)?\s*$", re.DOTALL)
-_ADD_COLUMN = re.compile(r"\s*ALTER TABLE (\w+) ADD COLUMN (.+?)\s*$", re.DOTALL)
-#: a table constraint after the columns: a column added must come before it, so such a table is not folded
-_TABLE_CONSTRAINT = re.compile(r",\s*(?:CONSTRAINT|PRIMARY KEY|UNIQUE|CHECK|FOREIGN KEY)\s*\(", re.IGNORECASE)
+_CREATE = re.compile(r"\s*CREATE TABLE (?:IF NOT EXISTS )?(\w+) \((.*)\)(\s*WITHOUT ROWID)?\s*;?\s*$",
+                     re.DOTALL | re.IGNORECASE)
+_ADD_COLUMN = re.compile(r"\s*ALTER TABLE (\w+) ADD (?:COLUMN )?([^;]+?)\s*;?\s*$", re.DOTALL | re.IGNORECASE)
+#: a table constraint after the columns (a line comment may come between): a
+#: column added must come before it, so such a table is not folded
+_TABLE_CONSTRAINT = re.compile(
+    r",(?:\s|--[^\n]*\n)*(?:CONSTRAINT\s+\w+\s+)?(?:PRIMARY KEY|UNIQUE|CHECK|FOREIGN KEY)\s*\(", re.IGNORECASE)
 
 
 def folded(statements: Sequence[Step]) -> list[Step]:
     """``statements`` with each ``ALTER TABLE t ADD COLUMN c`` moved into the
     ``CREATE TABLE t`` made earlier among them, when that statement lists
-    columns only: the table they make is the same, column for column."""
+    columns only: the table they make is the same, column for column. (For a
+    component made new: a ``CREATE TABLE IF NOT EXISTS`` that finds its table
+    made would skip the columns its ALTERs added; every version of this library
+    writes a component's version row in the transaction that makes its tables.)"""
     out: list[Step] = []
     creates: dict[str, int] = {}  # table -> index of its CREATE in ``out``
     for statement in statements:

@@ -21,6 +21,7 @@ class Sql:
         self._storage = ctx.storage
         self._sql = ctx.storage.sql
         self.rollbacks = 0  #: transactions rolled back: what was read inside one may be undone
+        self.depth = 0  #: transactions of this ``Sql`` open now (nested ones count)
 
     def exec(self, query: str, *bindings: Any) -> list[dict[str, Any]]:
         """Run one statement (or several, without bindings) and return every row.
@@ -39,11 +40,14 @@ class Sql:
 
     def transaction(self, fn: Callable[[], T]) -> T:
         """Run ``fn`` (synchronous, no awaits) so that its writes commit together."""
+        self.depth += 1
         try:
             return self._storage.transactionSync(fn)
         except BaseException:
             self.rollbacks += 1
             raise
+        finally:
+            self.depth -= 1
 
     async def flush(self) -> None:
         """Wait until every write made so far is durable (``ctx.storage.sync()``;

@@ -332,8 +332,10 @@ class DurabilityScheduler(AlarmDispatch):
         alarm is set unless that event is the alarm's run (which re-arms),
         or a sync of the event set it. Setting it at once cost a row for each
         alarm that started an instance: 0.12 rows a job on the example
-        Worker's workload. (Should the event come later than that turn, the
-        alarm is set as before: a row, never a lost timer.)
+        Worker's workload (measured on the embedded runtime; where an alarm's
+        run starts later than that turn, the alarm is set as before, a row).
+        An instance that dies before that turn leaves the timer to the next
+        instance's check, or to the sweep's ``resume`` (docs/design.md, Liveness).
         """
         if self._dispatching:
             return  # alarm() is running: it re-arms at its end
@@ -368,7 +370,11 @@ class DurabilityScheduler(AlarmDispatch):
             for _ in range(FIRST_EVENT_TURNS):
                 await asyncio.sleep(0)
             if self._alarm_runs == runs:
-                await self.sync()
+                try:
+                    await self.sync()
+                except Exception as error:  # the next sync arms without asking
+                    self._armed = _UNKNOWN
+                    log.warning("setting the alarm failed: %r", error)
 
         task = asyncio.get_running_loop().create_task(arm())
         self._arming.add(task)  # (a loop holds tasks weakly)

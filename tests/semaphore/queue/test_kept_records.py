@@ -40,7 +40,7 @@ def test_a_record_kept_by_a_released_item_outlives_its_grant_and_is_never_report
             await shard(runtime).status("a0")
             await asyncio.sleep(10)
         later = messages[heard:]
-        await asyncio.sleep(HOUR_S + 60)
+        await asyncio.sleep(HOUR_S * 31 / 30)  # kept keep_records_ms, gone within a thirtieth more
         return before, after, kept, later, await shard(runtime).states(), await shard(runtime).record("a0")
 
     before, after, kept, later, states, gone = runtime.run(scenario())
@@ -51,6 +51,25 @@ def test_a_record_kept_by_a_released_item_outlives_its_grant_and_is_never_report
     # as one would from every instance if the item still counted for it.
     assert later == ["request"]
     assert states == {} and gone is None  # purged keep_records_ms after its release
+
+
+def test_records_done_within_a_thirtieth_of_their_time_go_in_one_purge(runtime):
+    # Kept 30 hours, five records released a minute apart share one purge (its
+    # alarm set once, as the first was released) rather than an alarm each.
+    runtime.module.CONFIG.update(limit=5, keep_done_ms=0, records=True, keep_records_ms=30 * HOUR_S * 1000)
+    work = [{"id": f"a{n}", "key": "holder", "group": "g", "body": {"ms": 1_000 + 60_000 * n}} for n in range(5)]
+
+    async def scenario():
+        await shard(runtime).submit(work)
+        await asyncio.sleep(10 * 60)
+        host = runtime.host_of(shard(runtime))
+        kept, writes = await shard(runtime).states(), host.stats.alarm_writes
+        await asyncio.sleep(32 * HOUR_S)
+        return kept, host.stats.alarm_writes - writes, await shard(runtime).states()
+
+    kept, alarm_writes, left = runtime.run(scenario())
+    assert kept == {f"a{n}": "released" for n in range(5)} and left == {}
+    assert alarm_writes == 0  # (one each, the first's purge setting the alarm for the next's)
 
 
 def test_an_item_released_with_no_record_still_goes_at_once(runtime):
@@ -65,19 +84,24 @@ def test_an_item_released_with_no_record_still_goes_at_once(runtime):
     assert states == {} and record is None
 
 
-def test_past_keep_done_max_the_oldest_done_items_go_within_the_hour(runtime):
+def test_past_keep_done_max_the_items_done_longest_ago_go_once_an_hour_old(runtime):
+    # Past keep_done_max the items done longest ago go, long before their day,
+    # but never one done within the hour: a caller asking again about work
+    # just done still finds it. (Enqueued first is not done first: b waited.)
     runtime.module.CONFIG.update(limit=5, keep_done_ms=24 * HOUR_S * 1000, keep_done_max=2)
 
     async def scenario():
         await shard(runtime).submit(jobs("a", 5, ms=1_000))
-        await asyncio.sleep(10)
-        done = await shard(runtime).states()
-        await asyncio.sleep(HOUR_S + 60)
-        return done, await shard(runtime).states()
+        await asyncio.sleep(55 * 60)
+        await shard(runtime).submit(jobs("b", 3, ms=1_000))
+        await asyncio.sleep(10 * 60)  # past the hour of the first five, 10 minutes into the last three's
+        soon = await shard(runtime).states()
+        await asyncio.sleep(HOUR_S)
+        return soon, await shard(runtime).states()
 
-    done, kept = runtime.run(scenario())
-    assert done == {f"a{n}": "released" for n in range(5)}
-    assert kept == {"a3": "released", "a4": "released"}  # the newest two, long before their day
+    soon, later = runtime.run(scenario())
+    assert soon == {f"b{n}": "released" for n in range(3)}  # three past the bound: none an hour old
+    assert later == {"b1": "released", "b2": "released"}
 
 
 @pytest.mark.parametrize("options, message", [

@@ -88,7 +88,9 @@ def live_queue(runtime, name):
     return host.instance.queue
 
 
-def test_every_commit_crashed_anywhere_leaves_memory_as_it_was(runtime, monkeypatch):
+@pytest.mark.parametrize("keep_done_ms", [600_000, 0])  # (0: a release deletes, or keeps a record off its grant)
+def test_every_commit_crashed_anywhere_leaves_memory_as_it_was(runtime, monkeypatch, keep_done_ms):
+    runtime.module.CONFIG["keep_done_ms"] = keep_done_ms
     replies, gate = [], asyncio.Event()
     real_request = SemaphoreClient.request
 

@@ -32,8 +32,11 @@ from .store import QueueStore
 
 T = TypeVar("T")
 PARTICIPANT = "durability.semaphore-queue"
-#: how long done items past ``keep_done_max`` may wait for their purge
+#: how long done items past ``keep_done_max`` may wait for their purge, and the
+#: least they are kept (a caller asking again about work just done still finds it)
 OVER_MAX_WAIT_MS = 3_600_000
+#: a done item's purge waits its time to be kept and a thirtieth more (``QueueOptions.kept_for``)
+PURGE_SLACK = 31 / 30
 log = logging.getLogger("durability.semaphore.queue")
 
 
@@ -55,6 +58,12 @@ class QueueOptions:
     keep_records_ms: float = 0.0
     #: at most this many done items are kept (None: as many as the times make)
     keep_done_max: int | None = None
+
+    def kept_for(self) -> tuple[float, float]:
+        """How long a done item, and one released with a record, waits for its
+        purge: its time to be kept and a thirtieth more, so that the items done
+        within that while go in one purge (an alarm and a run), not one each."""
+        return self.keep_done_ms * PURGE_SLACK, self.keep_records_ms * PURGE_SLACK
 
     def purge_by(self, first_due: float, done_count: int, now: float) -> float:
         """When the purge is due, with the first done item due to go at
@@ -229,7 +238,7 @@ class QueueContext:
         done_at = None
         if state in DONE:
             done_at = now_ms()
-            keep_ms = self.options.keep_records_ms if record is not None else self.options.keep_done_ms
+            keep_ms = self.options.kept_for()[record is not None]
             self.due_by(TimerKind.PURGE, None, self.options.purge_by(done_at + keep_ms, self.store.done_count() + 1,
                                                                      done_at))
         self.store.move_item(item, state, grant_id, via, done_at, draw, record)

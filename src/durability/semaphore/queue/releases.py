@@ -34,7 +34,7 @@ from .grant_book import GrantBook
 from .grants import QueueGrants
 from .lease_book import LeaseBook
 from .leases import QueueLeases
-from .memory import QueueContext, QueueOptions
+from .memory import OVER_MAX_WAIT_MS, QueueContext, QueueOptions
 from .pure.states import ADMITTED, GONE, RELEASED, Item, QueueEvent, TimerKind, Via
 from .store import QueueStore
 
@@ -76,15 +76,22 @@ class QueueReleases:
         writes: a job's outcome, say, kept in its item's row by the release's
         one update, where a row of its own would cost one more write, and
         one more to purge. The holder is told, and listeners hear of it, in a
-        task of the caller's event, as ``release`` would. False, and
+        task of the caller's event, as ``release`` would: call it outside
+        any transaction of the caller's, whose rollback would leave the holder
+        told of a release that never was (``RuntimeError``). False, and
         nothing written, for an item released already, and for one whose
         row must count for its lease (``keep_done_ms`` 0, a draw whose row
         may not go at its release): kept a day, it would be reported to the
         holder by every new instance (``release`` it). ``ValueError`` for
-        one not admitted, or a record that is not JSON."""
+        one not admitted, or a record that is not JSON or is None (which
+        ``record`` reads as no record)."""
+        if self.store.sql.depth:
+            raise RuntimeError("release_keeping must not be called inside a transaction")
         item = self._admitted(item_id)
         if item is None or not self._may_keep_record(item):
             return False
+        if record is None:
+            raise ValueError("a released item's record must not be None")
         text = compact_json(record, "a released item's record")
         self.ctx.commit_now(lambda: self._release(item, record=text))
         # (With no event, the holder hears at the key's next report or request.)
@@ -93,8 +100,9 @@ class QueueReleases:
 
     def record(self, item_id: str) -> Any:
         """The record a released item keeps (``release_keeping``), or None: for
-        any other item, and any id no item has (a row read)."""
-        text = self.store.record(item_id) if isinstance(item_id, str) else None
+        any other item, and any id no item has (a row read for a record only)."""
+        row = self.store.rows.get(item_id) if isinstance(item_id, str) else None
+        text = self.store.record(item_id) if row is not None and row.recorded else None
         return None if text is None else json.loads(text)
 
     def _admitted(self, item_id: str) -> Item | None:
@@ -127,22 +135,23 @@ class QueueReleases:
         # instead of two; holding a record, it stays instead (the same one
         # write), naming no grant or lease: they count it as gone all the same.
         gone = GONE if record is None else RELEASED
-        if self.options.keep_done_ms == 0 and grant is not None:
+        if not self._row_may_go(item):
+            ctx.move(item, RELEASED, item.grant_id, item.via, item.draw, record)
+        elif grant is not None:
             # Not kept as done: its grant counts it as a claim with no item,
             # released. An instance that starts before the holder heard counts
             # it so again: its key's row makes it ask, and the holder lists
             # the grant's claims.
             ctx.move(item, gone, None, item.via, item.draw, record)
             self.grants.keep(replace(grant, extra=grant.extra + 1))
-        elif lease is not None and self._drawn_row_may_go(item):
+        else:
+            assert lease is not None
             # The same for a numbered draw, when the key's holder lists every
             # lease: one write instead of two. The terms keep the drawn count
             # it was part of; a new instance counts it from the other draws'
             # numbers or the holder's answer (see lease_book).
             ctx.move(item, gone, None, item.via, item.draw, record)
             self.lease_book.keep(lease)
-        else:
-            ctx.move(item, RELEASED, item.grant_id, item.via, item.draw, record)
         if self._rejoin_with(item) and item.via == Via.GRANT:
             return
         if item.via == Via.LEASE:  # its released count is its items released: report it
@@ -160,11 +169,16 @@ class QueueReleases:
     def _may_keep_record(self, item: Item) -> bool:
         """With ``keep_done_ms`` 0, only an item whose row may go at its release keeps a record
         (counted as gone by its grant or lease); else any (done items count as their grant's)."""
-        if self.options.keep_done_ms > 0:
-            return True
+        return self.options.keep_done_ms > 0 or self._row_may_go(item)
+
+    def _row_may_go(self, item: Item) -> bool:
+        """May the item's row go at its release, its grant or lease counting it as gone
+        (``keep_done_ms`` 0, its grant or lease known here, and a draw's as below)?"""
+        if item.grant_id is None:
+            return False
         if item.via == Via.GRANT:
-            return item.grant_id is not None and self.grants.grant(item.grant_id) is not None
-        return self._drawn_row_may_go(item)
+            return self.options.keep_done_ms == 0 and self.grants.grant(item.grant_id) is not None
+        return self.lease_book.lease(item.grant_id) is not None and self._drawn_row_may_go(item)
 
     def _drawn_row_may_go(self, item: Item) -> bool:
         """May a drawn item's row go at its release (``keep_done_ms`` 0)? Only
@@ -210,10 +224,11 @@ class QueueReleases:
         keep_ms, most = options.keep_done_ms, options.keep_done_max
         over = 0 if most is None else max(0, self.store.done_count() - most)
         before = (now - keep_ms, now - options.keep_records_ms)
-        if self.store.purge_done(before, PURGE_BATCH, held, self.ctx.memory.unheard, over):
+        if self.store.purge_done(before, PURGE_BATCH, held, self.ctx.memory.unheard, over,
+                                 over_before=now - OVER_MAX_WAIT_MS):
             self.ctx.due_at(TimerKind.PURGE, None, now)
             return
-        first = self.store.first_purge_at(keep_ms, options.keep_records_ms)
+        first = self.store.first_purge_at(*options.kept_for())
         if first is not None:
             at = options.purge_by(first, self.store.done_count(), now)
             if at <= now:

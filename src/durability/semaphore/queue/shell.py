@@ -110,12 +110,14 @@ class DurabilitySemaphoreQueue(QueueReleases):
             ``release`` and ``record`` still answer for it) before its row is
             deleted.
         keep_records_ms: how long an item released with a record
-            (``release_keeping``) is kept (None: ``keep_done_ms``). With
+            (``release_keeping``) is kept (None: ``keep_done_ms``). Each done
+            item goes within a thirtieth of its time more, with the others
+            due by then, in one purge. With
             ``keep_done_ms`` 0, such an item's grant counts it as released
             and gone, as it counts one deleted at its release: a new instance
             does not report it again.
-        keep_done_max: at most this many done items are kept: past it, the
-            oldest go within an hour, whatever their age. A new instance
+        keep_done_max: at most this many done items are kept: past it, those
+            done longest ago go, within an hour, once an hour old. A new instance
             reads every item kept, a row read each, so an object woken
             often that keeps its items long bounds them here (None: no bound).
         checks_wait_ms: how long the object's own checks may wait for an
@@ -208,7 +210,7 @@ class DurabilitySemaphoreQueue(QueueReleases):
             self.leases.report_due(lease.key, lease.lease_id, now)
         self.leases.schedule_renewal()
         ctx.commit_now(lambda: self.store.stamp_untimed(now))
-        first = self.store.first_purge_at(self.options.keep_done_ms, self.options.keep_records_ms)
+        first = self.store.first_purge_at(*self.options.kept_for())
         if first is not None:
             ctx.due_by(TimerKind.PURGE, None, max(now, self.options.purge_by(first, self.store.done_count(), now)))
 

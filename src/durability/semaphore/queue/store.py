@@ -265,7 +265,7 @@ class QueueStore:
 
     # -- done items: kept a while, then deleted ----------------------------------
     def first_purge_at(self, keep_ms: float, keep_records_ms: float) -> float | None:
-        """When the first done item is due to go: ``keep_ms`` after it was done,
+        """When the first done item's purge comes: ``keep_ms`` after it was done,
         ``keep_records_ms`` for one released with a record."""
         return min((row.done_at + (keep_records_ms if row.recorded else keep_ms)
                     for row in self.rows.done() if row.done_at is not None), default=None)
@@ -295,16 +295,18 @@ class QueueStore:
         self.rows.stamped(now)
 
     def purge_done(self, before: tuple[float, float], limit: int, held: AbstractSet[str] = frozenset(),
-                   held_keys: AbstractSet[str] = frozenset(), over: int = 0) -> bool:
+                   held_keys: AbstractSet[str] = frozenset(), over: int = 0, over_before: float = 0.0) -> bool:
         """Delete up to ``limit`` items done at ``before`` or earlier (its
-        second time for those released with a record), and the ``over``
-        oldest done ones whenever done, in the order they were enqueued,
-        except those whose counts a grant (``held``) or lease still held here
-        is made of (they go once it is settled), and those of ``held_keys``.
-        True if more are due."""
+        second time for those released with a record), and of the ``over``
+        done longest ago those done at ``over_before`` or earlier, in the
+        order they were enqueued, except those whose counts a grant
+        (``held``) or lease still held here is made of (they go once it is
+        settled), and those of ``held_keys``. True if more are due."""
         live = set(held) | {row["lease_id"] for row in self.sql.exec(f"SELECT lease_id FROM {LEASES}")}
         done = [(row.done_at, row) for row in self.rows.done() if row.done_at is not None]
-        due = [row for at, (done_at, row) in enumerate(done) if (done_at <= before[row.recorded] or at < over)
+        oldest = sorted(done, key=lambda pair: pair[0])[:over]
+        overflow = {row.id for done_at, row in oldest if done_at <= over_before}
+        due = [row for done_at, row in done if (done_at <= before[row.recorded] or row.id in overflow)
                and row.grant_id not in live and row.key not in held_keys]
         self._changes += 1
         for row in due[:limit]:
