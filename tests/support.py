@@ -19,6 +19,7 @@ from types import SimpleNamespace
 import pytest
 
 from durability.testing import Runtime, load_worker_module
+from durability.testing._sql import SqlDatabase
 
 ROOT = Path(__file__).resolve().parent.parent
 PROBE = Path(__file__).resolve().parent / "workers" / "probe.py"
@@ -72,6 +73,43 @@ async def released_then_evicted(runtime: Runtime, shard, measure, settle_s: floa
 
 #: Virtual times may end a few microseconds past the moment waited for (see durability._clock).
 approx = partial(pytest.approx, abs=0.01)
+
+
+@pytest.fixture(name="runtime")
+def holders_runtime_fixture():
+    """A ``runtime`` fixture for the queue tests: the holders Worker, seed 1."""
+    with holders_runtime(seed=1) as rt:
+        yield rt
+
+
+def queue_shard(runtime: Runtime, name: str = "s1"):
+    """The holders Worker's ``Shard`` of that name."""
+    return runtime.env.SHARD.getByName(name)
+
+
+class SchemaStorage:
+    """Just enough of ``ctx.storage`` for a schema's creation and removal, on the embedded SQL."""
+
+    def __init__(self) -> None:
+        self.db = SqlDatabase()
+        self.sql = self
+
+    def exec(self, query, *bindings):
+        return self.db.exec(query, bindings)
+
+    def transactionSync(self, fn):
+        return self.db.run_in_savepoint(fn)
+
+    def tables(self) -> set[str]:
+        return {row["name"] for row in self.db.exec("SELECT name FROM sqlite_master WHERE type = 'table'", ())}
+
+    def shape(self) -> dict[str, tuple]:
+        """Every table's kind, columns and keys, as SQLite describes them."""
+        return {table: tuple(self.exec(query.format(table=table)).toArray() for query in (
+                    "SELECT wr FROM pragma_table_list WHERE name = '{table}'",
+                    "SELECT * FROM pragma_table_xinfo('{table}')",
+                    "SELECT name, [unique], origin FROM pragma_index_list('{table}')"))
+                for table in sorted(self.tables()) if not table.startswith("sqlite_")}
 
 
 @pytest.fixture(name="runtime")

@@ -12,7 +12,7 @@ from durability.locks import store as locks_store
 from durability.scheduler import alarm
 from durability.semaphore.holder import store as holder_store
 from durability.semaphore.queue import schema as queue_schema
-from durability.testing._sql import SqlDatabase
+from support import SchemaStorage
 
 SCHEMAS = {
     "scheduler": alarm._SCHEMA, "jobs": records._SCHEMA, "outbox": outbox._SCHEMA,
@@ -20,31 +20,8 @@ SCHEMAS = {
 }
 
 
-class _Storage:
-    """Just enough of ``ctx.storage`` for a schema's creation."""
-
-    def __init__(self) -> None:
-        self.db = SqlDatabase()
-        self.sql = self
-
-    def exec(self, query, *bindings):
-        return self.db.exec(query, bindings)
-
-    def transactionSync(self, fn):
-        return self.db.run_in_savepoint(fn)
-
-    def shape(self):
-        """Every table's columns, keys and kind, as SQLite describes them."""
-        tables = [r["name"] for r in self.exec("SELECT name, wr FROM pragma_table_list WHERE schema = 'main' "
-                                                "AND name NOT LIKE 'sqlite_%' ORDER BY name").toArray()]
-        return {table: (self.exec(f"SELECT wr FROM pragma_table_list WHERE name = '{table}'").toArray(),
-                        self.exec(f"SELECT * FROM pragma_table_xinfo('{table}')").toArray(),
-                        self.exec(f"SELECT name, [unique], origin FROM pragma_index_list('{table}')").toArray())
-                for table in tables}
-
-
 def made(steps, *, from_version=None):
-    storage = _Storage()
+    storage = SchemaStorage()
     sql = Sql(types.SimpleNamespace(storage=storage))
     if from_version is not None:  # an object made by an old version, then upgraded
         migrate(sql, "c", {v: s for v, s in steps.items() if v <= from_version})

@@ -15,30 +15,13 @@ from durability.outbox import _SCHEMA as outbox_schema
 from durability.semaphore import DurabilitySemaphore, DurabilitySemaphoreQueue
 from durability.semaphore.holder.store import HolderStore
 from durability.semaphore.queue.store import QueueStore
-from durability.testing._sql import SqlDatabase
+from support import SchemaStorage
 
 
 def test_the_experimental_entry_point_exports_the_semaphore_s_names_as_they_are():
     assert experimental.__all__ == stable.__all__
     assert all(getattr(experimental, name) is getattr(stable, name) for name in stable.__all__)
     assert experimental.DurabilitySemaphore.__name__ == "DurabilitySemaphore"
-
-
-class _Storage:
-    """Just enough of ``ctx.storage`` for a schema's creation and removal."""
-
-    def __init__(self) -> None:
-        self.db = SqlDatabase()
-        self.sql = self
-
-    def exec(self, query, *bindings):
-        return self.db.exec(query, bindings)
-
-    def transactionSync(self, fn):
-        return self.db.run_in_savepoint(fn)
-
-    def tables(self) -> set[str]:
-        return {row["name"] for row in self.db.exec("SELECT name FROM sqlite_master WHERE type = 'table'", ())}
 
 
 @pytest.mark.parametrize("primitive, create", [
@@ -48,7 +31,7 @@ class _Storage:
     (PlaceKeeper, lambda sql: PlaceStore(sql)),
 ])
 def test_every_primitive_s_migrate_removes_its_tables_and_refuses_other_versions(primitive, create):
-    ctx = types.SimpleNamespace(storage=_Storage())
+    ctx = types.SimpleNamespace(storage=SchemaStorage())
     create(Sql(ctx))
     before = ctx.storage.tables()
     with pytest.raises(ValueError, match="only migrate"):

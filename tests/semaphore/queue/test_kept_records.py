@@ -4,19 +4,14 @@ import asyncio
 
 import pytest
 
-from support import holders_runtime, queue_jobs as jobs, released_then_evicted
+from support import (  # noqa: F401
+    holders_runtime_fixture,
+    queue_jobs as jobs,
+    queue_shard as shard,
+    released_then_evicted,
+)
 
 HOUR_S = 3_600
-
-
-@pytest.fixture
-def runtime():
-    with holders_runtime(seed=1) as rt:
-        yield rt
-
-
-def shard(runtime, name="s1"):
-    return runtime.env.SHARD.getByName(name)
 
 
 def test_a_record_kept_by_a_released_item_outlives_its_grant_and_is_never_reported_again(runtime):
