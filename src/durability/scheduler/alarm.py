@@ -45,6 +45,7 @@ from .._common.schema import migrate, public_migrate
 from .._common.sql import Sql
 from ..retry import Backoff
 from .dispatch import BUDGET_SPREAD as BUDGET_SPREAD, AlarmDispatch, Timer as Timer, TimerHandler
+from .resume import _UNKNOWN, DELIVERY_MS as DELIVERY_MS, OVERDUE_MS as OVERDUE_MS, AlarmResume
 from .timer_stores import MemoryTimers, SqlTimers
 
 T = TypeVar("T")
@@ -70,20 +71,7 @@ _SCHEMA = {
 }
 _TABLES = ["durability_timers"]
 
-_UNKNOWN = object()
-_CHECKING = object()  #: a new instance's check of the alarm, under the runtime's blockConcurrencyWhile
 BACKSTOP_MS = 60_000
-#: an alarm this long past its time that has not run is taken as lost (the
-#: runtime gave up on it): the next sync or ``resume_if_overdue()`` sets it again. Longer
-#: than the runtime's own retries take to start (6, from 2 s doubling: 2.1
-#: to 2.6 min with jitter), so an alarm still being retried is left alone.
-OVERDUE_MS = 180_000
-#: a due alarm starts within this of its time, or was lost (production starts one within milliseconds)
-DELIVERY_MS = 1_000
-#: turns of the event loop a new instance with no alarm and a timer due gives its first
-#: event to start, so that an alarm run that started it re-arms alone (``resume``)
-FIRST_EVENT_TURNS = 3
-
 
 def _name(value: Any, what: str) -> str:
     if not isinstance(value, str) or not value:
@@ -97,7 +85,7 @@ def _time(value: Any) -> float:
     return float(value)
 
 
-class DurabilityScheduler(AlarmDispatch):
+class DurabilityScheduler(AlarmDispatch, AlarmResume):
     """The single owner of a Durable Object's alarm. Create one per object.
 
     Args:
@@ -282,128 +270,6 @@ class DurabilityScheduler(AlarmDispatch):
                 except BaseException:
                     self._armed = _UNKNOWN
                     raise
-
-    def _start_resume(self, *, first: bool = False) -> None:
-        """Once the constructor is done (participants have derived their
-        timers), check the alarm: this instance may have been started by a
-        read after the runtime gave up on it. Nothing runs this outside an
-        event (no loop runs then, and no instance serves anything).
-
-        ``first`` (from the constructor): the check holds the instance's
-        events (``blockConcurrencyWhile``) until it has read the alarm, so
-        that the first event's timers move it only if they must: a sync
-        that arms without asking rewrites the alarm a hibernated object had
-        left where it belonged, one row each time it wakes."""
-        try:
-            loop = asyncio.get_running_loop()
-        except RuntimeError:
-            return
-        block = getattr(self.ctx, "blockConcurrencyWhile", None) if first else None
-        if block is not None:
-            self._resume_task = _CHECKING  # (what block() returns need not be kept: the runtime holds it)
-            block(lambda: self._resume_quietly(starting=True))
-        else:
-            self._resume_task = loop.create_task(self._resume_quietly())  # kept: a loop holds tasks weakly
-
-    async def _resume_quietly(self, *, starting: bool = False) -> None:
-        try:
-            await self.resume(starting=starting)
-        except Exception as error:  # the next sync or read tries again
-            log.warning("checking the alarm failed: %r", error)
-        finally:
-            self._resume_task = None
-
-    async def resume(self, *, starting: bool = False) -> None:
-        """Make sure the alarm will run the earliest timer: set it again if
-        the runtime has none, or a later one, for this object.
-
-        A new instance does this by itself once its constructor is done, so
-        any call that starts one resumes its work. Call it from an RPC
-        method (``wake``, say) that a periodic sweep calls, to resume a live
-        instance whose alarm the runtime gave up on. It reads the alarm
-        (``getAlarm``, no row) and writes only when it must move.
-
-        ``starting`` (a new instance's own check): with no alarm and a timer
-        due, the instance may have been started by that very alarm, which
-        the runtime has taken to deliver and whose run re-arms at its end,
-        or by a call, with the alarm lost, or with a timer its rows make due
-        now that no alarm covers. The check cannot tell them apart, so it
-        sets nothing yet: once the first event has had its turn to start, the
-        alarm is set unless that event is the alarm's run (which re-arms),
-        or a sync of the event set it. Setting it at once cost a row for each
-        alarm that started an instance: 0.12 rows a job on the example
-        Worker's workload (measured on the embedded runtime; where an alarm's
-        run starts later than that turn, the alarm is set as before, a row).
-        An instance that dies before that turn leaves the timer to the next
-        instance's check, or to the sweep's ``resume`` (docs/design.md, Liveness).
-        """
-        if self._dispatching:
-            return  # alarm() is running: it re-arms at its end
-        async with self._sync_lock:
-            if self._earliest() is None and self._armed is not _UNKNOWN:
-                return  # nothing is owed; an alarm left set fires once for nothing
-            runs = self._alarm_runs
-            current = await self.sql.get_alarm()
-            if current is None and self._fired_not_started():
-                return  # the alarm it set came due: the runtime delivers it next (it re-arms at its end)
-            if current is None and starting and self._due_now():
-                self._note_armed(None)  # none set: the first event's sync arms it, as any sync would
-                self._arm_unless_alarm_runs(runs)
-                return
-            if runs == self._alarm_runs:  # no alarm started meanwhile (it knows better)
-                self._note_armed(current)
-        await self.sync()
-
-    def resume_if_overdue(self) -> None:
-        """For a synchronous read: resume in the background if the alarm this
-        instance knows of is overdue (the runtime gave up on it). Costs
-        nothing otherwise: a comparison in memory. (A new instance has
-        checked its alarm by itself.)"""
-        if not self._dispatching and self._resume_task is None and self._overdue():
-            self._start_resume()
-
-    def _arm_unless_alarm_runs(self, runs: int) -> None:
-        """Set the alarm after the instance's first event has had its turn,
-        unless an alarm run started (``resume``'s ``starting``)."""
-
-        async def arm() -> None:
-            for _ in range(FIRST_EVENT_TURNS):
-                await asyncio.sleep(0)
-            if self._alarm_runs == runs:
-                try:
-                    await self.sync()
-                except Exception as error:  # the next sync arms without asking
-                    self._armed = _UNKNOWN
-                    log.warning("setting the alarm failed: %r", error)
-
-        task = asyncio.get_running_loop().create_task(arm())
-        self._arming.add(task)  # (a loop holds tasks weakly)
-        task.add_done_callback(self._arming.discard)
-
-    def _due_now(self) -> bool:
-        earliest = self._earliest()
-        return earliest is not None and earliest <= now_ms()
-
-    def _fired_not_started(self) -> bool:
-        """The alarm this instance set came due within the last
-        ``DELIVERY_MS``: the runtime has taken it (``getAlarm`` reads none)
-        and delivers it next. Setting it again cost a row and a second run
-        for nothing. One due longer ago that has not run was lost: set again.
-        (A new instance cannot tell the alarm an earlier one set, being
-        delivered, from a timer its rows make due now that no alarm covers:
-        it sets the alarm.)"""
-        armed = self._armed
-        return armed not in (None, _UNKNOWN) and now_ms() - DELIVERY_MS < armed <= now_ms()
-
-    def _note_armed(self, at: Any) -> None:
-        self._armed, self._armed_at = at, now_ms()
-
-    def _overdue(self) -> bool:
-        """The alarm this instance set (or read) should have run three minutes
-        ago and has not: an alarm set anew for a timer long due is not."""
-        armed = self._armed
-        return (armed is not None and armed is not _UNKNOWN
-                and max(armed, self._armed_at) < now_ms() - OVERDUE_MS)
 
     async def alarm(self, alarm_info: Any = None) -> None:
         """The object's ``alarm()`` delegates here: run due timers, then re-arm.
