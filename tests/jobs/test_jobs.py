@@ -307,20 +307,24 @@ async def warmed_up(runtime, stub):
     return lambda: (host.db.rows_written + host.stats.alarm_writes, host.db.rows_read)
 
 
+async def rows_of(runtime, stub, call):
+    """(rows written with alarms, rows read) by ``await call()`` and the second after it, once warmed up."""
+    rows = await warmed_up(runtime, stub)
+    before = rows()
+    await call()
+    await asyncio.sleep(1)
+    after = rows()
+    return after[0] - before[0], after[1] - before[1]
+
+
 def test_a_job_that_succeeds_first_time_costs_three_rows_written_and_an_idle_object_one_more(runtime):
     stub = runtime.env.PLAIN.getByName("p")
 
     async def scenario():
-        rows = await warmed_up(runtime, stub)
-        before = rows()
-        await stub.submit("job-1", {"n": 1}, "echo")
-        await asyncio.sleep(1)
-        after = rows()
-        return before, after, await stub.result("job-1")
+        return await rows_of(runtime, stub, lambda: stub.submit("job-1", {"n": 1}, "echo")), await stub.result("job-1")
 
-    before, after, result = runtime.run(scenario())
+    (written, read), result = runtime.run(scenario())
     assert result == {"status": "completed", "result": {"n": 1}}
-    written, read = after[0] - before[0], after[1] - before[1]
     # The job with its first attempt, the alarm, the outcome (its timer lives
     # in memory); then, the object idle, the alarm set again for the purge 30
     # days on: one row per idle spell, shared by every job of a busy one.
@@ -338,16 +342,11 @@ def test_a_kept_job_that_ends_in_its_first_attempt_keeps_its_outcome_with_its_ca
     runtime.module.Keeper.refuse = refused
 
     async def scenario():
-        rows = await warmed_up(runtime, stub)
-        before = rows()
-        await stub.submit_kept("job-1", {"n": 1}, "echo")
-        await asyncio.sleep(1)
-        after = rows()
+        written, _ = await rows_of(runtime, stub, lambda: stub.submit_kept("job-1", {"n": 1}, "echo"))
         await stub.submit_kept("job-2", {"fail_first": True}, "whoami")
         await asyncio.sleep(5)
         again = await stub.submit_kept("job-1", {"n": 2}, "echo")  # handed in again: not run again
-        return (after[0] - before[0], await stub.result("job-1"), await stub.result("job-2"), again,
-                await stub.stored())
+        return written, await stub.result("job-1"), await stub.result("job-2"), again, await stub.stored()
 
     try:
         written, first, retried, again, stored = runtime.run(scenario())
