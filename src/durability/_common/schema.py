@@ -93,7 +93,7 @@ def folded(statements: Sequence[Step]) -> list[Step]:
     for statement in statements:
         create = _CREATE.match(statement) if isinstance(statement, str) else None
         add = _ADD_COLUMN.match(statement) if isinstance(statement, str) else None
-        if create and not _TABLE_CONSTRAINT.search(create.group(2)):
+        if create and ";" not in create.group(2) and not _TABLE_CONSTRAINT.search(create.group(2)):
             creates[create.group(1)] = len(out)
         elif add and add.group(1) in creates:
             at = creates[add.group(1)]

@@ -67,6 +67,29 @@ def test_records_done_within_a_thirtieth_of_their_time_go_in_one_purge(runtime):
     assert alarm_writes == 0  # (one each, the first's purge setting the alarm for the next's)
 
 
+def test_release_keeping_refuses_a_transaction_around_it_and_a_none_record(runtime):
+    # A rollback of the caller's transaction would leave the holder told of a
+    # release that never was; None is what record() reads as no record. An
+    # admitted item with no record is answered with no row read.
+    runtime.module.CONFIG.update(keep_done_ms=0)
+
+    async def scenario():
+        await shard(runtime).submit(jobs("a", 1, ms=600_000))
+        await asyncio.sleep(5)
+        host = runtime.host_of(shard(runtime))
+        queue = host.instance.queue
+        with pytest.raises(RuntimeError, match="transaction"):
+            queue.scheduler.transaction(lambda: queue.release_keeping("a0", {"ran": "a0"}))
+        with pytest.raises(ValueError, match="None"):
+            queue.release_keeping("a0", None)
+        read = host.db.rows_read
+        record = queue.record("a0")
+        return record, host.db.rows_read - read, await shard(runtime).states()
+
+    record, read, states = runtime.run(scenario())
+    assert (record, read, states) == (None, 0, {"a0": "admitted"})
+
+
 def test_an_item_released_with_no_record_still_goes_at_once(runtime):
     runtime.module.CONFIG.update(keep_done_ms=0, keep_records_ms=HOUR_S * 1000)
 

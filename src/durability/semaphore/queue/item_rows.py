@@ -60,8 +60,8 @@ class ItemRows:
         self._by_state: dict[str, dict[str, ItemRow]] = {}
         self._unsorted: set[str] = set()  #: states whose rows came out of seq order
         #: rows per key, those that keep a record left out: with ``keep_done_ms``
-        #: 0 such an item names no grant, and its key holds nothing for it (with
-        #: kept done items, no key keeps a row: ``register_key`` is for 0 alone)
+        #: 0 such an item names no grant, so its key holds nothing for it (and,
+        #: kept on its grant with a longer ``keep_done_ms``, it holds no permit)
         self._keys: Counter[str] = Counter()
         for row in sorted(rows, key=lambda r: r["seq"]):
             self._put(ItemRow(**row))

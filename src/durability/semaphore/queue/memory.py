@@ -56,7 +56,7 @@ class QueueOptions:
     checks_wait_ms: float = 0.0
     #: how long an item released with a record is kept
     keep_records_ms: float = 0.0
-    #: at most this many done items are kept (None: as many as the times make)
+    #: done items kept past their hour at most (None: as many as the times make)
     keep_done_max: int | None = None
 
     def kept_for(self) -> tuple[float, float]:

@@ -76,9 +76,11 @@ class QueueReleases:
         writes: a job's outcome, say, kept in its item's row by the release's
         one update, where a row of its own would cost one more write, and
         one more to purge. The holder is told, and listeners hear of it, in a
-        task of the caller's event, as ``release`` would: call it outside
-        any transaction of the caller's, whose rollback would leave the holder
-        told of a release that never was (``RuntimeError``). False, and
+        task of the caller's event, as ``release`` would: call it outside any
+        transaction of the caller's, whose rollback would leave the holder told
+        of a release that never was (one opened through the scheduler's ``sql``
+        raises ``RuntimeError``; one opened on ``ctx.storage`` directly is not
+        seen). False, and
         nothing written, for an item released already, and for one whose
         row must count for its lease (``keep_done_ms`` 0, a draw whose row
         may not go at its release): kept a day, it would be reported to the
@@ -234,6 +236,6 @@ class QueueReleases:
             if at <= now:
                 # Held by a grant or a lease still here: look again an
                 # interval on, not in a loop (a lease's settlement calls
-                # the purge sooner).
-                at = now + max(keep_ms, options.settled_horizon_ms)
+                # the purge sooner), an hour at most while over the bound.
+                at = options.purge_by(now + max(keep_ms, options.settled_horizon_ms), self.store.done_count(), now)
             self.ctx.due_at(TimerKind.PURGE, None, at)

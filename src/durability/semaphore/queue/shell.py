@@ -116,8 +116,9 @@ class DurabilitySemaphoreQueue(QueueReleases):
             ``keep_done_ms`` 0, such an item's grant counts it as released
             and gone, as it counts one deleted at its release: a new instance
             does not report it again.
-        keep_done_max: at most this many done items are kept: past it, those
-            done longest ago go, within an hour, once an hour old. A new instance
+        keep_done_max: how many done items are kept: past it, those done
+            longest ago go, within an hour, once an hour old (so the items of
+            the last hour or two may exceed it). A new instance
             reads every item kept, a row read each, so an object woken
             often that keeps its items long bounds them here (None: no bound).
         checks_wait_ms: how long the object's own checks may wait for an

@@ -303,11 +303,11 @@ class QueueStore:
         (``held``) or lease still held here is made of (they go once it is
         settled), and those of ``held_keys``. True if more are due."""
         live = set(held) | {row["lease_id"] for row in self.sql.exec(f"SELECT lease_id FROM {LEASES}")}
-        done = [(row.done_at, row) for row in self.rows.done() if row.done_at is not None]
-        oldest = sorted(done, key=lambda pair: pair[0])[:over]
+        free = [(row.done_at, row) for row in self.rows.done() if row.done_at is not None
+                and row.grant_id not in live and row.key not in held_keys]
+        oldest = sorted(free, key=lambda pair: pair[0])[:over]
         overflow = {row.id for done_at, row in oldest if done_at <= over_before}
-        due = [row for done_at, row in done if (done_at <= before[row.recorded] or row.id in overflow)
-               and row.grant_id not in live and row.key not in held_keys]
+        due = [row for done_at, row in free if done_at <= before[row.recorded] or row.id in overflow]
         self._changes += 1
         for row in due[:limit]:
             move(row.state, GONE)  # (a done item may go: the table says so)
