@@ -338,26 +338,6 @@ def test_a_memory_timer_outlives_an_alarm_whose_retries_run_out(runtime):
     assert before == [] and after == ["p"]
 
 
-def test_an_alarm_that_starts_a_new_instance_is_set_again_once_by_its_own_run(runtime):
-    # The new instance reads no alarm (the runtime took it to deliver) and a
-    # timer due: it cannot tell that alarm from a lost one, so it waits for its
-    # first event's turn. That event is the alarm's run, which re-arms for the
-    # next timer: one row, where the instance's own check set one more.
-    stub = runtime.env.TIMERS.getByName("t")
-
-    async def scenario():
-        await stub.plan("p", 1_000)
-        await stub.plan("q", 60_000)
-        runtime.evict(stub)
-        host = runtime.host_of(stub)
-        alarm_writes = host.stats.alarm_writes
-        await asyncio.sleep(5)
-        return host.stats.alarm_writes - alarm_writes, [r["key"] for r in await stub.runs()], await stub.alarm_time()
-
-    written, ran, alarm_at = runtime.run(scenario())
-    assert (written, ran) == (1, ["p"]) and alarm_at is not None
-
-
 def test_a_new_instance_whose_alarm_is_in_place_writes_nothing_to_check_it(runtime):
     stub = runtime.env.TIMERS.getByName("t")
 

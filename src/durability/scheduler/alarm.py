@@ -24,9 +24,7 @@ retried at once by the new instance.
 The alarm itself can be lost: the runtime drops an alarm whose run failed
 seven times in a row. So every new instance, whichever call started it (a
 read included), checks the alarm once its constructor is done and sets it
-again for the earliest timer if it is missing or later (``resume``; missing
-with a timer due, once its first event has had its turn, unless that event
-is the alarm's own run, which re-arms at its end); a live
+again for the earliest timer if it is missing or later (``resume``); a live
 instance does so at its next sync, or its next ``resume_if_overdue()``, once the alarm it
 set is overdue. Neither writes anything while the alarm is where it belongs.
 """
@@ -118,7 +116,6 @@ class DurabilityScheduler(AlarmDispatch, AlarmResume):
         self._armed_at = 0.0  #: when ``_armed`` was set or read: an alarm set anew is not overdue yet
         self._alarm_runs = 0  #: alarm() calls in this instance, so that resume() never undoes one
         self._resume_task: asyncio.Task[None] | object | None = None  #: a check of the alarm under way
-        self._arming: set[asyncio.Task[None]] = set()  #: a new instance's arming, after its first event's turn
         self._sync_lock = asyncio.Lock()
         # Timers whose handler is running now: scheduling one of them always
         # moves its version, or the run's end would delete the new request.

@@ -29,9 +29,6 @@ _CHECKING = object()  #: a new instance's check of the alarm, under the runtime'
 OVERDUE_MS = 180_000
 #: a due alarm starts within this of its time, or was lost (production starts one within milliseconds)
 DELIVERY_MS = 1_000
-#: turns of the event loop a new instance with no alarm and a timer due gives its first
-#: event to start, so that an alarm run that started it re-arms alone (``resume``)
-FIRST_EVENT_TURNS = 3
 
 
 class AlarmResume:
@@ -45,7 +42,6 @@ class AlarmResume:
     _dispatching: bool
     _resume_task: asyncio.Task[None] | object | None
     _sync_lock: asyncio.Lock
-    _arming: set[asyncio.Task[None]]
     _earliest: Callable[[], int | None]
     sync: Callable[[], Awaitable[None]]
 
@@ -67,19 +63,19 @@ class AlarmResume:
         block = getattr(self.ctx, "blockConcurrencyWhile", None) if first else None
         if block is not None:
             self._resume_task = _CHECKING  # (what block() returns need not be kept: the runtime holds it)
-            block(lambda: self._resume_quietly(starting=True))
+            block(self._resume_quietly)
         else:
             self._resume_task = loop.create_task(self._resume_quietly())  # kept: a loop holds tasks weakly
 
-    async def _resume_quietly(self, *, starting: bool = False) -> None:
+    async def _resume_quietly(self) -> None:
         try:
-            await self.resume(starting=starting)
+            await self.resume()
         except Exception as error:  # the next sync or read tries again
             log.warning("checking the alarm failed: %r", error)
         finally:
             self._resume_task = None
 
-    async def resume(self, *, starting: bool = False) -> None:
+    async def resume(self) -> None:
         """Make sure the alarm will run the earliest timer: set it again if
         the runtime has none, or a later one, for this object.
 
@@ -88,20 +84,6 @@ class AlarmResume:
         method (``wake``, say) that a periodic sweep calls, to resume a live
         instance whose alarm the runtime gave up on. It reads the alarm
         (``getAlarm``, no row) and writes only when it must move.
-
-        ``starting`` (a new instance's own check): with no alarm and a timer
-        due, the instance may have been started by that very alarm, which
-        the runtime has taken to deliver and whose run re-arms at its end,
-        or by a call, with the alarm lost, or with a timer its rows make due
-        now that no alarm covers. The check cannot tell them apart, so it
-        sets nothing yet: once the first event has had its turn to start, the
-        alarm is set unless that event is the alarm's run (which re-arms),
-        or a sync of the event set it. Setting it at once cost a row for each
-        alarm that started an instance: 0.12 rows a job on the example
-        Worker's workload (measured on the embedded runtime; where an alarm's
-        run starts later than that turn, the alarm is set as before, a row).
-        An instance that dies before that turn leaves the timer to the next
-        instance's check, or to the sweep's ``resume`` (docs/design.md, Liveness).
         """
         if self._dispatching:
             return  # alarm() is running: it re-arms at its end
@@ -112,10 +94,6 @@ class AlarmResume:
             current = await self.sql.get_alarm()
             if current is None and self._fired_not_started():
                 return  # the alarm it set came due: the runtime delivers it next (it re-arms at its end)
-            if current is None and starting and self._due_now():
-                self._note_armed(None)  # none set: the first event's sync arms it, as any sync would
-                self._arm_unless_alarm_runs(runs)
-                return
             if runs == self._alarm_runs:  # no alarm started meanwhile (it knows better)
                 self._note_armed(current)
         await self.sync()
@@ -127,28 +105,6 @@ class AlarmResume:
         checked its alarm by itself.)"""
         if not self._dispatching and self._resume_task is None and self._overdue():
             self._start_resume()
-
-    def _arm_unless_alarm_runs(self, runs: int) -> None:
-        """Set the alarm after the instance's first event has had its turn,
-        unless an alarm run started (``resume``'s ``starting``)."""
-
-        async def arm() -> None:
-            for _ in range(FIRST_EVENT_TURNS):
-                await asyncio.sleep(0)
-            if self._alarm_runs == runs:
-                try:
-                    await self.sync()
-                except Exception as error:  # the next sync arms without asking
-                    self._armed = _UNKNOWN
-                    log.warning("setting the alarm failed: %r", error)
-
-        task = asyncio.get_running_loop().create_task(arm())
-        self._arming.add(task)  # (a loop holds tasks weakly)
-        task.add_done_callback(self._arming.discard)
-
-    def _due_now(self) -> bool:
-        earliest = self._earliest()
-        return earliest is not None and earliest <= now_ms()
 
     def _fired_not_started(self) -> bool:
         """The alarm this instance set came due within the last
