@@ -18,6 +18,10 @@ from types import SimpleNamespace
 
 import pytest
 
+from durability import outbox
+from durability._common.schema import migrate
+from durability._common.sql import Sql
+from durability.semaphore.queue import schema as queue_schema
 from durability.testing import Runtime, load_worker_module
 from durability.testing._sql import SqlDatabase
 
@@ -85,6 +89,24 @@ def holders_runtime_fixture():
 def queue_shard(runtime: Runtime, name: str = "s1"):
     """The holders Worker's ``Shard`` of that name."""
     return runtime.env.SHARD.getByName(name)
+
+
+def as_made_before_queue_version_9(storage) -> None:
+    """Give a queue's storage (its ``ctx.storage``) what one made before the
+    queue's version 9 has: the tables those versions wrote to (a queue made
+    new has none), the old outbox's table, and the row that says so; the
+    queue's next instance reads them."""
+    sql = Sql(SimpleNamespace(storage=storage))
+    for step in (step for steps in queue_schema._SCHEMA.values() for step in steps):
+        if isinstance(step, queue_schema.OlderTable):
+            sql.exec(step.statement)
+    migrate(sql, "outbox", outbox._SCHEMA)
+    sql.exec("INSERT INTO durability_schema (component, version) VALUES (?, 8) ON CONFLICT DO NOTHING",
+             queue_schema.LEGACY)
+
+
+def has_table(db: SqlDatabase, table: str) -> bool:
+    return bool(db.inspect("SELECT name FROM sqlite_master WHERE type = 'table' AND name = ?", table))
 
 
 class SchemaStorage:

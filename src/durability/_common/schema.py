@@ -108,13 +108,14 @@ def folded(statements: Sequence[Step]) -> list[Step]:
 
 
 def drop(sql: Sql, component: str, tables: Sequence[str]) -> None:
-    """Remove a component's tables and its version record, in one transaction."""
+    """Remove a component's tables and its version records (its own, and
+    any ``component.<name>`` row it keeps there), in one transaction."""
 
     def apply() -> None:
         for table in tables:
             sql.exec(f"DROP TABLE IF EXISTS {table}")
         sql.exec(_VERSIONS)
-        sql.exec("DELETE FROM durability_schema WHERE component = ?", component)
+        sql.exec("DELETE FROM durability_schema WHERE component = ? OR component GLOB ?", component, f"{component}.*")
 
     sql.transaction(apply)
 

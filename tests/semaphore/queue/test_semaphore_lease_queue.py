@@ -8,7 +8,9 @@ import pytest
 from durability.semaphore.holder.store import GRANT_ROWS
 from durability.testing import Faults
 from support import (
+    as_made_before_queue_version_9,
     assert_back_in_line_with_the_release,
+    has_table,
     holders_runtime,
     queue_jobs as jobs,
     released_then_evicted,
@@ -35,8 +37,11 @@ def holder(runtime):
 
 
 def lease_rows(runtime, name="s1"):
-    """The shard's lease rows as stored, settled or not."""
-    return runtime.host_of(shard(runtime, name)).db.inspect("SELECT lease_id FROM durability_queue_leases")
+    """The shard's lease rows as stored, settled or not (a queue made new has no lease table)."""
+    db = runtime.host_of(shard(runtime, name)).db
+    if not has_table(db, "durability_queue_leases"):
+        return []
+    return db.inspect("SELECT lease_id FROM durability_queue_leases")
 
 
 def requests_from(runtime, client):
@@ -308,8 +313,8 @@ def test_a_version_1_queue_migrates_in_place_and_keeps_its_items(runtime):
     before, version, columns, spoken, statuses, after = runtime.run(scenario())
     assert before == {"a0": "queued", "a1": "queued", "d0": "released", "c0": "cancelled"}
     # The lease table (2), the pacing table (3), the items' done_at (4), draw (5), how it speaks (6),
-    # the label it was given (7), the record a released item keeps (8).
-    assert version == 8 and {"done_at", "draw", "record"} <= columns
+    # the label it was given (7), the record a released item keeps (8), that it has older tables (9).
+    assert version == 9 and {"done_at", "draw", "record"} <= columns
     assert spoken == [{"since": 1}]  # it held items at the upgrade: it speaks as the id it was given
     assert statuses == {"d0": "released", "c0": "cancelled"}
     assert after["a0"] == after["a1"] == "released"  # the queued items ran under the holder, then were released
@@ -324,7 +329,9 @@ def test_reports_an_older_version_left_in_the_outbox_are_still_sent(runtime):
     async def scenario():
         await shard(runtime).submit(jobs("a", 1, ms=1_000))
         await asyncio.sleep(5)
-        sql = runtime.host_of(shard(runtime)).instance.ctx.storage.sql
+        storage = runtime.host_of(shard(runtime)).instance.ctx.storage
+        as_made_before_queue_version_9(storage)
+        sql = storage.sql
         for channel, body in (
                 ("durability.semaphore-queue", {"key": "holder", "grantId": "g-old", "claimed": 1, "released": 1}),
                 ("durability.semaphore-queue.leases", {"key": "holder", "leaseId": "l-old"})):
@@ -391,11 +398,10 @@ def test_a_lease_release_not_yet_reported_when_its_shard_is_evicted_still_reache
 
     async def scenario():
         before, after = await released_then_evicted(runtime, shard(runtime), footprint, 12)
-        outbox = runtime.host_of(shard(runtime)).db.inspect("SELECT count(*) AS n FROM durability_outbox")
-        return before, after, outbox
+        return before, after, has_table(runtime.host_of(shard(runtime)).db, "durability_outbox")
 
     before, after, outbox = runtime.run(scenario())
-    assert before == 4 and after == 0 and outbox == [{"n": 0}]
+    assert before == 4 and after == 0 and not outbox  # (a queue made new makes no outbox)
 
 
 def test_a_lease_draw_reported_without_a_row_stays_counted_across_a_holder_eviction(runtime):

@@ -6,6 +6,7 @@ import pytest
 
 from durability.testing import Faults, JsException
 from support import (
+    as_made_before_queue_version_9,
     assert_back_in_line_with_the_release,
     holders_runtime,
     queue_jobs as jobs,
@@ -117,6 +118,7 @@ def test_items_an_older_version_wrote_as_claiming_are_admitted_when_the_holder_c
         [grant] = instance.queue.grants.grants()
         grant = {"grant_id": grant.grant_id, "claimed": grant.claimed}
         # As versions before 4 kept a claim: the grant's row, and the claimed items written as claiming.
+        as_made_before_queue_version_9(instance.ctx.storage)
         sql = instance.ctx.storage.sql
         sql.exec("INSERT INTO durability_queue_grants (grant_id, key, grp, permits, claimed, confirmed, released, "
                  "claim_deadline) VALUES (?, 'holder', 'g', 3, 3, 0, 0, ?)", grant["grant_id"], 4e12)

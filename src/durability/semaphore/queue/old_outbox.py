@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from ..._common.clock import now_ms
-from ...outbox import DurabilityOutbox, OutboxMessage
+from ...outbox import DurabilityOutbox, OutboxChannel, OutboxMessage
 from ...scheduler.alarm import DurabilityScheduler
 from ..messages import MAX_REPORTS, Reply, Sync, queued_grant_report, queued_lease_id
 from .grants import QueueGrants
@@ -34,9 +34,11 @@ class OldOutboxDrain:
         self.ctx = ctx
         self.grants = grants
         self.leases = leases
-        outbox = DurabilityOutbox.of(scheduler)
-        self._channels = {name: outbox.channel(name, self._send, delay_ms=ctx.options.lease_report_delay_ms,
-                                               batch_size=MAX_REPORTS) for name in (CHANNEL, OLD_LEASE_CHANNEL)}
+        self._channels: dict[str, OutboxChannel] = {}
+        if ctx.store.legacy:  # (a queue made since version 9 never had these channels: no outbox table is made)
+            outbox = DurabilityOutbox.of(scheduler)
+            self._channels = {name: outbox.channel(name, self._send, delay_ms=ctx.options.lease_report_delay_ms,
+                                                   batch_size=MAX_REPORTS) for name in (CHANNEL, OLD_LEASE_CHANNEL)}
 
     def lease_messages(self, lease_ids: set[str]) -> list[OutboxMessage]:
         """Queued lease reports of these leases (a request reporting them acknowledges them)."""

@@ -12,10 +12,17 @@ Version 2 added the lease table; version 3 the pacing table: per key, the
 interval the holder asks between requests, written only when that
 interval changes (about once per key), so that a new instance paces its
 first request as the holder asked; version 4 the items' ``done_at``;
-version 8 the record a released item keeps.
+version 8 the record a released item keeps; version 9 stopped making the
+tables only older versions wrote to (grants, leases, the identity they spoke
+as) in a queue made new: seven rows a new object writes no more (a
+``CREATE TABLE`` is billed a row, and so is each table of the old outbox
+the queue opened to drain). A queue made before keeps them, and a row of
+its own in the version table says so (``LEGACY``), read once per start.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 from ..._common.schema import Step
 from ..._common.sql import Sql
@@ -28,12 +35,34 @@ PACING = "durability_queue_pacing"
 SPOKEN = "durability_queue_spoken_as_given"
 LABEL = "durability_queue_label"
 TABLES = (ITEMS, GRANTS, LEASES, PACING, SPOKEN, LABEL)
+#: the version table's row that marks a queue made before version 9: it has
+#: the tables those versions wrote to, and may hold rows in them
+LEGACY = f"{COMPONENT}.legacy"
 _HELD_TABLES = (ITEMS, PACING, GRANTS, LEASES)
 
 
 def _holds_anything(sql: Sql) -> bool:
     """A row in any table that stands for something a holder may charge to the queue."""
     return any(sql.one(f"SELECT 1 AS held FROM {table} LIMIT 1") for table in _HELD_TABLES)
+
+
+@dataclass(frozen=True)
+class OlderTable:
+    """A table only a queue made before version 9 has: made new since, a
+    queue writes nothing there, so it is not made (``statement`` makes it)."""
+
+    statement: str
+
+    def __call__(self, sql: Sql, before: int) -> None:
+        if before > 0:
+            sql.exec(self.statement)
+
+
+def _made_before_9(sql: Sql, before: int) -> None:
+    """Version 9: a queue upgraded to it says it has the older tables (``LEGACY``)."""
+    if before > 0:
+        sql.exec("INSERT INTO durability_schema (component, version) VALUES (?, ?) "
+                 "ON CONFLICT (component) DO NOTHING", LEGACY, before)
 
 
 def _spoken_since(sql: Sql, before: int) -> None:
@@ -58,7 +87,7 @@ _SCHEMA: dict[int, list[Step]] = {
           admitted_at REAL  -- when the item was admitted (when admit() returned, before version 3)
         ) WITHOUT ROWID
         """,
-        f"""
+        OlderTable(f"""
         CREATE TABLE IF NOT EXISTS {GRANTS} (
           grant_id TEXT PRIMARY KEY,
           key TEXT NOT NULL,
@@ -69,10 +98,10 @@ _SCHEMA: dict[int, list[Step]] = {
           released INTEGER NOT NULL,
           claim_deadline REAL NOT NULL
         ) WITHOUT ROWID
-        """,
+        """),
     ],
     2: [
-        f"""
+        OlderTable(f"""
         CREATE TABLE IF NOT EXISTS {LEASES} (
           lease_id TEXT PRIMARY KEY,
           key TEXT NOT NULL,
@@ -85,7 +114,7 @@ _SCHEMA: dict[int, list[Step]] = {
           renew_at REAL NOT NULL,
           settled_at REAL
         ) WITHOUT ROWID
-        """,
+        """),
     ],
     3: [
         f"""
@@ -103,7 +132,7 @@ _SCHEMA: dict[int, list[Step]] = {
     # given; since, as its object's id (semaphore/identity). A queue that holds
     # anything from before keeps speaking as given until it holds nothing
     # (see QueueStore.spoken_as_given): its holders charge what it holds to that id.
-    6: [f"CREATE TABLE IF NOT EXISTS {SPOKEN} (since INTEGER PRIMARY KEY)", _spoken_since],
+    6: [OlderTable(f"CREATE TABLE IF NOT EXISTS {SPOKEN} (since INTEGER PRIMARY KEY)"), _spoken_since],
     # The label a queue was given, for an instance given none: an object
     # reached through its id alone (a holder calling back a client it knows
     # by id) may not know the name its label was made from (see QueueStore.label).
@@ -111,4 +140,7 @@ _SCHEMA: dict[int, list[Step]] = {
     # What a released item keeps of its work (``release_keeping``): the
     # record is written by the release's own update, no row more.
     8: [f"ALTER TABLE {ITEMS} ADD COLUMN record TEXT"],
+    # A queue made new has no grant, lease or spoken-as table (``OlderTable``):
+    # one made before says it has them.
+    9: [_made_before_9],
 }

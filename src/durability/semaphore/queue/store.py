@@ -45,7 +45,7 @@ from collections.abc import Set as AbstractSet
 from typing import Any
 
 from ..._common.clock import now_ms
-from ..._common.schema import migrate
+from ..._common.schema import migrate, schema_version
 from ..._common.sql import Sql
 from .item_rows import COLUMNS as ROW_COLUMNS, ItemRow, ItemRows, queued_of
 from .pure.states import (
@@ -69,6 +69,7 @@ from .schema import (
     ITEMS,
     LABEL,
     LEASES,
+    LEGACY,
     PACING,
     SPOKEN,
     TABLES as TABLES,
@@ -98,6 +99,8 @@ class QueueStore:
     def __init__(self, sql: Sql) -> None:
         self.sql = sql
         migrate(sql, COMPONENT, _SCHEMA)
+        #: made before version 9: it has the tables older versions wrote to (``queue/schema``)
+        self.legacy = schema_version(sql, LEGACY) > 0
         self._rows_version = sql.rollbacks
         self._item_rows = self._read_rows()
         # Read now and not at the first number: a number this instance read
@@ -151,7 +154,7 @@ class QueueStore:
         something at every start since. The row goes at the first start that
         finds nothing held (no item, no key row, no older grant or lease row):
         one row read per start, and two writes in an object's life at most."""
-        if self.sql.one(f"SELECT since FROM {SPOKEN}") is None:
+        if not self.legacy or self.sql.one(f"SELECT since FROM {SPOKEN}") is None:
             return False
         if _holds_anything(self.sql):
             return True
@@ -302,7 +305,9 @@ class QueueStore:
         order they were enqueued, except those whose counts a grant
         (``held``) or lease still held here is made of (they go once it is
         settled), and those of ``held_keys``. True if more are due."""
-        live = set(held) | {row["lease_id"] for row in self.sql.exec(f"SELECT lease_id FROM {LEASES}")}
+        live = set(held)
+        if self.legacy:
+            live |= {row["lease_id"] for row in self.sql.exec(f"SELECT lease_id FROM {LEASES}")}
         free = [(row.done_at, row) for row in self.rows.done() if row.done_at is not None
                 and row.grant_id not in live and row.key not in held_keys]
         oldest = sorted(free, key=lambda pair: pair[0])[:over]
@@ -361,6 +366,8 @@ class QueueStore:
 
     def legacy_grants(self) -> list[LocalGrant]:
         """Grant rows older versions wrote (no grant row is written since)."""
+        if not self.legacy:
+            return []
         return [_legacy_grant(r) for r in self.sql.exec(f"SELECT {_GRANT_COLUMNS} FROM {GRANTS} ORDER BY grant_id")]
 
     def delete_grant(self, grant_id: str) -> None:
@@ -374,6 +381,8 @@ class QueueStore:
 
     def legacy_leases(self) -> list[LocalLease]:
         """Lease rows older versions wrote (no lease row is written since)."""
+        if not self.legacy:
+            return []
         rows = self.sql.exec(f"SELECT {_LEASE_COLUMNS} FROM {LEASES} ORDER BY lease_id")
         counts = self._counts(Via.LEASE) if rows else {}
         return [_lease(r, counts) for r in rows]
