@@ -13,6 +13,7 @@ import asyncio
 import json
 import time
 
+from timer_table import durable_timer_rows
 from workers import DurableObject
 
 from durability import Backoff, DurabilityJobs, DurabilityScheduler, NonRetryableError, current_job
@@ -108,7 +109,7 @@ class Jobs(DurableObject):
         sql = self.ctx.storage.sql
         return {
             "jobs": sql.exec("SELECT count(*) AS n FROM durability_jobs").one()["n"],
-            "timers": sql.exec("SELECT count(*) AS n FROM durability_timers").one()["n"]
+            "timers": durable_timer_rows(sql)
             + len(self.scheduler.timers("durability.jobs")),  # the jobs' timers live in memory
             "alarm": await self.ctx.storage.getAlarm(),
         }

@@ -77,8 +77,9 @@ class GrowingCounter:
     is deleted.
     """
 
-    def __init__(self, sql: Sql, max_query: str) -> None:
-        row = sql.one(max_query)
+    def __init__(self, sql: Sql | None, max_query: str) -> None:
+        """(``sql`` None: the table is not made yet, so no number was ever handed out.)"""
+        row = sql.one(max_query) if sql is not None else None
         self._last = int(row["n"] or 0) if row else 0
 
     def next(self) -> int:

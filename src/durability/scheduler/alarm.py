@@ -39,35 +39,15 @@ from typing import Any, TypeVar
 
 from .._common.checks import is_number
 from .._common.clock import now_ms
-from .._common.schema import migrate, public_migrate
+from .._common.schema import public_migrate
 from .._common.sql import Sql
 from ..retry import Backoff
 from .dispatch import BUDGET_SPREAD as BUDGET_SPREAD, AlarmDispatch, Timer as Timer, TimerHandler
 from .resume import _UNKNOWN, DELIVERY_MS as DELIVERY_MS, OVERDUE_MS as OVERDUE_MS, AlarmResume
-from .timer_stores import MemoryTimers, SqlTimers
+from .timer_stores import _SCHEMA as _SCHEMA, COMPONENT, TABLES, MemoryTimers, SqlTimers
 
 T = TypeVar("T")
 log = logging.getLogger("durability.scheduler")
-
-# Rows are keyed by (participant, key) in a WITHOUT ROWID table with no
-# other index: scheduling, rescheduling and deleting a timer each write one
-# row. Finding due timers scans the table; a scan costs reads, which are a
-# thousandth of the price of writes, and an object keeps few timers.
-_SCHEMA = {
-    1: [
-        """
-        CREATE TABLE IF NOT EXISTS durability_timers (
-          participant TEXT NOT NULL,
-          key TEXT NOT NULL,
-          due_at REAL NOT NULL,
-          attempt INTEGER NOT NULL DEFAULT 0,
-          version INTEGER NOT NULL DEFAULT 0,
-          PRIMARY KEY (participant, key)
-        ) WITHOUT ROWID
-        """
-    ]
-}
-_TABLES = ["durability_timers"]
 
 BACKSTOP_MS = 60_000
 
@@ -126,11 +106,10 @@ class DurabilityScheduler(AlarmDispatch, AlarmResume):
         self._dispatching = False
         self._starts_until: float | None = None  #: while dispatching: when this alarm stops starting timers
         self._wake = asyncio.Event()
-        migrate(self.sql, "scheduler", _SCHEMA)
         self._rows = SqlTimers(self.sql)
         self._start_resume(first=True)
 
-    migrate = public_migrate("scheduler", _TABLES, "the scheduler's tables")
+    migrate = public_migrate(COMPONENT, TABLES, "the scheduler's tables")
 
     # -- registration ------------------------------------------------------
     def register(self, participant: str, handler: TimerHandler, *,

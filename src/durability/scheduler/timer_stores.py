@@ -8,6 +8,11 @@ know: participants, handlers, the alarm, or when anything runs.
 
 Each timer has a version, new at every write: a run that ends deletes its
 timer only if no write came since (``forget``).
+
+The table is made with the first durable timer: an object whose
+participants all keep their timers in memory (as every participant in this
+library does) never makes it, three rows a new object writes no more (two
+for the ``CREATE TABLE``, as workerd bills it, and its version's row).
 """
 
 from __future__ import annotations
@@ -16,7 +21,29 @@ import itertools
 from collections.abc import Container
 from typing import Any
 
+from .._common.schema import migrate, schema_version
 from .._common.sql import GrowingCounter, Sql
+
+COMPONENT = "scheduler"
+TABLES = ["durability_timers"]
+# Rows are keyed by (participant, key) in a WITHOUT ROWID table with no
+# other index: scheduling, rescheduling and deleting a timer each write one
+# row. Finding due timers scans the table; a scan costs reads, which are a
+# thousandth of the price of writes, and an object keeps few timers.
+_SCHEMA = {
+    1: [
+        """
+        CREATE TABLE IF NOT EXISTS durability_timers (
+          participant TEXT NOT NULL,
+          key TEXT NOT NULL,
+          due_at REAL NOT NULL,
+          attempt INTEGER NOT NULL DEFAULT 0,
+          version INTEGER NOT NULL DEFAULT 0,
+          PRIMARY KEY (participant, key)
+        ) WITHOUT ROWID
+        """
+    ]
+}
 
 Row = dict[str, Any]  #: participant, key, due_at, attempt, version (and memory=True from MemoryTimers)
 Timer = tuple[str, str]  #: (participant, key)
@@ -27,11 +54,16 @@ class SqlTimers:
 
     def __init__(self, sql: Sql) -> None:
         self.sql = sql
+        made = schema_version(sql, COMPONENT) > 0
+        if made:
+            migrate(sql, COMPONENT, _SCHEMA)  # (any version after the first)
+        #: (rollbacks then, whether the table was there): a rollback may undo the table made in it
+        self._table = (sql.rollbacks, made)
         # Versions come from a counter that only grows in this instance: a run
         # that ends deletes its timer only if no write came since, even one
         # that deleted the timer and wrote it again (a version restarting
         # from zero would be taken for the one that ran).
-        self._versions = GrowingCounter(sql, "SELECT max(version) AS n FROM durability_timers")
+        self._versions = GrowingCounter(sql if made else None, "SELECT max(version) AS n FROM durability_timers")
         # The earliest due time, read once and kept until this store writes
         # again or a transaction rolls back: every sync of the alarm asks
         # for it (a scan of the table each time: about 15 rows read a job on
@@ -39,7 +71,18 @@ class SqlTimers:
         self._writes = 0
         self._earliest: tuple[tuple[int, int], list[float]] | None = None
 
+    def _made(self) -> bool:
+        """Is the table there? (Nothing to read or delete if not.)"""
+        seen_at, made = self._table
+        if seen_at != self.sql.rollbacks:
+            made = schema_version(self.sql, COMPONENT) > 0
+            self._table = (self.sql.rollbacks, made)
+        return made
+
     def upsert(self, participant: str, key: str, at_ms: float, *, earlier_only: bool, always: bool) -> None:
+        if not self._made():
+            migrate(self.sql, COMPONENT, _SCHEMA)  # (in the caller's transaction, if any)
+            self._table = (self.sql.rollbacks, True)
         self._writes += 1
         when = "1" if always else (
             "excluded.due_at < durability_timers.due_at" if earlier_only
@@ -52,22 +95,32 @@ class SqlTimers:
         )
 
     def cancel(self, participant: str, key: str) -> None:
+        if not self._made():
+            return
         self._writes += 1
         self.sql.exec("DELETE FROM durability_timers WHERE participant = ? AND key = ?", participant, key)
 
     def get(self, participant: str, key: str) -> Row | None:
+        if not self._made():
+            return None
         return self.sql.one("SELECT due_at, attempt FROM durability_timers WHERE participant = ? AND key = ?",
                             participant, key)
 
     def of(self, participant: str) -> list[Row]:
+        if not self._made():
+            return []
         return self.sql.exec("SELECT key, due_at, attempt FROM durability_timers WHERE participant = ?", participant)
 
     def due(self, now: float) -> list[Row]:
+        if not self._made():
+            return []
         return self.sql.exec(
             "SELECT participant, key, due_at, attempt, version FROM durability_timers WHERE due_at <= ? "
             "ORDER BY due_at", now)
 
     def earliest(self) -> list[float]:
+        if not self._made():
+            return []
         version = (self._writes, self.sql.rollbacks)
         if self._earliest is None or self._earliest[0] != version:
             row = self.sql.one("SELECT min(due_at) AS due FROM durability_timers")
@@ -75,21 +128,29 @@ class SqlTimers:
         return list(self._earliest[1])
 
     def next_due(self, running: Container[Timer]) -> list[float]:
+        if not self._made():
+            return []
         rows = self.sql.exec("SELECT participant, key, due_at FROM durability_timers ORDER BY due_at")
         return [r["due_at"] for r in rows if (r["participant"], r["key"]) not in running][:1]
 
     def version(self, participant: str, key: str) -> int | None:
+        if not self._made():
+            return None
         row = self.sql.one("SELECT version FROM durability_timers WHERE participant = ? AND key = ?", participant, key)
         return None if row is None else row["version"]
 
     def forget(self, participant: str, key: str, version: int) -> None:
         """Delete a timer that ran, unless it was written since."""
+        if not self._made():
+            return
         self._writes += 1
         self.sql.exec("DELETE FROM durability_timers WHERE participant = ? AND key = ? AND version = ?",
                       participant, key, version)
 
     def retry(self, participant: str, key: str, version: int, at_ms: float, attempt: int) -> None:
         """A run failed: the timer is due again at ``at_ms``, unless it was written since."""
+        if not self._made():
+            return
         self._writes += 1
         self.sql.exec(
             "UPDATE durability_timers SET due_at = ?, attempt = ?, version = ? "
