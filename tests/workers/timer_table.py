@@ -1,4 +1,4 @@
-"""What the test Workers read of the scheduler's timer table, which an object makes with its first durable timer."""
+"""What the test Workers read of the scheduler's timer table, which an object makes only for a durable participant."""
 
 
 def durable_timer_rows(sql) -> int:

@@ -3,13 +3,9 @@
 import asyncio
 import time
 
-from timer_table import durable_timer_rows
 from workers import DurableObject
 
 from durability import Backoff, DurabilityOutbox, DurabilityScheduler
-from durability._common.schema import migrate
-from durability._common.sql import Sql
-from durability.scheduler.timer_stores import _SCHEMA as SCHEDULER_SCHEMA
 
 
 class Timers(DurableObject):
@@ -91,7 +87,6 @@ class Timers(DurableObject):
         """A timer row as an older deployment wrote it, for a participant now kept in memory.
         (Written past the scheduler, whose earliest-timer read it leaves stale
         until the scheduler's own next write: the tests using it make one.)"""
-        migrate(Sql(self.ctx), "scheduler", SCHEDULER_SCHEMA)  # (made with a deployment's first durable timer)
         self.ctx.storage.sql.exec(
             "INSERT INTO durability_timers (participant, key, due_at, version) VALUES (?, ?, ?, 0)",
             participant, key, time.time() * 1000)
@@ -138,7 +133,7 @@ class Timers(DurableObject):
         return await self.ctx.storage.getAlarm()
 
     async def timer_count(self):
-        return durable_timer_rows(self.ctx.storage.sql)
+        return self.ctx.storage.sql.exec("SELECT count(*) AS n FROM durability_timers").one()["n"]
 
     # -- outbox -------------------------------------------------------
     async def change(self, key, value, fail=False, coalesce=True):

@@ -124,7 +124,9 @@ class DurabilityScheduler(AlarmDispatch, AlarmResume):
         if participant in self._participants:
             raise ValueError(f"participant {participant!r} is already registered")
         self._participants[participant] = (handler, backoff or self.backoff)
-        if not durable:
+        if durable:
+            self._rows.make()
+        else:
             self._volatile.add(participant)
 
     # -- timers (synchronous: call them inside the transaction that needs them)

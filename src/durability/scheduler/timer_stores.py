@@ -9,7 +9,7 @@ know: participants, handlers, the alarm, or when anything runs.
 Each timer has a version, new at every write: a run that ends deletes its
 timer only if no write came since (``forget``).
 
-The table is made with the first durable timer: an object whose
+The table is made when a durable participant registers: an object whose
 participants all keep their timers in memory (as every participant in this
 library does) never makes it, three rows a new object writes no more (two
 for the ``CREATE TABLE``, as workerd bills it, and its version's row).
@@ -79,10 +79,16 @@ class SqlTimers:
             self._table = (self.sql.rollbacks, made)
         return made
 
-    def upsert(self, participant: str, key: str, at_ms: float, *, earlier_only: bool, always: bool) -> None:
+    def make(self) -> None:
+        """Make the table, if it is not: when a durable participant registers
+        (in the object's constructor, outside any transaction), or at the
+        first timer of one not registered yet."""
         if not self._made():
-            migrate(self.sql, COMPONENT, _SCHEMA)  # (in the caller's transaction, if any)
+            migrate(self.sql, COMPONENT, _SCHEMA)
             self._table = (self.sql.rollbacks, True)
+
+    def upsert(self, participant: str, key: str, at_ms: float, *, earlier_only: bool, always: bool) -> None:
+        self.make()
         self._writes += 1
         when = "1" if always else (
             "excluded.due_at < durability_timers.due_at" if earlier_only
