@@ -1,11 +1,14 @@
 """DurabilityScheduler: many durable timers on one alarm, each run at least once."""
 
 import asyncio
+import types
 
 import pytest
 
+from durability._common.sql import Sql
+from durability.scheduler.timer_stores import SqlTimers
 from durability.testing import Faults, JsException
-from support import timers_runtime
+from support import SchemaStorage, timers_runtime
 
 
 @pytest.fixture
@@ -558,3 +561,51 @@ def test_the_earliest_durable_timer_is_read_once_until_a_write_and_a_rolled_back
     reads, alarm = runtime.run(scenario())
     assert reads == 0  # read by the schedule's own sync, kept since: no write came
     assert alarm == 5_000  # the timer the transaction rolled back moved nothing
+
+
+def sql_timers(storage=None):
+    storage = storage or SchemaStorage()
+    sql = Sql(types.SimpleNamespace(storage=storage))
+    return storage, sql, SqlTimers(sql)
+
+
+def test_an_object_with_no_durable_participant_makes_no_timer_table_and_reads_nothing():
+    storage, _, timers = sql_timers()
+    assert "durability_timers" not in storage.tables()
+    assert (timers.due(1e15), timers.earliest(), timers.of("p"), timers.get("p", "k")) == ([], [], [], None)
+    timers.cancel("p", "k")  # nothing to delete: no table made for it either
+    assert "durability_timers" not in storage.tables()
+    timers.make()  # a durable participant registers
+    timers.upsert("p", "k", 5.0, earlier_only=False, always=False)
+    assert [t["key"] for t in timers.due(10.0)] == ["k"] and timers.earliest() == [5.0]
+
+
+def test_a_table_made_in_a_transaction_that_rolls_back_is_not_taken_to_be_there():
+    _, sql, timers = sql_timers()
+
+    def made_then_failed():
+        timers.make()
+        raise RuntimeError("the transaction fails")
+
+    with pytest.raises(RuntimeError):
+        sql.transaction(made_then_failed)
+    assert timers.earliest() == [] and timers.due(1e15) == []  # (read as not there: no "no such table")
+
+
+def test_an_object_that_had_durable_timers_reads_them_with_no_durable_participant_now():
+    storage, _, older = sql_timers()
+    older.make()
+    older.upsert("gone", "k", 5.0, earlier_only=False, always=False)
+    _, _, timers = sql_timers(storage)  # a new instance of newer code: nothing registers as durable
+    assert [t["participant"] for t in timers.due(10.0)] == ["gone"]
+
+
+def test_scheduling_for_a_participant_not_registered_is_refused(runtime):
+    stub = runtime.env.TIMERS.getByName("t")
+
+    async def scenario():
+        with pytest.raises(JsException, match="not registered"):
+            await stub.schedule_for("nobody", "k", 1_000)
+        return await runtime.env.TIMERS.getByName("t").timer_count()
+
+    assert runtime.run(scenario()) == 0

@@ -104,6 +104,10 @@ class Timers(DurableObject):
         self.scheduler.transaction(change)
         await self.scheduler.sync()
 
+    async def schedule_for(self, participant, key, in_ms):
+        self.scheduler.schedule(participant, key, time.time() * 1000 + in_ms)
+        await self.scheduler.sync()
+
     async def schedule_unsynced(self, key, in_ms):
         self.scheduler.schedule("work", key, time.time() * 1000 + in_ms)
 

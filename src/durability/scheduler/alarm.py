@@ -1,6 +1,6 @@
 """DurabilityScheduler: named durable timers sharing the object's one alarm.
 
-Lives here: the timer table, registration of participants (the outbox, the
+Lives here: registration of participants (the outbox, the
 semaphore's holder and queue, user code), ``alarm()``, which runs due
 timers with retries (by ``scheduler/dispatch``) and then re-arms, and keeping
 the physical alarm on the earliest timer. Must not know: what any
@@ -149,6 +149,10 @@ class DurabilityScheduler(AlarmDispatch, AlarmResume):
                 alarm_by: float | None = None) -> None:
         _name(participant, "participant")
         _name(key, "timer key")
+        if participant not in self._participants:
+            # (Registration says where its timers live, and makes the table a
+            # durable one needs, outside any transaction.)
+            raise ValueError(f"participant {participant!r} is not registered: register it before scheduling")
         at_ms = _time(at_ms)
         self._wake.set()
         # A running timer's due time is being consumed: any request is a new one.

@@ -81,8 +81,8 @@ class SqlTimers:
 
     def make(self) -> None:
         """Make the table, if it is not: when a durable participant registers
-        (in the object's constructor, outside any transaction), or at the
-        first timer of one not registered yet."""
+        (in the object's constructor, outside any transaction: a transaction
+        rolled back past this library's ``Sql`` would leave ``_made`` wrong)."""
         if not self._made():
             migrate(self.sql, COMPONENT, _SCHEMA)
             self._table = (self.sql.rollbacks, True)

@@ -14,10 +14,12 @@ interval changes (about once per key), so that a new instance paces its
 first request as the holder asked; version 4 the items' ``done_at``;
 version 8 the record a released item keeps; version 9 stopped making the
 tables only older versions wrote to (grants, leases, the identity they spoke
-as) in a queue made new: seven rows a new object writes no more (a
-``CREATE TABLE`` is billed a row, and so is each table of the old outbox
-the queue opened to drain). A queue made before keeps them, and a row of
-its own in the version table says so (``LEGACY``), read once per start.
+as) in a queue made new, nor opening the old outbox: nine rows a new
+object writes no more (workerd bills a ``CREATE TABLE`` two rows; the
+outbox's version row is the ninth). A queue made before keeps them, and a
+row of its own in the version table says so (``LEGACY``), read once per
+start. A later version that changes one of those tables must do it
+through ``OlderTable`` too: a queue made new has none of them.
 """
 
 from __future__ import annotations
