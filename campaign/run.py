@@ -352,9 +352,12 @@ class _BudgetDriver:
             if state is None:
                 violations.add("durability", f"{item}, accepted, is gone")
             elif item in self.cancelled or (item in self.maybe_cancelled and state == "cancelled"):
-                if (item in self.resubmitted and not self.scenario.keep_done and state == "released"
+                # A submit retried after its item ran and went (no done item kept)
+                # queues a copy under the same id: the cancel met the copy, which
+                # is then cancelled (grants seed 8195), or left released.
+                if (item in self.resubmitted and not self.scenario.keep_done and state in ("released", "cancelled")
                         and truth.registered[item] == 1  # ran once, and was over before the copy was queued:
-                        and truth.stopped.get(item, math.inf) < self.accepted_at[item]):  # the cancel met the copy
+                        and truth.stopped.get(item, math.inf) < self.accepted_at[item]):
                     truth.excused["durability: a submit retried after its item ran and went, then cancelled"] += 1
                 elif state != "cancelled" or truth.registered[item]:
                     violations.add("durability", f"{item} was cancelled, yet is {state}")

@@ -195,6 +195,14 @@ def test_campaign_grants_seed_15():
     assert not outcome.violations, outcome.violations.first
 
 
+def test_a_cancel_that_meets_the_copy_a_retried_submit_queued_is_excused_not_a_durability_violation():
+    # j1's submit failed with its shard as its item was written: the item ran
+    # and went (no done item kept), the submit retried queued a copy under the
+    # same id, and the cancel met the copy: cancelled, its id run once.
+    outcome = run(generate(8195, "grants"))
+    assert not outcome.violations, outcome.violations.first
+    assert outcome.excused["durability: a submit retried after its item ran and went, then cancelled"] == 1
+
 
 def test_campaign_over_seed_1900():
     # A shard's lease report reached its holder as a round granted the shard
