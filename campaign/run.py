@@ -353,8 +353,8 @@ class _BudgetDriver:
                 violations.add("durability", f"{item}, accepted, is gone")
             elif item in self.cancelled or (item in self.maybe_cancelled and state == "cancelled"):
                 # A submit retried after its item ran and went (no done item kept)
-                # queues a copy under the same id: the cancel met the copy, which
-                # is then cancelled (grants seed 8195), or left released.
+                # queues a copy under the same id, and the cancel met the copy: its
+                # item reads released at the end (grants seed 158), or cancelled (8195).
                 if (item in self.resubmitted and not self.scenario.keep_done and state in ("released", "cancelled")
                         and truth.registered[item] == 1  # ran once, and was over before the copy was queued:
                         and truth.stopped.get(item, math.inf) < self.accepted_at[item]):
