@@ -180,6 +180,7 @@ class _BudgetDriver:
         #: that arrives after the item ran and went queues it anew (the id is
         #: a no-op only while the item is kept, docs/queue.md)
         self.resubmitted: set[str] = set()
+        self.enqueued_at: dict[str, float] = {}  #: item id -> when the item its shard keeps at the end was queued
 
     def shard(self, index: int):
         return self.runtime.env.SHARD.getByName(f"s{index}")
@@ -297,6 +298,8 @@ class _BudgetDriver:
             states = await self.states()
             if all(states.get(item) in ("released", "cancelled") for item in self.accepted) and not self.leaks():
                 break
+        for index in range(self.scenario.shards):
+            self.enqueued_at.update(await self.shard(index).enqueued_times())
         self.check_end(await self.states(), bounds)
         if self.scenario.mode == "consumer":
             self.check_outcomes(await self.job_statuses())
@@ -354,10 +357,13 @@ class _BudgetDriver:
             elif item in self.cancelled or (item in self.maybe_cancelled and state == "cancelled"):
                 # A submit retried after its item ran and went (no done item kept)
                 # queues a copy under the same id, and the cancel met the copy: its
-                # item reads released at the end (grants seed 158), or cancelled (8195).
+                # row went (read as released, grants seed 158), or stays cancelled
+                # (8195), queued after the id's run was over: the copy.
+                ran_before = truth.stopped.get(item, math.inf)
+                copy = state == "released" or self.enqueued_at.get(item, -math.inf) > ran_before
                 if (item in self.resubmitted and not self.scenario.keep_done and state in ("released", "cancelled")
-                        and truth.registered[item] == 1  # ran once, and was over before the copy was queued:
-                        and truth.stopped.get(item, math.inf) < self.accepted_at[item]):
+                        and copy and truth.registered[item] == 1  # ran once, and was over before the copy was queued:
+                        and ran_before < self.accepted_at[item]):
                     truth.excused["durability: a submit retried after its item ran and went, then cancelled"] += 1
                 elif state != "cancelled" or truth.registered[item]:
                     violations.add("durability", f"{item} was cancelled, yet is {state}")

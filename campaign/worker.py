@@ -301,6 +301,11 @@ class Shard(DurableObject):
     async def states(self):
         return {r["id"]: r["state"] for r in self.ctx.storage.sql.exec("SELECT id, state FROM durability_queue_items")}
 
+    async def enqueued_times(self):
+        """When each item kept was queued (a copy a retried submit queued is younger than its id's run)."""
+        return {r["id"]: r["enqueued_at"]
+                for r in self.ctx.storage.sql.exec("SELECT id, enqueued_at FROM durability_queue_items")}
+
     async def _admit(self, items):
         twice = CONFIG["plant"] == "double_admit"
         for item in items:
