@@ -64,6 +64,43 @@ def test_a_release_lost_at_a_job_s_end_comes_back_at_its_report_not_a_minute_lat
     assert usage["outstanding"] == 0
 
 
+def test_a_shard_cut_off_while_telling_its_holder_of_a_release_has_it_told_within_seconds():
+    # The job ends; its report reaches the shard, which releases the permit
+    # and tells the holder in a task of the report's event. The shard is cut
+    # off before the holder hears. Answered first, the report was taken as
+    # heard, and nothing started the shard again until the holder woke the
+    # silent holder of its permit, a minute on; answered once the holder
+    # heard, the report fails, and the consumer's next delivery starts an
+    # instance that tells the holder.
+    from durability.semaphore.client import SemaphoreClient
+
+    runtime = example_runtime(crons=[])
+    real_sync, hanging = SemaphoreClient.sync, []
+
+    async def sync_cut_off_once(client, key, message):
+        if not hanging:
+            hanging.append(message)
+            await asyncio.sleep(3_600)  # never heard: the shard goes first
+        return await real_sync(client, key, message)
+
+    async def scenario():
+        await runtime.call_entrypoint("submit_job", JOB)
+        while not hanging:
+            await asyncio.sleep(0.1)
+        ended_at = runtime.now_ms()
+        shard_host(runtime, JOB["id"]).evict()
+        await asyncio.sleep(15)
+        return ended_at, await runtime.call_entrypoint("account_usage", "acct-a")
+
+    SemaphoreClient.sync = sync_cut_off_once
+    try:
+        ended_at, usage = runtime.run(scenario())
+    finally:
+        SemaphoreClient.sync = real_sync
+    assert hanging and usage["outstanding"] == 0
+    assert runtime.run(runtime.call_entrypoint("job_status", JOB["id"]))["job"]["status"] == "completed"
+
+
 @pytest.mark.parametrize("vars", [{"JOBS_RUN_IN": "elsewhere"}, {"JOBS_RUN_IN": "queue", "JOB_ATTEMPTS": None}])
 def test_a_misconfigured_place_to_run_jobs_is_a_clear_error(vars):
     runtime = Runtime.from_wrangler(ROOT / "wrangler.toml", crons=[], vars=vars)

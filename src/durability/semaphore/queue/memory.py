@@ -312,6 +312,12 @@ class QueueContext:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
+    async def in_event_work_done(self) -> None:
+        """Wait until the work run in tasks of events (``in_this_event``) has
+        ended, and any such work it started meanwhile."""
+        while self._tasks:
+            await asyncio.wait(list(self._tasks))
+
     @staticmethod
     async def _logged(work: Callable[[], Awaitable[None]]) -> None:
         try:
