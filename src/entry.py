@@ -559,10 +559,12 @@ class JobShard(DurableObject):
             # Its end is when its release may be lost: finished() is asked
             # about it now (reads only), not at the sweep a minute on.
             await self.permits.check_finished([report["job"]])
-        # Answered once the holder has heard of the release: a shard cut off
-        # before then fails the report, and the consumer's next delivery
-        # (seconds on) starts an instance that tells the holder again. The
-        # holder's wake of a silent holder of its permit came a minute on.
+        # Answered once this report's release has reached the holder (when it
+        # is short of permits; else it waits for the report delay, on the
+        # alarm): a shard cut off before then fails the report, and the
+        # consumer's next delivery (seconds on) starts an instance that tells
+        # the holder again, where the holder's wake of a silent holder of its
+        # permit came a minute or more on.
         await self.permits.told()
         return answer
 

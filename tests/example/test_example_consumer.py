@@ -101,6 +101,36 @@ def test_a_shard_cut_off_while_telling_its_holder_of_a_release_has_it_told_withi
     assert runtime.run(runtime.call_entrypoint("job_status", JOB["id"]))["job"]["status"] == "completed"
 
 
+def test_a_report_waits_for_its_own_release_only_not_another_accounts_request_held_at_its_holder():
+    # One shard for two accounts. Account b's holder hangs, so b's job's
+    # enqueue leaves its request waiting (for minutes, a request's limit).
+    # Account a's job ends meanwhile: its report is answered, and acked by the
+    # consumer, as soon as its own release is done.
+    from durability.semaphore.client import SemaphoreClient
+
+    runtime = Runtime.from_wrangler(ROOT / "wrangler.toml", crons=[], vars={"API_TOKEN": "t0ken", "SHARDS": "1"})
+    real_request = SemaphoreClient.request
+
+    async def account_b_hangs(client, key, message):
+        if key == "acct-b":
+            await asyncio.sleep(3_600)
+        return await real_request(client, key, message)
+
+    async def scenario():
+        await runtime.call_entrypoint("submit_job", {**JOB, "work_ms": 5_000})
+        await asyncio.sleep(1)
+        SemaphoreClient.request = account_b_hangs
+        await runtime.call_entrypoint("submit_job", {"id": "job-b", "account": "acct-b", "work_ms": 1_000})
+        await asyncio.sleep(6)  # job-1's work ends at 5 s
+        return runtime.queues["job-attempts"].stats.acked
+
+    try:
+        acked = runtime.run(scenario())
+    finally:
+        SemaphoreClient.request = real_request
+    assert acked == 1
+
+
 @pytest.mark.parametrize("vars", [{"JOBS_RUN_IN": "elsewhere"}, {"JOBS_RUN_IN": "queue", "JOB_ATTEMPTS": None}])
 def test_a_misconfigured_place_to_run_jobs_is_a_clear_error(vars):
     runtime = Runtime.from_wrangler(ROOT / "wrangler.toml", crons=[], vars=vars)

@@ -27,6 +27,11 @@ read included), checks the alarm once its constructor is done and sets it
 again for the earliest timer if it is missing or later (``resume``); a live
 instance does so at its next sync, or its next ``resume_if_overdue()``, once the alarm it
 set is overdue. Neither writes anything while the alarm is where it belongs.
+One missing alarm a new instance leaves unset: while every timer due came
+due within the last second and an earlier instance's alarm covered it
+(``schedule_by``'s ``covered``), it is the alarm being delivered to this
+instance, which re-arms at its end; should no run come, the instance's
+next sync arms it, and its next read checks again (``resume_if_overdue``).
 """
 
 from __future__ import annotations

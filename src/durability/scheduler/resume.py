@@ -86,7 +86,9 @@ class AlarmResume:
         the runtime has none, or a later one, for this object.
 
         A new instance does this by itself once its constructor is done, so
-        any call that starts one resumes its work. Call it from an RPC
+        any call that starts one resumes its work (but for an alarm it takes
+        to be under way: ``_delivered_now``, whose next sync or read sets
+        it if no run came). Call it from an RPC
         method (``wake``, say) that a periodic sweep calls, to resume a live
         instance whose alarm the runtime gave up on. It reads the alarm
         (``getAlarm``, no row) and writes only when it must move.

@@ -17,7 +17,7 @@ import logging
 import zlib
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, fields
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from ..._common.clock import now_ms
 from ...scheduler.alarm import DurabilityScheduler
@@ -188,7 +188,8 @@ class QueueContext:
         self.learn_listed: Callable[[str, Reply], None] = lambda key, reply: None
         #: hands what the queue admitted to ``admit()`` (``Admission.admit_pending_safely``)
         self.admit_pending: Callable[[], Awaitable[None]] = _nothing
-        self._tasks: set[asyncio.Task[None]] = set()  #: run_in_this_event's (a loop holds tasks weakly)
+        #: run_in_this_event's tasks (a loop holds tasks weakly), each with the task that started it
+        self._tasks: dict[asyncio.Task[None], asyncio.Task[Any] | None] = {}
 
     # -- commits ----------------------------------------------------------------
     async def commit(self, change: Callable[[], T], *, move_alarm: bool = True) -> T:
@@ -275,9 +276,9 @@ class QueueContext:
         done (``KeyRequests.ask_in_this_event``); the alarm is its backstop,
         at the fallback point the answer's own fallback will want.
         ``fallback_point``: ``at`` is the object's fallback point a new
-        instance derived for a key its rows say waits, which every earlier
-        instance kept the alarm for (``covered``, see
-        ``DurabilityScheduler.schedule_by``)."""
+        instance derived for a key its rows say waits, which an earlier
+        instance with the key waiting kept the alarm at or before
+        (``covered``, see ``DurabilityScheduler.schedule_by``)."""
         alarm_by = None
         every = self.options.request_wait_ms
         if in_this_event:
@@ -309,14 +310,17 @@ class QueueContext:
         except RuntimeError:
             return
         task = loop.create_task(self._logged(work))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self._tasks[task] = asyncio.current_task()
+        task.add_done_callback(lambda done: self._tasks.pop(done, None))
 
-    async def in_event_work_done(self) -> None:
-        """Wait until the work run in tasks of events (``in_this_event``) has
-        ended, and any such work it started meanwhile."""
-        while self._tasks:
-            await asyncio.wait(list(self._tasks))
+    async def own_work_done(self, timeout_s: float) -> None:
+        """Wait, ``timeout_s`` at most, until the work the calling task left to
+        tasks of its own (``in_this_event``) has ended: not other events'
+        (an enqueue's request may be held at its holder for minutes)."""
+        caller = asyncio.current_task()
+        own = [task for task, starter in self._tasks.items() if starter is caller]
+        if own:
+            await asyncio.wait(own, timeout=timeout_s)
 
     @staticmethod
     async def _logged(work: Callable[[], Awaitable[None]]) -> None:

@@ -294,15 +294,17 @@ class DurabilitySemaphoreQueue(QueueReleases):
         else:
             await self.admission.ask_finished([identifier(i, "id") for i in ids])
 
-    async def told(self) -> None:
-        """Wait until what this object's events left to tasks of their own
-        is done: the holder told of each release (``release_keeping``'s
-        included), admitted items handed on. Await it before answering a
-        call whose caller tries again when it fails (a queue consumer's
-        report): should the object be cut off before the holder heard, that
-        call fails, and the caller's next try starts an instance that tells
-        the holder again, where nothing else may start one for a while."""
-        await self.ctx.in_event_work_done()
+    async def told(self, timeout_s: float = 10.0) -> None:
+        """Wait, ``timeout_s`` at most, until what the calling event left to
+        tasks of its own is done: the holder told of a release when it is
+        short of permits (``release_keeping``'s included: other releases
+        wait for the report delay, on the alarm), admitted items handed on.
+        Await it before answering a call whose caller tries again when it
+        fails (a queue consumer's report): should the object be cut off
+        before the holder heard, that call fails, and the caller's next try
+        starts an instance that tells the holder, where nothing else might
+        start one for a minute or more."""
+        await self.ctx.own_work_done(timeout_s)
 
     async def hand_in_admitted(self) -> None:
         """Hand ``admit()`` now a new instance's admitted items (``resumed``), not at its
