@@ -326,6 +326,44 @@ def test_a_holder_in_the_middle_tells_its_children_of_the_line_under_other_branc
     asyncio.run(scenario())
 
 
+def test_a_holder_in_the_middle_tells_its_child_the_line_its_own_round_lent_by():
+    # Its round read its parent's reply of 3 s before (the head elsewhere
+    # at -9,000, so taken as -6,000 now) and lent for work at -5,800. A
+    # reply heard after that round names the same head, 1 s old: told from
+    # it, the leaf would owe the loan back (-8,000 and half a period), and
+    # this holder would lend it again, round after round.
+
+    async def scenario():
+        held = {"g": 0}
+        middle = ParentLink(None, "acct~child-1", "acct~child-1~child-0", 1_000.0, lambda: True, dict, _NoLoans(),
+                            _Timers())
+        middle._persist = lambda: None
+        middle.ensure_exchanges = lambda: None
+        middle.borrowed.take([entry("a", "g", 1)], [])
+        now = now_ms()
+        middle._heard_at = now
+        middle.waiting_since, middle._since_heard_at = {"g": (now - 9_000,)}, now - 3_000
+        here = {"g": [Demand("g", 1, now - 5_800, (now - 5_800,))]}
+        middle.decide(here)
+        assert middle.owed == {"g": 0}  # its round serves the work at -5,800
+        middle.waiting_since, middle._since_heard_at = {"g": (now - 9_000,)}, now - 1_000  # heard since
+        told = middle.waiting_elsewhere(["g"], now)
+        assert told == {"g": (now - 6_000,)}
+        leaf = ParentLink(None, "acct~child-1", "acct~child-1~child-0~child-0", 1_000.0, lambda: True,
+                          lambda: held, _NoLoans(), _Timers())
+        leaf._persist = lambda: None
+        leaf.ensure_exchanges = lambda: None
+        leaf.borrowed.take([entry("b", "g", 1)], [])
+        leaf._heard_at = now
+        leaf.waiting_since, leaf._since_heard_at = told, now
+        leaf.decide(here)
+        assert leaf.owed == {"g": 0} and leaf.ceiling("g") == 1  # it serves what its parent lent it for
+        middle.decide(here)  # its next round reads the newer reply
+        assert middle.waiting_elsewhere(["g"], now) == {"g": (now - 8_000,)}
+
+    asyncio.run(scenario())
+
+
 def test_a_child_that_has_not_heard_from_its_parent_for_a_while_hands_out_nothing_and_gives_back():
 
     async def scenario():

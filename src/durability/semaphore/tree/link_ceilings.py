@@ -51,6 +51,8 @@ class LinkCeilings:
         #: per group, the oldest items the parent's last round left waiting at other children
         self.waiting_since: dict[str, tuple[float, ...]] = {}
         self._since_heard_at = 0.0  #: when the request ``waiting_since`` answered left
+        #: ``waiting_since`` and ``_since_heard_at`` as the last ``decide`` read them (None: none yet)
+        self._decided_line: tuple[dict[str, tuple[float, ...]], float] | None = None
         self.owed: dict[str, int] = {}  #: per group, permits to give back to older work: see ``decide``
         self.yielding: set[str] = set()  #: groups where this round hands out nothing: see ``decide``
         self.over_limit = False  #: the parent's last reply said its permits out exceed its limit
@@ -89,6 +91,7 @@ class LinkCeilings:
         that in a period.) ``charged``: per group, what the child's grants
         charge once the round applied its requests' reports (default: as
         they stand); read only where older work waits elsewhere."""
+        self._decided_line = (self.waiting_since, self._since_heard_at)
         if self.over_limit or self.stale():  # nothing it lent is handed out again: see ``stale``
             self.yielding = set(waiting_here) | set(self.borrowed.by_group())
             return
@@ -112,10 +115,16 @@ class LinkCeilings:
         """Per group of ``groups``, the oldest items the parent's last reply
         said wait at its other children, as their heads stand at ``at``
         (each moves on with the clock from when the parent's round saw it,
-        as ``decide`` counts it)."""
-        moved = at - self._since_heard_at
-        return {group: tuple(t + moved for t in self.waiting_since[group])
-                for group in groups if self.waiting_since.get(group)}
+        as ``decide`` counts it). Read as the last ``decide`` read them: a
+        reply heard since, whose heads had not moved (the line elsewhere
+        stuck behind the very permit this holder holds), would tell its
+        child a stricter line than the one its own round lent by, and the
+        child would give back, round after round, the permit this holder
+        lent it again for the same work, never passing it up (a tree
+        holding its only permit so while older work waited elsewhere:
+        campaign tree seed 3989, on a schedule moved by a change of alarms)."""
+        since, heard_at = self._decided_line or (self.waiting_since, self._since_heard_at)
+        return {group: tuple(t + at - heard_at for t in since[group]) for group in groups if since.get(group)}
 
     @property
     def fresh_for_ms(self) -> float:
