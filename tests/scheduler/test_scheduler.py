@@ -479,6 +479,58 @@ def test_a_row_written_for_a_participant_now_in_memory_runs_once_and_goes(runtim
     assert sorted(runs) == ["kick", "old"] and rows == 0
 
 
+def test_a_new_instance_its_own_alarm_starts_leaves_that_alarm_alone(runtime):
+    # The alarm comes due with the instance gone: the runtime starts a new
+    # one to deliver it, whose check of the alarm reads none. Setting it
+    # again for the timer the run is about to take wrote a row for nothing.
+    stub = runtime.env.TIMERS.getByName("t")
+
+    async def scenario():
+        start = runtime.now_ms()
+        await stub.plan("p", 5_000)
+        await stub.plan("later", 60_000)
+        runtime.evict(stub)
+        host = runtime.host_of(stub)
+        alarm_writes, alarm_runs = host.stats.alarm_writes, host.stats.alarm_invocations
+        await asyncio.sleep(6)
+        return (host.stats.alarm_writes - alarm_writes, host.stats.alarm_invocations - alarm_runs,
+                [(r["key"], round(r["at"] - start)) for r in await stub.runs()], await stub.alarm_time() - start)
+
+    writes, runs, ran, alarm = runtime.run(scenario())
+    assert ran == [("p", 5_000)] and runs == 1
+    assert writes == 1 and alarm == 60_000  # set for "later" as the run ends, not for "p" as it started
+
+
+@pytest.mark.parametrize("key", ["p", "duty-p"])
+def test_a_call_that_starts_an_instance_as_a_lost_alarms_timer_comes_due_still_gets_it_run(runtime, key):
+    # The runtime gave up on the alarm; a call starts a new instance just as
+    # a timer comes due. A timer an earlier alarm covered is taken for that
+    # alarm's delivery at first, and the next read through the library, once
+    # no run came, sets the alarm again; a timer for the new instance's own
+    # work (no alarm need ever have covered it) gets its alarm at once.
+    stub = runtime.env.TIMERS.getByName("t")
+
+    async def scenario():
+        await stub.plan(key, 2_000)
+        await stub.forget_alarm()
+        runtime.evict(stub)
+        await asyncio.sleep(2.2)
+        fresh = runtime.env.TIMERS.getByName("t")
+        await fresh.runs()  # a call starts the new instance (a plain read)
+        await asyncio.sleep(2)
+        ran_before_read = [r["key"] for r in await fresh.runs()]
+        await fresh.peek()  # a read through the library
+        await asyncio.sleep(1)
+        return ran_before_read, [r["key"] for r in await fresh.runs()]
+
+    ran_before_read, ran = runtime.run(scenario())
+    assert ran == [key]
+    if key == "duty-p":
+        assert ran_before_read == [key]
+    else:
+        assert ran_before_read == []  # left for the alarm it took for one under way, until the read
+
+
 def test_a_new_instances_check_overtaken_by_its_alarm_leaves_the_alarm_to_re_arm(runtime):
     # Calls start a new instance and make a timer due now: the alarm they set
     # fires while the instance's own check of the alarm waits its turn. The

@@ -25,7 +25,11 @@ class Timers(DurableObject):
         self.scheduler.register("derived", self._derived, backoff=Backoff(initial_ms=1_000, jitter=0), durable=False)
         sql.exec("CREATE TABLE IF NOT EXISTS planned (key TEXT PRIMARY KEY, due_at REAL, fails INTEGER) WITHOUT ROWID")
         for row in sql.exec("SELECT key, due_at FROM planned").toArray():
-            self.scheduler.schedule("derived", row["key"], row["due_at"])
+            # The earlier instance kept the alarm for each planned time; a
+            # "duty-" timer stands for work a new instance must do at once,
+            # which no alarm need ever have covered.
+            covered = not row["key"].startswith("duty-")
+            self.scheduler.schedule_by("derived", row["key"], row["due_at"], covered=covered)
 
     # -- timers in memory, derived from rows -----------------------------
     async def plan(self, key, in_ms, fails=0):

@@ -27,6 +27,11 @@ read included), checks the alarm once its constructor is done and sets it
 again for the earliest timer if it is missing or later (``resume``); a live
 instance does so at its next sync, or its next ``resume_if_overdue()``, once the alarm it
 set is overdue. Neither writes anything while the alarm is where it belongs.
+One missing alarm a new instance leaves unset: while every timer due came
+due within the last second and an earlier instance's alarm covered it
+(``schedule_by``'s ``covered``), it is the alarm being delivered to this
+instance, which re-arms at its end; should no run come, the instance's
+next sync arms it, and its next read checks again (``resume_if_overdue``).
 """
 
 from __future__ import annotations
@@ -96,6 +101,7 @@ class DurabilityScheduler(AlarmDispatch, AlarmResume):
         self._armed_at = 0.0  #: when ``_armed`` was set or read: an alarm set anew is not overdue yet
         self._alarm_runs = 0  #: alarm() calls in this instance, so that resume() never undoes one
         self._resume_task: asyncio.Task[None] | object | None = None  #: a check of the alarm under way
+        self._delivery_by: tuple[float, int] | None = None  #: see ``AlarmResume._delivered_now``
         self._sync_lock = asyncio.Lock()
         # Timers whose handler is running now: scheduling one of them always
         # moves its version, or the run's end would delete the new request.
@@ -135,18 +141,28 @@ class DurabilityScheduler(AlarmDispatch, AlarmResume):
         (``alarm_by``: as for ``schedule_by``)."""
         self._upsert(participant, key, at_ms, earlier_only=False, alarm_by=alarm_by)
 
-    def schedule_by(self, participant: str, key: str, at_ms: float, *, alarm_by: float | None = None) -> None:
+    def schedule_by(self, participant: str, key: str, at_ms: float, *, alarm_by: float | None = None,
+                    covered: bool = False) -> None:
         """Make sure the timer fires no later than ``at_ms``; an earlier time is kept.
 
         ``alarm_by`` (a ``durable=False`` participant's timer only): the timer
         is due at ``at_ms`` for any alarm run that comes, and for its
         participant to run itself in another event, but the alarm need not
         move for it before ``alarm_by``: an alarm the object has set for
-        something else already costs no row."""
-        self._upsert(participant, key, at_ms, earlier_only=True, alarm_by=alarm_by)
+        something else already costs no row.
+
+        ``covered`` (the same, derived in a constructor): an earlier instance
+        with the same rows kept the object's alarm at or before this time
+        for it (a time the participant derives from its rows and the clock
+        alone, as it did then), so that a new instance that finds no alarm
+        while such a timer has just come due is the one that alarm's
+        delivery started (``resume``). A timer due now for what the new
+        instance itself must do is not covered: no alarm need ever have
+        been set for it."""
+        self._upsert(participant, key, at_ms, earlier_only=True, alarm_by=alarm_by, covered=covered)
 
     def _upsert(self, participant: str, key: str, at_ms: float, *, earlier_only: bool,
-                alarm_by: float | None = None) -> None:
+                alarm_by: float | None = None, covered: bool = False) -> None:
         _name(participant, "participant")
         _name(key, "timer key")
         if participant not in self._participants:
@@ -159,7 +175,8 @@ class DurabilityScheduler(AlarmDispatch, AlarmResume):
         always = (participant, key) in self._running
         if participant in self._volatile:
             alarm_at = at_ms if alarm_by is None else max(at_ms, _time(alarm_by))
-            self._memory.upsert(participant, key, at_ms, earlier_only=earlier_only, always=always, alarm_at=alarm_at)
+            self._memory.upsert(participant, key, at_ms, earlier_only=earlier_only, always=always, alarm_at=alarm_at,
+                                covered=covered)
         else:
             self._rows.upsert(participant, key, at_ms, earlier_only=earlier_only, always=always)
 

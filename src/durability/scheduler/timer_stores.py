@@ -173,14 +173,18 @@ class MemoryTimers:
         self._versions = itertools.count(1)
 
     def upsert(self, participant: str, key: str, at_ms: float, *, earlier_only: bool, always: bool,
-               alarm_at: float | None = None) -> None:
+               alarm_at: float | None = None, covered: bool = False) -> None:
         """``alarm_at``: the alarm need not fire before then for this timer
-        (its caller runs it sooner itself); the due time by default."""
+        (its caller runs it sooner itself); the due time by default.
+        ``covered``: see ``DurabilityScheduler.schedule_by``; a caller that
+        needs the timer by the same time or sooner and says nothing of the
+        kind takes it away."""
         alarm_at = at_ms if alarm_at is None else alarm_at
         current = self._rows.get((participant, key))
         if current is not None and not always and (
                 at_ms >= current["due_at"] if earlier_only else at_ms == current["due_at"]):
             current["alarm_at"] = min(current["alarm_at"], alarm_at)  # a caller that needs the alarm sooner
+            current["covered"] = current["covered"] and (covered or at_ms > current["due_at"])
             return
         if current is not None and earlier_only and not always:
             # An earlier time keeps the alarm an earlier caller needed (never before the new time).
@@ -188,7 +192,7 @@ class MemoryTimers:
             alarm_at = max(at_ms, min(alarm_at, current["alarm_at"]))
         self._rows[(participant, key)] = {"participant": participant, "key": key, "due_at": at_ms,
                                           "alarm_at": alarm_at, "attempt": 0, "version": next(self._versions),
-                                          "memory": True}
+                                          "memory": True, "covered": covered}
 
     def cancel(self, participant: str, key: str) -> None:
         self._rows.pop((participant, key), None)
@@ -207,6 +211,10 @@ class MemoryTimers:
         ``running`` ones (their run sets the alarm it needs when it ends)."""
         return [row["alarm_at"] for timer, row in self._rows.items() if timer not in running]
 
+    def uncovered_by(self, at_ms: float) -> list[float]:
+        """The alarm times, up to ``at_ms``, of the timers not ``covered``."""
+        return [row["alarm_at"] for row in self._rows.values() if row["alarm_at"] <= at_ms and not row["covered"]]
+
     def next_due(self, running: Container[Timer]) -> list[float]:
         return [row["due_at"] for timer, row in self._rows.items() if timer not in running]
 
@@ -221,7 +229,7 @@ class MemoryTimers:
     def retry(self, participant: str, key: str, version: int, at_ms: float, attempt: int) -> None:
         current = self._rows.get((participant, key))
         if current is not None and current["version"] == version:
-            current.update(due_at=at_ms, alarm_at=at_ms, attempt=attempt, version=next(self._versions))
+            current.update(due_at=at_ms, alarm_at=at_ms, attempt=attempt, version=next(self._versions), covered=False)
 
     def snapshot(self) -> dict[Timer, Row]:
         return {timer: dict(row) for timer, row in self._rows.items()}

@@ -474,3 +474,27 @@ def test_a_grant_another_answer_lists_before_the_reply_that_brings_it_is_used_no
     # That grant ran b1: not reported released (given back) before b1 had run on it.
     assert [at for at, grant_id, released in reports if grant_id == granted[0] and released and at < b1_started] == []
     assert world["violations"] == []
+
+
+def test_a_parked_shard_its_fallback_alarm_wakes_asks_and_sets_the_alarm_once(runtime):
+    # b waits behind a's long item and hibernates; its next fallback point's
+    # alarm starts a new instance, which asks and sets the alarm for the
+    # point after: one row. It set the alarm as it started too, for the
+    # alarm being delivered, which a new instance's check reads as none.
+    world = runtime.module.WORLD
+
+    async def scenario():
+        await shard(runtime, "a").submit(queue_jobs("a", 1, ms=200_000))
+        await wait_started(runtime, "a0")
+        await shard(runtime, "b").submit(queue_jobs("b", 1, ms=1_000))
+        await asyncio.sleep(20)
+        host = runtime.host_of(shard(runtime, "b"))
+        hibernated, writes, runs, asked = (host.stats.hibernations, host.stats.alarm_writes,
+                                           host.stats.alarm_invocations, len(world["requests"]))
+        await asyncio.sleep(30)  # past b's next fallback point (request_wait_ms: 30 s)
+        return (hibernated, host.stats.alarm_writes - writes, host.stats.alarm_invocations - runs,
+                world["requests"][asked:])
+
+    hibernated, writes, runs, asked = runtime.run(scenario())
+    assert hibernated >= 1 and runs == 1 and len(asked) == 1, asked
+    assert writes == 1

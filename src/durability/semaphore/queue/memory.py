@@ -248,9 +248,11 @@ class QueueContext:
         """The timer fires at ``at``, whatever time it had (``alarm_by``: see ``DurabilityScheduler.schedule_by``)."""
         self.scheduler.schedule(PARTICIPANT, timer_key(kind, key), at, alarm_by=alarm_by)
 
-    def due_by(self, kind: TimerKind, key: str | None, at: float, *, alarm_by: float | None = None) -> None:
-        """The timer fires no later than ``at``: an earlier time is kept."""
-        self.scheduler.schedule_by(PARTICIPANT, timer_key(kind, key), at, alarm_by=alarm_by)
+    def due_by(self, kind: TimerKind, key: str | None, at: float, *, alarm_by: float | None = None,
+               covered: bool = False) -> None:
+        """The timer fires no later than ``at``: an earlier time is kept
+        (``covered``: see ``DurabilityScheduler.schedule_by``)."""
+        self.scheduler.schedule_by(PARTICIPANT, timer_key(kind, key), at, alarm_by=alarm_by, covered=covered)
 
     @property
     def fallback_phase_ms(self) -> float:
@@ -260,7 +262,8 @@ class QueueContext:
         every = max(1, int(self.options.request_wait_ms))
         return float(zlib.crc32(self.client_id.encode()) % every)
 
-    def pump_at(self, key: str, at: float, *, earlier_only: bool = False, in_this_event: bool = False) -> None:
+    def pump_at(self, key: str, at: float, *, earlier_only: bool = False, in_this_event: bool = False,
+                fallback_point: bool = False) -> None:
         """The key's pump runs at ``at`` (no later: ``earlier_only``). A woken
         key's fallback (half a request wait off or more) is due then, for any
         event or alarm run that comes, but moves the alarm no sooner than the
@@ -271,7 +274,11 @@ class QueueContext:
         fallback off left an alarm to fire for nothing (docs/queue.md).
         ``in_this_event``: the caller runs the pump itself once its commit is
         done (``KeyRequests.ask_in_this_event``); the alarm is its backstop,
-        at the fallback point the answer's own fallback will want."""
+        at the fallback point the answer's own fallback will want.
+        ``fallback_point``: ``at`` is the object's fallback point a new
+        instance derived for a key its rows say waits, which an earlier
+        instance with the key waiting kept the alarm at or before
+        (``covered``, see ``DurabilityScheduler.schedule_by``)."""
         alarm_by = None
         every = self.options.request_wait_ms
         if in_this_event:
@@ -280,7 +287,7 @@ class QueueContext:
             alarm_by = grid_at_or_after(at, every, self.fallback_phase_ms)
             earlier_only = True
         if earlier_only:
-            self.due_by(TimerKind.PUMP, key, at, alarm_by=alarm_by)
+            self.due_by(TimerKind.PUMP, key, at, alarm_by=alarm_by, covered=fallback_point)
         else:
             self.due_at(TimerKind.PUMP, key, at, alarm_by=alarm_by)
 

@@ -202,7 +202,9 @@ class DurabilitySemaphoreQueue(QueueReleases):
                 interval = self.store.pacing(key)
                 if interval is not None:  # the holder's pacing holds across an eviction
                     self.server.paced(key, now + interval)
-            self._wake(key, now)
+            # (With no demand, the key asks now to hear what it holds: none of
+            # its fallback points.)
+            self._wake(key, now, fallback_point=self.options.woken and bool(ctx.demand(key)))
         if self.store.has_admitted():
             ctx.due_by(TimerKind.ADMIT, None, now, alarm_by=now + self.options.checks_wait_ms)
         for key in sorted({grant.key for grant in self.grants.grants() if self.claims.report_due(grant)}):
@@ -360,13 +362,15 @@ class DurabilitySemaphoreQueue(QueueReleases):
             await {TimerKind.PUMP: self.requests.pump, TimerKind.REPORT: self.claims.report,
                    TimerKind.LEASE_REPORT: self.leases.report}[kind](key)
 
-    def _wake(self, key: str, now: float, at_once: bool = False) -> None:
+    def _wake(self, key: str, now: float, at_once: bool = False, fallback_point: bool = False) -> None:
         """Make the key's pump run (inside a commit): at once when the key
         holds unclaimed permits to claim, or ``at_once`` (the first waiting
         item of a group: the pacing a holder gave a parked request is a
         fallback, not a wait), else as soon as its pacing allows; a
         key out of line stays out while everything it waits with is still
-        behind the mark it left on (younger items joined it)."""
+        behind the mark it left on (younger items joined it).
+        ``fallback_point``: its pacing is the fallback point a new instance
+        derived (``QueueContext.pump_at``)."""
         ctx = self.ctx
         if at_once:  # (the caller asks in its own event: see _enqueued)
             self.server.ask_now(key)
@@ -375,10 +379,10 @@ class DurabilitySemaphoreQueue(QueueReleases):
         at = max(now, self.server.next_request_at(key) or now)
         if at_once or any(g.unclaimed > 0 and g.claim_deadline > now for g in self.grants.grants(key)) or any(
                 lease.undrawn > 0 for lease in self.lease_book.leases(key)):
-            at = now
+            at, fallback_point = now, False
         elif key in ctx.memory.away and may_leave_line(ctx.memory.away[key], oldest_of(ctx.demand(key))):
             return
-        ctx.pump_at(key, at, earlier_only=True)
+        ctx.pump_at(key, at, earlier_only=True, fallback_point=fallback_point)
 
     # -- listeners ------------------------------------------------------------------------
     async def _emit_blocked(self, key: str, blocked: dict[str, dict[str, Any]]) -> None:
