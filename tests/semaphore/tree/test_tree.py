@@ -92,7 +92,7 @@ def test_a_tree_holders_rounds_keep_its_beat_and_a_loans_round_does_not_wait_for
     from durability.semaphore.holder.shell import _round_time
 
     beat = on_beat(now_ms(), 2_000.0, 0.0)
-    on_its_beat = SimpleNamespace(keeps_beat=True, next_beat=lambda at: on_beat(at, 2_000.0, 0.0))
+    on_its_beat = SimpleNamespace(keeps_beat=True, next_beat=lambda at: on_beat(at, 2_000.0, 0.0), served_demand=True)
     holder = SimpleNamespace(tree=on_its_beat, round_wait_ms=1_000.0, round_period_ms=2_000.0,
                              _last_round_at=beat - 2_000.0, _started_at=0.0, rejoin_wait_ms=1_000.0,
                              _holds_permits=lambda: False)
@@ -110,14 +110,15 @@ def test_a_tree_holders_rounds_keep_its_beat_and_a_loans_round_does_not_wait_for
     assert _round_time(holder, False, None) == pytest.approx(now_ms() + 1_000.0, abs=50)
 
 
-def test_a_parents_first_round_comes_a_quarter_period_after_its_first_child_asked_in_a_new_tree_too(monkeypatch):
+def test_a_tree_holders_first_round_with_demand_comes_a_quarter_period_after_the_first_request_with_it(monkeypatch):
     from types import SimpleNamespace
 
     from durability.semaphore.holder import rounds
 
     asked = now_ms()
-    monkeypatch.setattr(rounds, "_first_child_since", lambda holder: asked)
-    parent_beats = SimpleNamespace(keeps_beat=True, next_beat=lambda at: on_beat(at, 2_000.0, 1_000.0))
+    monkeypatch.setattr(rounds, "_first_demand_since", lambda holder: asked)
+    parent_beats = SimpleNamespace(keeps_beat=True, next_beat=lambda at: on_beat(at, 2_000.0, 1_000.0),
+                                   served_demand=False)
     # A new tree's root as one restarted (only a restarted one did, once).
     holder = SimpleNamespace(tree=parent_beats, round_wait_ms=1_000.0, round_period_ms=2_000.0,
                              _last_round_at=None, _started_at=asked, rejoin_wait_ms=1_000.0,
@@ -126,6 +127,13 @@ def test_a_parents_first_round_comes_a_quarter_period_after_its_first_child_aske
     # moment apart, so a quarter period hears them all, and a new tree's
     # first loans reach its leaves a beat sooner.
     assert rounds._round_time(holder, False, None) == pytest.approx(asked + 500.0, abs=1)
+    # So is a leaf's, and one whose instance ran a round that served no
+    # demand just before (its children's first listings): a burst's first
+    # items wait a quarter period, not a period from that round.
+    holder._last_round_at = asked - 10.0
+    assert rounds._round_time(holder, False, None) == pytest.approx(asked + 500.0, abs=1)
+    parent_beats.served_demand = True  # later rounds keep the beat, a period apart
+    assert rounds._round_time(holder, False, None) == pytest.approx(on_beat(asked + 1_990.0, 2_000.0, 1_000.0))
 
 
 def test_a_tree_shape_is_checked_where_it_is_given():
@@ -506,6 +514,32 @@ async def _until(condition, most_s=10.0):
     raise AssertionError("the condition never held")
 
 
+def test_an_instances_first_demand_leaves_with_the_round_that_found_it():
+    # A child's first listing leaves as it starts, with nothing to ask for.
+    # The first demand a round of it then finds (a burst's first items, off
+    # the beat) is asked for at once, not at the next beat a quarter period
+    # past that listing; later demand keeps the beat.
+
+    async def scenario():
+        link = _link(_FiringTimers())
+        sent = []
+
+        async def exchange(message, kind, timeout_ms):
+            sent.append((now_ms(), bool(message.get("demand"))))
+
+        link._exchange = exchange
+        link.borrowed.take([], [])  # the listing's reply: it holds nothing
+        link._heard_at = link._last_ask_at = now_ms()
+        link.after_round({"g": Demand("g", 3, now_ms())})
+        await asyncio.sleep(0.05)
+        assert sent and sent[0][1] and sent[0][0] - link._heard_at < 50  # at once
+        link._asking = None
+        link.after_round({"g": Demand("g", 5, now_ms())})  # more, right after: the next beat
+        assert link._ask_leaves_at is not None and link._ask_leaves_at - now_ms() > 200
+
+    asyncio.run(scenario())
+
+
 def test_demand_that_comes_while_a_refresh_is_put_off_is_asked_for_within_a_period():
     # A child whose round served everything puts its next request off (a
     # refresh, half of ``fresh_for_ms`` away); demand left by a later round
@@ -524,6 +558,7 @@ def test_demand_that_comes_while_a_refresh_is_put_off_is_asked_for_within_a_peri
         link._exchange = exchange
         link.borrowed.take([entry("a", "g", 4)], [])
         link._heard_at = link._last_ask_at = now_ms()
+        link._asked_for_demand = True  # (an instance's first demand leaves at once: not this one's)
         link.after_round({})  # nothing left waiting: only a refresh, far off, on the alarm
         assert link._ask_leaves_at == pytest.approx(now_ms() + link.fresh_for_ms / 2, abs=50)
         assert timers.timer(GIVER, ASK).due_at == link._ask_leaves_at

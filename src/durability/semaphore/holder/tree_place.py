@@ -58,6 +58,8 @@ class TreePlace:
         #: the oldest items its last round left waiting, per child (what a
         #: reply between rounds tells a child), and when it ran
         self._oldest: tuple[OldestWaiting, float] | None = None
+        #: a round of this instance had demand to serve (see ``rounds._round_time``)
+        self.served_demand = False
 
     def next_beat(self, at: float) -> float:
         """The first of its beats at or after ``at`` (``keeps_beat`` only)."""
@@ -77,6 +79,7 @@ class TreePlace:
 
     def before_round(self, requests: list[Request]) -> None:
         """A round is about to serve ``requests`` (held and parked), its limits not read yet."""
+        self.served_demand = self.served_demand or any(d.count > 0 for r in requests for d in r.demand)
 
     def after_round(self, requests: list[Request], outcomes: dict[str, ClientOutcome], contended: bool,
                     now: float) -> None:
@@ -176,6 +179,7 @@ class TreeChild(TreeMember):
         return answer
 
     def before_round(self, requests: list[Request]) -> None:
+        super().before_round(requests)
         self._link.decide(_demands_by_group(requests), lambda: _charged_after_reports(self.holder.books, requests))
 
     def after_round(self, requests: list[Request], outcomes: dict[str, ClientOutcome], contended: bool,

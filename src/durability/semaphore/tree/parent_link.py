@@ -136,6 +136,11 @@ class ParentLink(LinkCeilings):
             return self._next_at(self._last_ask_at) if self._failures else now_ms()
         # (Demand gone since the last request also asks: the parent would
         # keep it in line, and lend to it first, its items being the oldest.)
+        if self.unmet and not self._asked_for_demand and self.borrowed.heard and not self._failures:
+            # An instance's first demand leaves with the round that found it,
+            # off the beat (``holder.rounds._round_time``): its first listing,
+            # sent as it started, would put it off to the next beat.
+            return now_ms()
         if self.unmet or self._asked_for or not self.borrowed.heard or self._woken or self._unheard:
             return self._next_at(self._last_ask_at)
         if self.borrowed.total() > 0 and self._heard_at is not None:
@@ -234,6 +239,7 @@ class ParentLink(LinkCeilings):
         self._asked_after = self._gave_back
         request = self.request()
         self._asked_for = bool(request.demand)
+        self._asked_for_demand = self._asked_for_demand or self._asked_for
         self._asking = asyncio.ensure_future(self._asked(request.to_wire()))
 
     async def _asked(self, message: dict[str, Any]) -> None:
