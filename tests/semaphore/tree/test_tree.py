@@ -35,6 +35,7 @@ from durability.semaphore.messages import (
 )
 from durability.semaphore.tree.link import AFTER_BEAT_MS, ParentLink
 from durability.semaphore.tree.pure.rules import (
+    MAX_REPORTS,
     Borrowed,
     beat_phase,
     closed_groups,
@@ -92,7 +93,8 @@ def test_a_tree_holders_rounds_keep_its_beat_and_a_loans_round_does_not_wait_for
     from durability.semaphore.holder.shell import _round_time
 
     beat = on_beat(now_ms(), 2_000.0, 0.0)
-    on_its_beat = SimpleNamespace(keeps_beat=True, next_beat=lambda at: on_beat(at, 2_000.0, 0.0), served_demand=True)
+    on_its_beat = SimpleNamespace(keeps_beat=True, next_beat=lambda at: on_beat(at, 2_000.0, 0.0), served_demand=True,
+                                  hears_parent=lambda: True)
     holder = SimpleNamespace(tree=on_its_beat, round_wait_ms=1_000.0, round_period_ms=2_000.0,
                              _last_round_at=beat - 2_000.0, _started_at=0.0, rejoin_wait_ms=1_000.0,
                              _holds_permits=lambda: False)
@@ -118,7 +120,7 @@ def test_a_tree_holders_first_round_with_demand_comes_a_quarter_period_after_the
     asked = now_ms()
     monkeypatch.setattr(rounds, "_first_demand_since", lambda holder: asked)
     parent_beats = SimpleNamespace(keeps_beat=True, next_beat=lambda at: on_beat(at, 2_000.0, 1_000.0),
-                                   served_demand=False)
+                                   served_demand=False, hears_parent=lambda: True)
     # A new tree's root as one restarted (only a restarted one did, once).
     holder = SimpleNamespace(tree=parent_beats, round_wait_ms=1_000.0, round_period_ms=2_000.0,
                              _last_round_at=None, _started_at=asked, rejoin_wait_ms=1_000.0,
@@ -132,8 +134,21 @@ def test_a_tree_holders_first_round_with_demand_comes_a_quarter_period_after_the
     # items wait a quarter period, not a period from that round.
     holder._last_round_at = asked - 10.0
     assert rounds._round_time(holder, False, None) == pytest.approx(asked + 500.0, abs=1)
+    parent_beats.hears_parent = lambda: False  # a child's new instance before its parent's word: the beat
+    assert rounds._round_time(holder, False, None) == pytest.approx(on_beat(asked + 1_990.0, 2_000.0, 1_000.0))
+    parent_beats.hears_parent = lambda: True
     parent_beats.served_demand = True  # later rounds keep the beat, a period apart
     assert rounds._round_time(holder, False, None) == pytest.approx(on_beat(asked + 1_990.0, 2_000.0, 1_000.0))
+
+
+def test_only_a_round_with_demand_counts_as_a_tree_holders_first():
+    from durability.semaphore.holder.tree_place import TreePlace
+
+    place = TreePlace(SimpleNamespace())
+    place.before_round([Request("s1", (Demand("g", 0, 1.0),), ()), Request("s2", (), ())])  # listings, nothing asked
+    assert not place.served_demand
+    place.before_round([Request("s1", (Demand("g", 2, 1.0),), ())])
+    assert place.served_demand
 
 
 def test_a_tree_shape_is_checked_where_it_is_given():
@@ -352,8 +367,10 @@ def test_a_holder_in_the_middle_tells_its_child_the_line_its_own_round_lent_by()
         middle._heard_at = now
         middle.waiting_since, middle._since_heard_at = {"g": (now - 9_000,)}, now - 3_000
         here = {"g": [Demand("g", 1, now - 5_800, (now - 5_800,))]}
+        left = {"g": Demand("g", 1, now - 5_800)}  # (what the round leaves waiting: lent on, not given back)
         middle.decide(here)
         assert middle.owed == {"g": 0}  # its round serves the work at -5,800
+        middle.after_round(left)
         middle.waiting_since, middle._since_heard_at = {"g": (now - 9_000,)}, now - 1_000  # heard since
         told = middle.waiting_elsewhere(["g"], now)
         assert told == {"g": (now - 6_000,)}
@@ -367,6 +384,8 @@ def test_a_holder_in_the_middle_tells_its_child_the_line_its_own_round_lent_by()
         leaf.decide(here)
         assert leaf.owed == {"g": 0} and leaf.ceiling("g") == 1  # it serves what its parent lent it for
         middle.decide(here)  # its next round reads the newer reply
+        assert middle.waiting_elsewhere(["g"], now) == {"g": (now - 6_000,)}  # (until that round has run)
+        middle.after_round(left)
         assert middle.waiting_elsewhere(["g"], now) == {"g": (now - 8_000,)}
 
     asyncio.run(scenario())
@@ -536,6 +555,32 @@ def test_an_instances_first_demand_leaves_with_the_round_that_found_it():
         link._asking = None
         link.after_round({"g": Demand("g", 5, now_ms())})  # more, right after: the next beat
         assert link._ask_leaves_at is not None and link._ask_leaves_at - now_ms() > 200
+
+    asyncio.run(scenario())
+
+
+def test_a_child_holding_as_many_loans_as_it_may_asks_for_its_demand_on_the_beat_not_in_a_loop():
+    # Such a child asks for no more (``Borrowed.full``): its requests carry
+    # no demand however long its clients wait. The first still leaves at
+    # once (an instance's first demand); the ones after it keep the beat.
+
+    async def scenario():
+        link = _link(_FiringTimers())
+        sent = []
+
+        async def exchange(message, kind, timeout_ms):
+            sent.append(now_ms())
+
+        link._exchange = exchange
+        link.borrowed.take([entry(f"g{i}", "g", 1) for i in range(MAX_REPORTS // 2)], [])
+        assert link.borrowed.full()
+        link._heard_at = link._last_ask_at = now_ms()
+        link.after_round({"g": Demand("g", 3, now_ms())})
+        for _ in range(20):  # each reply comes, and its clients still wait
+            await asyncio.sleep(0.01)
+            link._asking = None
+            link.after_round({"g": Demand("g", 3, now_ms())})
+        assert len(sent) == 1
 
     asyncio.run(scenario())
 

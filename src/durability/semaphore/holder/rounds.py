@@ -142,7 +142,9 @@ def _round_time(holder: DurabilitySemaphore, soon: bool, spacing: float | None) 
     # A tree's holder runs an instance's first round with demand off the
     # beat, a quarter period (or ``round_wait_ms``, if shorter) after the
     # first request with demand in its line (a child's, or a client's),
-    # however soon after a round that served none. For a parent: the
+    # however soon after a round that served none, once it has its parent's
+    # word (``TreePlace.hears_parent``: before it, a round hands out nothing,
+    # and a leaf restarted with its line in rows keeps its beat). For a parent: the
     # children it woke as it started ask again at once, and those on the
     # same beat a moment apart; restarted between their requests and its
     # beat, again and again, it never ran one with their demand in it (its
@@ -152,7 +154,9 @@ def _round_time(holder: DurabilitySemaphore, soon: bool, spacing: float | None) 
     # meets its parent's own first round: at bench_tree.py's 10,000 clients
     # on one level, the first loans came at 1 s instead of 2.5 s, 96.5% busy
     # instead of 96.05% (two levels: 95.2%, the same).
-    first_child = _first_demand_since(holder) if holder.tree.keeps_beat and not holder.tree.served_demand else None
+    tree = holder.tree
+    first_round = tree.keeps_beat and not tree.served_demand and tree.hears_parent()
+    first_child = _first_demand_since(holder) if first_round else None
     first = first_child is not None
     beat = holder.tree.keeps_beat and not soon and not first
     at = now_ms() + (0 if soon or beat else holder.round_wait_ms)

@@ -77,6 +77,12 @@ class TreePlace:
         """A parent's call (a ``grants`` reply): only a tree's child takes one."""
         return ProtocolError("invalid_message", "only a budget tree's child takes its parent's replies").reply()
 
+    def hears_parent(self) -> bool:
+        """Its parent's last word is fresh (a root: always). A child's new
+        instance has not heard yet, and a round then hands out nothing: its
+        first round with demand (``rounds._round_time``) waits for that word."""
+        return True
+
     def before_round(self, requests: list[Request]) -> None:
         """A round is about to serve ``requests`` (held and parked), its limits not read yet."""
         self.served_demand = self.served_demand or any(d.count > 0 for r in requests for d in r.demand)
@@ -178,8 +184,12 @@ class TreeChild(TreeMember):
         await self.holder.scheduler.sync()
         return answer
 
+    def hears_parent(self) -> bool:
+        return not self._link.stale()
+
     def before_round(self, requests: list[Request]) -> None:
-        super().before_round(requests)
+        if self.hears_parent():  # a round that may hand out nothing is no first round (``hears_parent``)
+            super().before_round(requests)
         self._link.decide(_demands_by_group(requests), lambda: _charged_after_reports(self.holder.books, requests))
 
     def after_round(self, requests: list[Request], outcomes: dict[str, ClientOutcome], contended: bool,

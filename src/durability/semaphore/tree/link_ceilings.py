@@ -51,8 +51,9 @@ class LinkCeilings:
         #: per group, the oldest items the parent's last round left waiting at other children
         self.waiting_since: dict[str, tuple[float, ...]] = {}
         self._since_heard_at = 0.0  #: when the request ``waiting_since`` answered left
-        #: ``waiting_since`` and ``_since_heard_at`` as the last ``decide`` read them (None: none yet)
+        #: ``waiting_since`` and ``_since_heard_at`` as the last round's ``decide`` read them (None: none yet)
         self._decided_line: tuple[dict[str, tuple[float, ...]], float] | None = None
+        self._reading_line: tuple[dict[str, tuple[float, ...]], float] | None = None  #: the round's under way
         self.owed: dict[str, int] = {}  #: per group, permits to give back to older work: see ``decide``
         self.yielding: set[str] = set()  #: groups where this round hands out nothing: see ``decide``
         self.over_limit = False  #: the parent's last reply said its permits out exceed its limit
@@ -92,7 +93,7 @@ class LinkCeilings:
         that in a period.) ``charged``: per group, what the child's grants
         charge once the round applied its requests' reports (default: as
         they stand); read only where older work waits elsewhere."""
-        self._decided_line = (self.waiting_since, self._since_heard_at)
+        self._reading_line = (self.waiting_since, self._since_heard_at)  # the round's, once it ran
         if self.over_limit or self.stale():  # nothing it lent is handed out again: see ``stale``
             self.yielding = set(waiting_here) | set(self.borrowed.by_group())
             return

@@ -73,6 +73,7 @@ class ParentLink(LinkCeilings):
         lost, so the child asks, and reads the listing of what it holds."""
         if unmet is not None:
             self.unmet, self._unmet_at = unmet, now_ms()
+            self._decided_line = self._reading_line  # what its children hear of the line elsewhere
         self._woken = self._woken or synced_by == self.parent_key
         self._give_back_idle()
         self.ensure_exchanges()
@@ -239,7 +240,9 @@ class ParentLink(LinkCeilings):
         self._asked_after = self._gave_back
         request = self.request()
         self._asked_for = bool(request.demand)
-        self._asked_for_demand = self._asked_for_demand or self._asked_for
+        # (With demand waiting, even a request that asks for none, as one
+        # holding as many loans as it may: that one too leaves on the beat.)
+        self._asked_for_demand = self._asked_for_demand or bool(self.unmet)
         self._asking = asyncio.ensure_future(self._asked(request.to_wire()))
 
     async def _asked(self, message: dict[str, Any]) -> None:
