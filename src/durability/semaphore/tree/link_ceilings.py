@@ -117,7 +117,7 @@ class LinkCeilings:
         """Per group of ``groups``, the oldest items the parent's last reply
         said wait at its other children, as their heads stand at ``at``
         (each moves on with the clock from when the parent's round saw it,
-        as ``decide`` counts it). Read as the last ``decide`` read them: a
+        as ``decide`` counts it). Read as the last round's ``decide`` read them: a
         reply heard since, whose heads had not moved (the line elsewhere
         stuck behind the very permit this holder holds), would tell its
         child a stricter line than the one its own round lent by, and the
