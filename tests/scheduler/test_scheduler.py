@@ -479,6 +479,11 @@ def test_a_row_written_for_a_participant_now_in_memory_runs_once_and_goes(runtim
     assert sorted(runs) == ["kick", "old"] and rows == 0
 
 
+def alarm_counts(host, since=(0, 0)):
+    """(alarms set, alarm runs) of an object so far, or since an earlier reading."""
+    return host.stats.alarm_writes - since[0], host.stats.alarm_invocations - since[1]
+
+
 def test_a_new_instance_its_own_alarm_starts_leaves_that_alarm_alone(runtime):
     # The alarm comes due with the instance gone: the runtime starts a new
     # one to deliver it, whose check of the alarm reads none. Setting it
@@ -491,10 +496,10 @@ def test_a_new_instance_its_own_alarm_starts_leaves_that_alarm_alone(runtime):
         await stub.plan("later", 60_000)
         runtime.evict(stub)
         host = runtime.host_of(stub)
-        alarm_writes, alarm_runs = host.stats.alarm_writes, host.stats.alarm_invocations
+        before = alarm_counts(host)
         await asyncio.sleep(6)
-        return (host.stats.alarm_writes - alarm_writes, host.stats.alarm_invocations - alarm_runs,
-                [(r["key"], round(r["at"] - start)) for r in await stub.runs()], await stub.alarm_time() - start)
+        return (*alarm_counts(host, since=before), [(r["key"], round(r["at"] - start)) for r in await stub.runs()],
+                await stub.alarm_time() - start)
 
     writes, runs, ran, alarm = runtime.run(scenario())
     assert ran == [("p", 5_000)] and runs == 1
@@ -542,12 +547,11 @@ def test_a_new_instances_check_overtaken_by_its_alarm_leaves_the_alarm_to_re_arm
         await stub.plan("later", 60_000)
         runtime.evict(stub)
         host = runtime.host_of(stub)
-        alarm_writes, alarm_runs = host.stats.alarm_writes, host.stats.alarm_invocations
+        before = alarm_counts(host)
         fresh = runtime.env.TIMERS.getByName("t")
         await asyncio.gather(fresh.schedule("slow", 0), fresh.wake(), fresh.wake())
         await asyncio.sleep(5)
-        return (host.stats.alarm_writes - alarm_writes, host.stats.alarm_invocations - alarm_runs,
-                [r["key"] for r in await stub.runs()])
+        return (*alarm_counts(host, since=before), [r["key"] for r in await stub.runs()])
 
     writes, runs, ran = runtime.run(scenario())
     assert ran == ["slow"]

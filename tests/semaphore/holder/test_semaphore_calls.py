@@ -55,13 +55,18 @@ async def start(runtime, item_id, ms):
     return await wait_started(runtime, item_id)
 
 
+async def waits_behind_a(runtime, a_ms, waiter="b", count=1, ms=1_000):
+    """Shard a's item takes the key's only permit for ``a_ms``; then ``waiter`` queues ``count`` items behind it."""
+    await shard(runtime, "a").submit(queue_jobs("a", 1, ms=a_ms))
+    await wait_started(runtime, "a0")
+    await shard(runtime, waiter).submit(queue_jobs(waiter, count, ms=ms))
+
+
 def test_a_waiting_shard_and_its_holder_sleep_and_the_freed_permit_reaches_the_shard_by_a_call(runtime):
     world = runtime.module.WORLD
 
     async def scenario():
-        await shard(runtime, "a").submit(queue_jobs("a", 1, ms=60_000))
-        await wait_started(runtime, "a0")
-        await shard(runtime, "b").submit(queue_jobs("b", 1, ms=1_000))
+        await waits_behind_a(runtime, a_ms=60_000)
         waiting_from = runtime.loop.time()
         started = await wait_started(runtime, "b0")
         return waiting_from, started
@@ -82,9 +87,7 @@ def test_a_lost_call_is_tried_again_on_the_holders_alarm(runtime):
     config, world = runtime.module.CONFIG, runtime.module.WORLD
 
     async def scenario():
-        await shard(runtime, "a").submit(queue_jobs("a", 1, ms=5_000))
-        await wait_started(runtime, "a0")
-        await shard(runtime, "b").submit(queue_jobs("b", 1, ms=1_000))
+        await waits_behind_a(runtime, a_ms=5_000)
         config["lose_calls"] = 3
         return await wait_started(runtime, "b0")
 
@@ -100,9 +103,7 @@ def test_when_every_call_is_lost_the_shard_asks_again_by_itself_and_its_reply_se
     config, world = runtime.module.CONFIG, runtime.module.WORLD
 
     async def scenario():
-        await shard(runtime, "a").submit(queue_jobs("a", 1, ms=5_000))
-        await wait_started(runtime, "a0")
-        await shard(runtime, "b").submit(queue_jobs("b", 1, ms=1_000))
+        await waits_behind_a(runtime, a_ms=5_000)
         submitted = runtime.now_ms()
         config["lose_calls"] = 10_000
         if holder_restarts:
@@ -125,9 +126,7 @@ def test_the_line_outlives_the_holders_instance_and_is_served_oldest_first_with_
     config["request_wait_ms"] = 120_000  # (no fallback comes due meanwhile)
 
     async def scenario():
-        await shard(runtime, "a").submit(queue_jobs("a", 1, ms=40_000))
-        await wait_started(runtime, "a0")
-        await shard(runtime, "c").submit(queue_jobs("c", 1, ms=1_000))  # c waits first
+        await waits_behind_a(runtime, a_ms=40_000, waiter="c")  # c waits first
         await asyncio.sleep(1)
         await shard(runtime, "b").submit(queue_jobs("b", 1, ms=1_000))
         await asyncio.sleep(1)
@@ -148,9 +147,7 @@ def test_a_parked_shard_that_hibernated_takes_up_the_permit_in_its_new_instance(
     world = runtime.module.WORLD
 
     async def scenario():
-        await shard(runtime, "a").submit(queue_jobs("a", 1, ms=30_000))
-        await wait_started(runtime, "a0")
-        await shard(runtime, "b").submit(queue_jobs("b", 1, ms=1_000))
+        await waits_behind_a(runtime, a_ms=30_000)
         await asyncio.sleep(20)  # b has nothing pending but its alarm: it hibernates
         hibernated = runtime.host_of(shard(runtime, "b")).stats.hibernations
         return hibernated, await wait_started(runtime, "b0")
@@ -216,9 +213,7 @@ def test_what_a_shard_draws_from_a_lease_a_call_brought_reaches_the_holder_in_it
     runtime.module.CONFIG.update(leases={"provisioning": {"mode": "strict"}})
 
     async def scenario():
-        await shard(runtime, "a").submit(queue_jobs("a", 1, ms=10_000))
-        await wait_started(runtime, "a0")
-        await shard(runtime, "b").submit(queue_jobs("b", 2, ms=30_000))
+        await waits_behind_a(runtime, a_ms=10_000, count=2, ms=30_000)
         await wait_started(runtime, "b0")
         await asyncio.sleep(1)  # well within the shard's own report delay (10 s)
         return await holder(runtime).usage()
@@ -342,9 +337,7 @@ def test_a_holder_restarted_between_its_round_and_its_call_serves_the_client_aga
     config["hold_calls"] = asyncio.Event()
 
     async def scenario():
-        await shard(runtime, "a").submit(queue_jobs("a", 1, ms=5_000))
-        await wait_started(runtime, "a0")
-        await shard(runtime, "b").submit(queue_jobs("b", 1, ms=1_000))
+        await waits_behind_a(runtime, a_ms=5_000)
         while not any(name == "b" for _, name, _ in world["calls"]):
             await asyncio.sleep(0.01)  # the round made b's grant; its call waits to leave
         runtime.evict(holder(runtime))
@@ -484,9 +477,7 @@ def test_a_parked_shard_its_fallback_alarm_wakes_asks_and_sets_the_alarm_once(ru
     world = runtime.module.WORLD
 
     async def scenario():
-        await shard(runtime, "a").submit(queue_jobs("a", 1, ms=200_000))
-        await wait_started(runtime, "a0")
-        await shard(runtime, "b").submit(queue_jobs("b", 1, ms=1_000))
+        await waits_behind_a(runtime, a_ms=200_000)
         await asyncio.sleep(20)
         host = runtime.host_of(shard(runtime, "b"))
         hibernated, writes, runs, asked = (host.stats.hibernations, host.stats.alarm_writes,
