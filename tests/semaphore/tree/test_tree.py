@@ -94,7 +94,7 @@ def test_a_tree_holders_rounds_keep_its_beat_and_a_loans_round_does_not_wait_for
 
     beat = on_beat(now_ms(), 2_000.0, 0.0)
     on_its_beat = SimpleNamespace(keeps_beat=True, next_beat=lambda at: on_beat(at, 2_000.0, 0.0), served_demand=True,
-                                  hears_parent=lambda: True)
+                                  hears_parent=lambda: True, ramping=lambda now: False)
     holder = SimpleNamespace(tree=on_its_beat, round_wait_ms=1_000.0, round_period_ms=2_000.0,
                              _last_round_at=beat - 2_000.0, _started_at=0.0, rejoin_wait_ms=1_000.0,
                              _holds_permits=lambda: False)
@@ -120,7 +120,7 @@ def test_a_tree_holders_first_round_with_demand_comes_a_quarter_period_after_the
     asked = now_ms()
     monkeypatch.setattr(rounds, "_first_demand_since", lambda holder: asked)
     parent_beats = SimpleNamespace(keeps_beat=True, next_beat=lambda at: on_beat(at, 2_000.0, 1_000.0),
-                                   served_demand=False, hears_parent=lambda: True)
+                                   served_demand=False, hears_parent=lambda: True, ramping=lambda now: True)
     # A new tree's root as one restarted (only a restarted one did, once).
     holder = SimpleNamespace(tree=parent_beats, round_wait_ms=1_000.0, round_period_ms=2_000.0,
                              _last_round_at=None, _started_at=asked, rejoin_wait_ms=1_000.0,
@@ -137,18 +137,28 @@ def test_a_tree_holders_first_round_with_demand_comes_a_quarter_period_after_the
     parent_beats.hears_parent = lambda: False  # a child's new instance before its parent's word: the beat
     assert rounds._round_time(holder, False, None) == pytest.approx(on_beat(asked + 1_990.0, 2_000.0, 1_000.0))
     parent_beats.hears_parent = lambda: True
-    parent_beats.served_demand = True  # later rounds keep the beat, a period apart
+    parent_beats.served_demand = True  # for a period after it, a quarter period from the last round, off the beat
+    monkeypatch.setattr(rounds, "_first_demand_since", lambda holder: now_ms() - 1_000.0)  # waiting a while
+    holder._last_round_at = now_ms() - 100.0
+    assert rounds._round_time(holder, False, None) == pytest.approx(now_ms() + 400.0, abs=5)
+    assert rounds._round_time(holder, True, 0.0) == pytest.approx(now_ms(), abs=5)  # a loan's round: at once
+    parent_beats.ramping = lambda now: False  # later rounds keep the beat, a period apart
     assert rounds._round_time(holder, False, None) == pytest.approx(on_beat(asked + 1_990.0, 2_000.0, 1_000.0))
 
 
-def test_only_a_round_with_demand_counts_as_a_tree_holders_first():
+def test_only_a_round_with_demand_counts_as_a_tree_holders_first_and_its_first_period_follows_it():
     from durability.semaphore.holder.tree_place import TreePlace
 
-    place = TreePlace(SimpleNamespace())
+    place = TreePlace(SimpleNamespace(round_period_ms=2_000.0))
     place.before_round([Request("s1", (Demand("g", 0, 1.0),), ()), Request("s2", (), ())])  # listings, nothing asked
-    assert not place.served_demand
+    assert not place.served_demand and place.ramping(now_ms() + 60_000)
     place.before_round([Request("s1", (Demand("g", 2, 1.0),), ())])
     assert place.served_demand
+    first = place.first_demand_at
+    assert first == pytest.approx(now_ms(), abs=50)
+    place.before_round([Request("s1", (Demand("g", 3, 1.0),), ())])  # later rounds move it not
+    assert place.first_demand_at == first
+    assert place.ramping(first + 1_999.0) and not place.ramping(first + 2_000.0)
 
 
 def test_a_tree_shape_is_checked_where_it_is_given():
@@ -555,6 +565,37 @@ def test_an_instances_first_demand_leaves_with_the_round_that_found_it():
         link._asking = None
         link.after_round({"g": Demand("g", 5, now_ms())})  # more, right after: the next beat
         assert link._ask_leaves_at is not None and link._ask_leaves_at - now_ms() > 200
+
+    asyncio.run(scenario())
+
+
+def test_in_an_instances_first_period_each_rounds_demand_leaves_with_it_once():
+    # Its rounds then come a quarter period apart (``TreePlace.ramping``):
+    # each one's demand is asked for as it ends, not at the next beat; the
+    # reply that comes back asks nothing more, and later rounds keep the beat.
+
+    async def scenario():
+        link = _link(_FiringTimers())
+        sent = []
+
+        async def exchange(message, kind, timeout_ms):
+            sent.append(now_ms())
+
+        link._exchange = exchange
+        link.borrowed.take([entry("a", "g", 1)], [])
+        link._heard_at = link._last_ask_at = now_ms()
+        link._asked_for_demand = True  # (its first demand was asked for)
+        for round_ in range(3):
+            link.after_round({"g": Demand("g", 3, now_ms())}, ask_at_once=True)
+            for _ in range(5):  # the reply comes, and the exchanges are looked at again
+                await asyncio.sleep(0.01)
+                link._asking = None
+                link.ensure_exchanges()
+            assert len(sent) == round_ + 1
+        link.after_round({"g": Demand("g", 3, now_ms())})  # past its first period: the beat
+        assert link._ask_leaves_at is not None and link._ask_leaves_at - now_ms() > 200
+        await asyncio.sleep(0.05)
+        assert len(sent) == 3
 
     asyncio.run(scenario())
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from ..._common.clock import now_ms
 from ..messages import ProtocolError, Request
 from ..tree.link import ParentLink, Waker, child_link, object_name as _object_name
 from ..tree.pure.rules import (
@@ -58,8 +59,8 @@ class TreePlace:
         #: the oldest items its last round left waiting, per child (what a
         #: reply between rounds tells a child), and when it ran
         self._oldest: tuple[OldestWaiting, float] | None = None
-        #: a round of this instance had demand to serve (see ``rounds._round_time``)
-        self.served_demand = False
+        #: when this instance's first round with demand ran (None: none yet; see ``ramping``)
+        self.first_demand_at: float | None = None
 
     def next_beat(self, at: float) -> float:
         """The first of its beats at or after ``at`` (``keeps_beat`` only)."""
@@ -83,9 +84,22 @@ class TreePlace:
         first round with demand (``rounds._round_time``) waits for that word."""
         return True
 
+    @property
+    def served_demand(self) -> bool:
+        """A round of this instance had demand to serve (see ``rounds._round_time``)."""
+        return self.first_demand_at is not None
+
+    def ramping(self, now: float) -> bool:
+        """Within a round period of this instance's first round with demand
+        (or before it): its rounds come a quarter period apart, off the
+        beat, and a child asks its parent after each (``rounds._round_time``,
+        ``ParentLink._ask_due``)."""
+        return self.first_demand_at is None or now - self.first_demand_at < self.holder.round_period_ms
+
     def before_round(self, requests: list[Request]) -> None:
         """A round is about to serve ``requests`` (held and parked), its limits not read yet."""
-        self.served_demand = self.served_demand or any(d.count > 0 for r in requests for d in r.demand)
+        if self.first_demand_at is None and any(d.count > 0 for r in requests for d in r.demand):
+            self.first_demand_at = now_ms()
 
     def after_round(self, requests: list[Request], outcomes: dict[str, ClientOutcome], contended: bool,
                     now: float) -> None:
@@ -194,7 +208,7 @@ class TreeChild(TreeMember):
 
     def after_round(self, requests: list[Request], outcomes: dict[str, ClientOutcome], contended: bool,
                     now: float) -> None:
-        self._link.after_round(unmet_demand(requests, outcomes))
+        self._link.after_round(unmet_demand(requests, outcomes), ask_at_once=self.ramping(now))
         super().after_round(requests, outcomes, contended, now)
 
     def after_sync(self, client_id: str) -> None:

@@ -72,6 +72,8 @@ class LinkCeilings:
         self._called = False  #: the parent called: it lent more, which the child's next request hears of
         self._asked_for = False  #: the last request asked for something: the parent keeps it in line
         self._asked_for_demand = False  #: a request of this instance asked for something (see ``_ask_due``)
+        self._unmet_asked = False  #: a request left since the round that left ``unmet``
+        self._ask_each_round = False  #: that round was one of the instance's first period's: see ``_ask_due``
         #: a request failed whose lost reply may have lent permits: ask until a
         #: request gets through, even with nothing to ask for (see ``keep_alarm``)
         self._unheard = False

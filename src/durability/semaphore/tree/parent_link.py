@@ -16,7 +16,8 @@ lends it more; the child then asks at once, and that reply lists its
 loans (a call lists none: a copy of it may reach a later instance).
 What is due later (a refresh, a backoff, a give-back between beats)
 waits on the scheduler's alarm, never in memory; a request for demand
-leaves right after the round on the beat that made it.
+leaves right after the round on the beat that made it (in an instance's
+first period, right after each round: ``TreePlace.ramping``).
 Must not know: how the child allocates, or SQL (the loans' rows are the
 store's). A loan is written when a report that gives permits of it back
 is about to leave, and deleted once settled (see ``tree.Borrowed``).
@@ -65,14 +66,18 @@ class ParentLink(LinkCeilings):
         super().__init__(parent, parent_key, child_id, period_ms, on_lent, charged, store, scheduler)
         scheduler.register(GIVER, self.on_timer, durable=False)
 
-    def after_round(self, unmet: dict[str, Demand] | None, synced_by: str | None = None) -> None:
+    def after_round(self, unmet: dict[str, Demand] | None, synced_by: str | None = None,
+                    ask_at_once: bool = False) -> None:
         """What a round of the child left waiting, per group, or, after a
         sync (None) from ``synced_by``, what the last round did. A sync from
         the parent wakes the child (``Waker``): the parent counts permits
         it has not heard of for a while, perhaps a grant whose reply was
-        lost, so the child asks, and reads the listing of what it holds."""
+        lost, so the child asks, and reads the listing of what it holds.
+        ``ask_at_once``: the round's demand leaves now, not on the beat (an
+        instance's first rounds: see ``TreePlace.ramping``)."""
         if unmet is not None:
             self.unmet, self._unmet_at = unmet, now_ms()
+            self._unmet_asked, self._ask_each_round = False, ask_at_once
             self._decided_line = self._reading_line  # what its children hear of the line elsewhere
         self._woken = self._woken or synced_by == self.parent_key
         self._give_back_idle()
@@ -137,10 +142,13 @@ class ParentLink(LinkCeilings):
             return self._next_at(self._last_ask_at) if self._failures else now_ms()
         # (Demand gone since the last request also asks: the parent would
         # keep it in line, and lend to it first, its items being the oldest.)
-        if self.unmet and not self._asked_for_demand and self.borrowed.heard and not self._failures:
+        if self.unmet and not self._unmet_asked and (self._ask_each_round or not self._asked_for_demand) \
+                and self.borrowed.heard and not self._failures:
             # An instance's first demand leaves with the round that found it,
             # off the beat (``holder.rounds._round_time``): its first listing,
-            # sent as it started, would put it off to the next beat.
+            # sent as it started, would put it off to the next beat. So does
+            # the demand of each round of its first period (one request per
+            # round: its rounds then come a quarter period apart).
             return now_ms()
         if self.unmet or self._asked_for or not self.borrowed.heard or self._woken or self._unheard:
             return self._next_at(self._last_ask_at)
@@ -236,6 +244,7 @@ class ParentLink(LinkCeilings):
 
     def _ask(self) -> None:
         self._called = False
+        self._unmet_asked = True  # what the last round left waiting is asked for
         self._last_ask_at = now_ms()  # on the beat, requests are spaced from when they leave
         self._asked_after = self._gave_back
         request = self.request()
