@@ -94,7 +94,7 @@ def test_a_tree_holders_rounds_keep_its_beat_and_a_loans_round_does_not_wait_for
 
     beat = on_beat(now_ms(), 2_000.0, 0.0)
     on_its_beat = SimpleNamespace(keeps_beat=True, next_beat=lambda at: on_beat(at, 2_000.0, 0.0), served_demand=True,
-                                  hears_parent=lambda: True, ramping=lambda now: False)
+                                  hears_parent=lambda: True, ramping=lambda at: False)
     holder = SimpleNamespace(tree=on_its_beat, round_wait_ms=1_000.0, round_period_ms=2_000.0,
                              _last_round_at=beat - 2_000.0, _started_at=0.0, rejoin_wait_ms=1_000.0,
                              _holds_permits=lambda: False)
@@ -120,7 +120,7 @@ def test_a_tree_holders_first_round_with_demand_comes_a_quarter_period_after_the
     asked = now_ms()
     monkeypatch.setattr(rounds, "_first_demand_since", lambda holder: asked)
     parent_beats = SimpleNamespace(keeps_beat=True, next_beat=lambda at: on_beat(at, 2_000.0, 1_000.0),
-                                   served_demand=False, hears_parent=lambda: True, ramping=lambda now: True)
+                                   served_demand=False, hears_parent=lambda: True, ramping=lambda at: True)
     # A new tree's root as one restarted (only a restarted one did, once).
     holder = SimpleNamespace(tree=parent_beats, round_wait_ms=1_000.0, round_period_ms=2_000.0,
                              _last_round_at=None, _started_at=asked, rejoin_wait_ms=1_000.0,
@@ -135,15 +135,18 @@ def test_a_tree_holders_first_round_with_demand_comes_a_quarter_period_after_the
     holder._last_round_at = asked - 10.0
     assert rounds._round_time(holder, False, None) == pytest.approx(asked + 500.0, abs=1)
     parent_beats.hears_parent = lambda: False  # a child's new instance before its parent's word: the beat
-    assert rounds._round_time(holder, False, None) == pytest.approx(on_beat(asked + 1_990.0, 2_000.0, 1_000.0))
+    assert rounds._round_time(holder, False, None) == pytest.approx(on_beat(asked + 490.0, 2_000.0, 1_000.0), abs=1)
     parent_beats.hears_parent = lambda: True
     parent_beats.served_demand = True  # for a period after it, a quarter period from the last round, off the beat
     monkeypatch.setattr(rounds, "_first_demand_since", lambda holder: now_ms() - 1_000.0)  # waiting a while
     holder._last_round_at = now_ms() - 100.0
     assert rounds._round_time(holder, False, None) == pytest.approx(now_ms() + 400.0, abs=5)
     assert rounds._round_time(holder, True, 0.0) == pytest.approx(now_ms(), abs=5)  # a loan's round: at once
-    parent_beats.ramping = lambda now: False  # later rounds keep the beat, a period apart
-    assert rounds._round_time(holder, False, None) == pytest.approx(on_beat(asked + 1_990.0, 2_000.0, 1_000.0))
+    last_beat = on_beat(holder._last_round_at + 500.0, 2_000.0, 1_000.0)
+    parent_beats.ramping = lambda at: at < now_ms() + 300.0  # that round would fall past the first period: the beat
+    assert rounds._round_time(holder, False, None) == pytest.approx(last_beat, abs=1)
+    parent_beats.ramping = lambda at: False  # later rounds keep the beat, a period apart
+    assert rounds._round_time(holder, False, None) == pytest.approx(last_beat, abs=1)
 
 
 def test_only_a_round_with_demand_counts_as_a_tree_holders_first_and_its_first_period_follows_it():
@@ -159,6 +162,20 @@ def test_only_a_round_with_demand_counts_as_a_tree_holders_first_and_its_first_p
     place.before_round([Request("s1", (Demand("g", 3, 1.0),), ())])  # later rounds move it not
     assert place.first_demand_at == first
     assert place.ramping(first + 1_999.0) and not place.ramping(first + 2_000.0)
+
+
+def test_a_childs_rounds_in_its_first_period_send_their_demand_at_once_and_later_ones_do_not():
+    from durability.semaphore.holder.tree_place import TreeChild
+
+    told = []
+    link = SimpleNamespace(after_round=lambda unmet, ask_at_once=False: told.append(ask_at_once))
+    waker = SimpleNamespace(own_key="acct~child-0", watch=lambda charged: None, wake_quiet=lambda clients: None)
+    holder = SimpleNamespace(round_period_ms=2_000.0, books=SimpleNamespace(grants=lambda: {}))
+    child = TreeChild(holder, waker, link)
+    child.first_demand_at = 10_000.0
+    for at in (10_000.0, 11_999.0, 12_000.0):
+        child.after_round([], {}, False, at)
+    assert told == [True, True, False]
 
 
 def test_a_tree_shape_is_checked_where_it_is_given():
@@ -600,10 +617,12 @@ def test_in_an_instances_first_period_each_rounds_demand_leaves_with_it_once():
     asyncio.run(scenario())
 
 
-def test_a_child_holding_as_many_loans_as_it_may_asks_for_its_demand_on_the_beat_not_in_a_loop():
+@pytest.mark.parametrize("first_period", [False, True])
+def test_a_child_holding_as_many_loans_as_it_may_asks_for_its_demand_on_the_beat_not_in_a_loop(first_period):
     # Such a child asks for no more (``Borrowed.full``): its requests carry
     # no demand however long its clients wait. The first still leaves at
-    # once (an instance's first demand); the ones after it keep the beat.
+    # once (an instance's first demand); the ones after it keep the beat,
+    # in the instance's first period too (no empty request after each round).
 
     async def scenario():
         link = _link(_FiringTimers())
@@ -620,7 +639,7 @@ def test_a_child_holding_as_many_loans_as_it_may_asks_for_its_demand_on_the_beat
         for _ in range(20):  # each reply comes, and its clients still wait
             await asyncio.sleep(0.01)
             link._asking = None
-            link.after_round({"g": Demand("g", 3, now_ms())})
+            link.after_round({"g": Demand("g", 3, now_ms())}, ask_at_once=first_period)
         assert len(sent) == 1
 
     asyncio.run(scenario())

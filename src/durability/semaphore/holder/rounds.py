@@ -162,22 +162,21 @@ def _round_time(holder: DurabilitySemaphore, soon: bool, spacing: float | None) 
     # three (a level each). Two levels deep at 10,000 clients, the limit
     # was full 4 s into a burst instead of 7 s: 95.7% busy instead of 95.2%.
     tree, now = holder.tree, now_ms()
-    ramping = tree.keeps_beat and tree.ramping(now) and tree.hears_parent()
-    demand_since = _first_demand_since(holder) if ramping else None
-    ramp = demand_since is not None
-    first = ramp and not tree.served_demand
-    beat = tree.keeps_beat and not soon and not ramp
+    may_ramp = tree.keeps_beat and tree.ramping(now) and tree.hears_parent()
+    demand_since = _first_demand_since(holder) if may_ramp else None
+    first = demand_since is not None and not tree.served_demand
+    if demand_since is not None and not soon:
+        at = _ramp_round_at(holder, demand_since, first)
+        if tree.ramping(at):  # (a round that would fall past the first period keeps the beat)
+            return at
+    beat = tree.keeps_beat and not soon
     at = now + (0 if soon or beat else holder.round_wait_ms)
-    quarter = holder.round_period_ms / 4
-    if ramp and not soon:
-        assert demand_since is not None
-        at = max(now, demand_since + min(holder.round_wait_ms, quarter))
     if holder._last_round_at is not None and not first:
         # (A first round with demand waits for no round that served none.)
         # On the beat, a beat within a quarter period of the last round (one
         # for a loan, off the beat) is skipped: two rounds a moment apart
         # would split what comes free between them.
-        at = max(at, holder._last_round_at + (quarter if beat or (ramp and not soon) else
+        at = max(at, holder._last_round_at + (holder.round_period_ms / 4 if beat else
                                               holder.round_period_ms if spacing is None else spacing))
     elif holder._parked is None and holder._holds_permits():
         # This instance restarted while busy: the requests its old one
@@ -186,6 +185,18 @@ def _round_time(holder: DurabilitySemaphore, soon: bool, spacing: float | None) 
         # before they are back would serve whoever asked first.
         at = max(at, holder._started_at + holder.rejoin_wait_ms)
     return holder.tree.next_beat(at) if beat else at
+
+
+def _ramp_round_at(holder: DurabilitySemaphore, demand_since: float, first: bool) -> float:
+    """A tree holder's round off the beat, in its instance's first period: a
+    quarter period (or ``round_wait_ms``, if shorter) after the first request
+    with demand in its line joined it, and a quarter period after its last
+    round (but for its first round with demand: see ``_round_time``)."""
+    quarter = holder.round_period_ms / 4
+    at = max(now_ms(), demand_since + min(holder.round_wait_ms, quarter))
+    if holder._last_round_at is not None and not first:
+        at = max(at, holder._last_round_at + quarter)
+    return at
 
 
 def _first_demand_since(holder: DurabilitySemaphore) -> float | None:

@@ -5,7 +5,7 @@ its clients still wait for (per group, with the oldest item's time); it
 asks the parent for that, gives back at once what no client of the child
 uses (in the request leaving at the same beat, else a sync), each one at
 a time and on its beat (once per period, but for one its parent's call
-asks for), and yields
+asks for, and in an instance's first period one after each round), and yields
 to older work waiting at other children. What a round may hand out of
 what the child holds is decided in its base, ``tree/link_ceilings``; the
 rules themselves (what is held, what is given back) are pure, in ``tree``.
@@ -55,7 +55,8 @@ ASK, GIVE_LATER = "ask", "give-later"
 class ParentLink(LinkCeilings):
     """What a child holder borrowed from its parent, and the exchanges that keep it.
 
-    Two exchanges, each one at a time and on the child's beat: a
+    Two exchanges, each one at a time and on the child's beat (see
+    ``_ask_due`` for the requests that leave off it): a
     ``request`` for what the child's clients wait for, answered at the
     parent's next round, and a ``sync`` that gives permits back at once.
     """
@@ -133,8 +134,11 @@ class ParentLink(LinkCeilings):
 
     def _ask_due(self) -> float | None:
         """When the next request to the parent should leave, or None: at
-        its next beat (``_next_at``) for demand, for a first listing, or
-        when woken or ``_unheard``; else, holding permits with
+        once when the parent called or woke the child, and for the demand
+        of the instance's first round with demand and of each round in the
+        period after it (``TreePlace.ramping``); at its next beat
+        (``_next_at``) for other demand, for a first listing, or when
+        ``_unheard``; else, holding permits with
         nothing to ask for, now and then, which keeps the child from going
         stale (a row-free exchange; one per half ``fresh_for_ms`` per such
         child)."""
@@ -142,7 +146,8 @@ class ParentLink(LinkCeilings):
             return self._next_at(self._last_ask_at) if self._failures else now_ms()
         # (Demand gone since the last request also asks: the parent would
         # keep it in line, and lend to it first, its items being the oldest.)
-        if self.unmet and not self._unmet_asked and (self._ask_each_round or not self._asked_for_demand) \
+        each_round = self._ask_each_round and not self.borrowed.full()  # (a full child asks for nothing)
+        if self.unmet and not self._unmet_asked and (each_round or not self._asked_for_demand) \
                 and self.borrowed.heard and not self._failures:
             # An instance's first demand leaves with the round that found it,
             # off the beat (``holder.rounds._round_time``): its first listing,
@@ -158,7 +163,8 @@ class ParentLink(LinkCeilings):
 
     def _asks_after_rounds(self) -> bool:
         """Is the next request one for demand alone? The child's rounds leave
-        it (``after_round``), each beat while its clients wait."""
+        it (``after_round``), each beat while its clients wait (each round,
+        in the instance's first period)."""
         return bool(self.unmet) and self.borrowed.heard and not (
             self._woken or self._unheard or self._failures or self._called)
 
