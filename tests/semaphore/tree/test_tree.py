@@ -586,21 +586,27 @@ def test_an_instances_first_demand_leaves_with_the_round_that_found_it():
     asyncio.run(scenario())
 
 
+def _link_sending_to(sent, loans=()):
+    """A link holding ``loans``, just heard from, whose exchanges only add their times to ``sent``."""
+    link = _link(_FiringTimers())
+
+    async def exchange(message, kind, timeout_ms):
+        sent.append(now_ms())
+
+    link._exchange = exchange
+    link.borrowed.take(list(loans), [])
+    link._heard_at = link._last_ask_at = now_ms()
+    return link
+
+
 def test_in_an_instances_first_period_each_rounds_demand_leaves_with_it_once():
     # Its rounds then come a quarter period apart (``TreePlace.ramping``):
     # each one's demand is asked for as it ends, not at the next beat; the
     # reply that comes back asks nothing more, and later rounds keep the beat.
 
     async def scenario():
-        link = _link(_FiringTimers())
         sent = []
-
-        async def exchange(message, kind, timeout_ms):
-            sent.append(now_ms())
-
-        link._exchange = exchange
-        link.borrowed.take([entry("a", "g", 1)], [])
-        link._heard_at = link._last_ask_at = now_ms()
+        link = _link_sending_to(sent, [entry("a", "g", 1)])
         link._asked_for_demand = True  # (its first demand was asked for)
         for round_ in range(3):
             link.after_round({"g": Demand("g", 3, now_ms())}, ask_at_once=True)
@@ -625,16 +631,9 @@ def test_a_child_holding_as_many_loans_as_it_may_asks_for_its_demand_on_the_beat
     # in the instance's first period too (no empty request after each round).
 
     async def scenario():
-        link = _link(_FiringTimers())
         sent = []
-
-        async def exchange(message, kind, timeout_ms):
-            sent.append(now_ms())
-
-        link._exchange = exchange
-        link.borrowed.take([entry(f"g{i}", "g", 1) for i in range(MAX_REPORTS // 2)], [])
+        link = _link_sending_to(sent, [entry(f"g{i}", "g", 1) for i in range(MAX_REPORTS // 2)])
         assert link.borrowed.full()
-        link._heard_at = link._last_ask_at = now_ms()
         link.after_round({"g": Demand("g", 3, now_ms())})
         for _ in range(20):  # each reply comes, and its clients still wait
             await asyncio.sleep(0.01)
