@@ -25,7 +25,12 @@ from .fair_options import UserFairShare
 from .parked import Call
 from .pure.allocation import Grant, RoundResult, usage
 from .pure.fairness import FairPolicy
+from .pure.news import claims_lapse_at
 
+PARTICIPANT = "durability.semaphore"
+ROUND = "round"  #: a round for parked requests, on the scheduler's alarm (see ``_news``)
+#: a grant counts for its client's demand up to its claim deadline, inclusive: the round for its lapse comes this after
+CLAIM_LAPSED_MS = 1
 #: how long after its window's time a round the start rate owes waits, on the alarm, for an evicted holder
 RATE_BACKSTOP_MS = 30_000
 
@@ -231,3 +236,29 @@ def _round_when_rate_allows(holder: DurabilitySemaphore, rates: RoundRates, resu
     # one per round (on every round, the flood of bench_rate.py cost 1.3
     # rows a job more; with the backstop, 0.5).
     holder._round_later(max(at, now, _round_time(holder, soon=True, spacing=None)), backstop_ms=RATE_BACKSTOP_MS)
+
+
+def _later_rounds(holder: DurabilitySemaphore, rates: RoundRates, result: RoundResult, now: float) -> None:
+    """The rounds a round just run (``result``, at ``now``) owes later: when
+    the start rate allows what it held back, and when claims it counted as
+    serving a parked client's demand lapse."""
+    _round_when_rate_allows(holder, rates, result, now)
+    _round_when_claims_lapse(holder, now)
+
+
+def _round_when_claims_lapse(holder: DurabilitySemaphore, now: float) -> None:
+    """A round just after the first claim deadline of a grant that served a
+    parked client's demand unheard of (``pure.news.claims_lapse_at``), on the
+    alarm (never later than a round already due). Without it that demand
+    waited for anything else to start a round: tree seed 9610, a leaf
+    restarted between serving a shard and hearing its answer took the
+    shard's next item as served by the grant it held, past its deadline,
+    with nothing due at the leaf; its shard waited 17 s, until the sweep.
+    A row to set the alarm, only where a client's demand rests on such a
+    grant (a reply lost, or an instance restarted since the grant)."""
+    if holder._parked is None:
+        return
+    at = claims_lapse_at(holder._parked.line.requests(), holder.books.grants().values(), now)
+    if at is not None:
+        holder.scheduler.schedule_by(PARTICIPANT, ROUND, at + CLAIM_LAPSED_MS)
+

@@ -41,8 +41,11 @@ from .pure.allocation import Changes, Limits, ResolutionFailed, RoundResult, nex
 from .pure.leases import LeasePolicy
 from .replies import _answer, _answer_at_once, _grants_reply, _hold_or_answer, _listing, _parked_until, _Waiting
 from .rounds import (
+    PARTICIPANT,
+    ROUND,
     _commit_round,
     _fair_policy,
+    _later_rounds,
     _new_grant_id,
     _news,
     _parked_round_at,
@@ -58,8 +61,6 @@ if TYPE_CHECKING:
     from ..client import SemaphoreClient, SemaphoreClientFactory
 
 log = logging.getLogger("durability.semaphore")
-PARTICIPANT = "durability.semaphore"
-ROUND = "round"  #: a round for parked requests, on the scheduler's alarm (see ``_news``)
 MEMORY_ROUND_MS = 1_000  #: a round for parked requests due this soon waits in memory (``_round_later``)
 
 
@@ -201,9 +202,8 @@ class DurabilitySemaphore:
         self._parked = None if clients is None and parent is None else ParkedRequests(
             clients, _object_name(scheduler.ctx), scheduler, PARTICIPANT, news=self._line_changed,
             take_reports=lambda answer: _take_answer_reports(self, answer),
-            wake_after_ms=_positive_ms(wake_after_ms, "wake_after_ms"),
-            listing=lambda client_id: _listing(self, client_id), first_listing=self.books.first_listing,
-            children=parent)
+            wake_after_ms=_positive_ms(wake_after_ms, "wake_after_ms"), children=parent,
+            listing=lambda client_id: _listing(self, client_id), first_listing=self.books.first_listing)
         if self._parked is not None and self.rate.on:
             self._parked.calls.placed = self.rate.placed_at
         #: its place in a budget tree (``holder/tree_place``), told of what it does at fixed points
@@ -369,7 +369,7 @@ class DurabilitySemaphore:
             # parent's lends. (Not for a client whose calls fail, nor for
             # demand its rules refuse: no beat would serve those.)
             self._round_later(_parked_round_at(self))
-        _round_when_rate_allows(self, rates, result, now)
+        _later_rounds(self, rates, result, now)
 
     def _resolve_limits(self, requests: list[Request]) -> Limits:
         """The user's callbacks, once per round: for every group in demand, and

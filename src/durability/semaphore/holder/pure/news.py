@@ -2,7 +2,8 @@
 
 Lives here: the held grants a reply lists (``held_of``, for one client or
 for each client a round serves), those a client has not heard of yet
-(``unheard_grants``), and whether a reply tells the client something it
+(``unheard_grants``) and when the first of those stops counting for its
+demand (``claims_lapse_at``), and whether a reply tells the client something it
 may not know, so that it goes out at once (``news_for``). Must not know:
 how a round serves demand, storage, RPC or clocks.
 """
@@ -50,6 +51,23 @@ def unheard_grants(request: Request, held: list[Grant]) -> list[Grant]:
     if not request.claims:
         return []
     return [g for g in held if g.claim_deadline > request.heard_up_to]
+
+
+def claims_lapse_at(requests: Iterable[Request], grants: Iterable[Grant], now: float) -> float | None:
+    """When the first grant a round counts as serving a request's demand
+    stops counting: claims made for a client that may not have heard of them
+    (``unheard_grants``: a reply lost, or an instance restarted since) serve
+    its demand in that group until the grant's claim deadline. Past it, that
+    demand waits for new permits, and only a round sees so (a parked client
+    waits to be called; a tree's child asks its parent only for what a round
+    left waiting). None: no grant serves a request's demand so."""
+    requests = list(requests)
+    held = held_by_client(grants, [request.client_id for request in requests])
+    deadlines = [grant.claim_deadline for request in requests
+                 for grant in unheard_grants(request, held[request.client_id])
+                 if grant.claim_deadline >= now and grant.claimed > grant.released
+                 and any(d.group == grant.group and d.count > 0 for d in request.demand)]
+    return min(deadlines, default=None)
 
 
 def news_for(request: Request, outcome: ClientOutcome) -> bool:
