@@ -820,3 +820,31 @@ def test_the_line_mark_read_per_client_is_the_kth_oldest_of_the_others_recompute
         k = permits_at_once(group, limits(total), None)
         expected = sorted(others.values())[k - 1] if 0 < k <= len(others) else None
         assert marks.ahead_of(served, [group]).get(group) == expected
+
+
+def test_demand_a_grant_it_may_not_know_of_serves_waits_until_that_grants_claim_deadline_which_is_named():
+    # A claimed grant whose client has not said it heard of it (a reply lost,
+    # or the holder restarted since) counts for the client's demand in its
+    # group until its claim deadline: a round then neither serves nor blocks
+    # that demand, and only a round after the deadline sees it wait. The
+    # holder runs one then (``claims_lapse_at``): tree seed 9610 waited 17 s
+    # for its sweep instead.
+    from durability.semaphore.holder.pure.news import claims_lapse_at
+
+    deadline = T0 + 5_000
+    book = {"g1": Grant("g1", "c0", "g0", 1, 1, 0, deadline)}
+    asking = Request("c0", (Demand("g0", 1, T0),), (), claims=True)  # has heard of nothing
+    before = run_round(book, [asking], limits(1), T0 + 1_000, TIMEOUT_MS, id_maker())
+    assert not before.outcomes["c0"].new_grants and not before.outcomes["c0"].blocked
+    assert claims_lapse_at([asking], book.values(), T0 + 1_000) == deadline
+    after = run_round(book, [asking], limits(1), deadline + 1, TIMEOUT_MS, id_maker())
+    assert after.outcomes["c0"].blocked["g0"][0] == LIMIT and after.contended
+    assert claims_lapse_at([asking], book.values(), deadline + 1) is None
+    # Nothing to name: a grant it said it heard of, one released, one in another group, no demand.
+    heard = Request("c0", (Demand("g0", 1, T0),), (), claims=True, heard_up_to=deadline)
+    assert claims_lapse_at([heard], book.values(), T0) is None
+    released = {"g1": Grant("g1", "c0", "g0", 1, 1, 1, deadline)}
+    assert claims_lapse_at([asking], released.values(), T0) is None
+    other_group = Request("c0", (Demand("g9", 1, T0),), (), claims=True)
+    assert claims_lapse_at([other_group], book.values(), T0) is None
+    assert claims_lapse_at([Request("c0", (), (), claims=True)], book.values(), T0) is None
