@@ -231,6 +231,19 @@ def test_campaign_tree_seed_3989():
     assert not outcome.violations, outcome.violations.first
 
 
+def test_campaign_tree_seed_9610():
+    # A tree's leaf called a shard with a grant, heard its answer (its next
+    # item, in the same group), and restarted with its root. The new leaf,
+    # whose rows do not say which grants a client heard of, took that grant
+    # as one the shard might not know yet, serving the new item until its
+    # claim deadline: its round served nothing and left nothing waiting, and
+    # nothing ran a round after the deadline. The shard waited 17 s, until
+    # the sweep. The holder now runs a round when such claims lapse.
+    scenario = Scenario(seed=9610, mode='tree', limits=(5,), shards=2, jobs=(Job(at_ms=99382.6, shard=1, key=0, group='wf1', ms=20000), Job(at_ms=99486.1, shard=1, key=0, group='wf1', ms=8000)), keep_done=False, restarts=(Restart(key=0, at_ms=100699.7), Restart(key=0, at_ms=100699.7, child=2)), fan_out=3, calls=True)
+    outcome = run(scenario)
+    assert not outcome.violations, outcome.violations.first
+
+
 def test_new_faults_are_drawn_and_shrink_away():
     drawn = [generate(seed, "grants") for seed in range(200)]
     blackouts = [o for s in drawn for o in s.outages if o.alarms]
