@@ -750,12 +750,36 @@ def test_a_parent_in_the_middle_closes_no_group_for_what_it_owes():
     async def scenario():
         link = _link()
         link.borrowed.take([entry("a", "g", 4)], [])
+        link._heard_at = now_ms()  # its parent's word is fresh
         link.owed = {"g": 1}  # older work waits under another parent
         lent = {"x": Grant("x", "acct~child-0~child-1", "g", 4, 4, 0, 0.0)}  # all of it, to its own children
         limits = UserLimits(link.borrowed.total, link.ceiling, None)
         assert _tree_limits(limits, lent, link) == {"over_limit": False, "closed_groups": ()}
         link.yielding = {"g"}  # closed above it: closed below it too
         assert _tree_limits(limits, lent, link)["closed_groups"] == ("g",)
+
+    asyncio.run(scenario())
+
+
+def test_a_parent_in_the_middle_passes_on_that_the_tree_is_over_its_limit_and_says_so_unheard_from():
+    # A limit lowered at the root reaches a leaf two levels down only through
+    # the holder in the middle, whose own loans are not over what it holds:
+    # without this, the leaf reused its loans under the old limit for good
+    # (tree seed 323: an item started 220 s after the root's limit went to 0).
+    from durability.semaphore.holder.limits import UserLimits
+    from durability.semaphore.holder.pure.allocation import Grant
+    from durability.semaphore.holder.tree_place import _tree_limits
+
+    async def scenario():
+        link = _link()
+        link.borrowed.take([entry("a", "g", 4)], [])
+        lent = {"x": Grant("x", "acct~child-0~child-1", "g", 1, 1, 0, 0.0)}
+        limits = UserLimits(link.borrowed.total, link.ceiling, None)
+        assert _tree_limits(limits, lent, link)["over_limit"]  # not heard from its parent yet
+        link._heard_at = now_ms()
+        assert not _tree_limits(limits, lent, link)["over_limit"]
+        link.over_limit = True  # its parent's last reply said the tree is over its limit
+        assert _tree_limits(limits, lent, link)["over_limit"]
 
     asyncio.run(scenario())
 
