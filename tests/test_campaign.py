@@ -244,6 +244,16 @@ def test_campaign_tree_seed_9610():
     assert not outcome.violations, outcome.violations.first
 
 
+def test_campaign_tree_seed_323():
+    # The root's limit went to 0; the holder in the middle heard it was over
+    # its limit and yielded, but told its leaves only whether its own loans
+    # were over what it held, and a leaf two levels down kept reusing a loan
+    # from before the change: an item started 220 s later. A middle now
+    # passes on its parent's word (and says so once cut off from it).
+    outcome = run(generate(323, "tree"))
+    assert not outcome.violations, outcome.violations.first
+
+
 def test_new_faults_are_drawn_and_shrink_away():
     drawn = [generate(seed, "grants") for seed in range(200)]
     blackouts = [o for s in drawn for o in s.outages if o.alarms]

@@ -837,6 +837,7 @@ def test_demand_a_grant_it_may_not_know_of_serves_waits_until_that_grants_claim_
     before = run_round(book, [asking], limits(1), T0 + 1_000, TIMEOUT_MS, id_maker())
     assert not before.outcomes["c0"].new_grants and not before.outcomes["c0"].blocked
     assert claims_lapse_at([asking], book.values(), T0 + 1_000) == deadline
+    assert claims_lapse_at([asking], book.values(), deadline) == deadline  # it counts at its deadline still
     after = run_round(book, [asking], limits(1), deadline + 1, TIMEOUT_MS, id_maker())
     assert after.outcomes["c0"].blocked["g0"][0] == LIMIT and after.contended
     assert claims_lapse_at([asking], book.values(), deadline + 1) is None

@@ -775,9 +775,14 @@ def test_a_parent_in_the_middle_passes_on_that_the_tree_is_over_its_limit_and_sa
         link.borrowed.take([entry("a", "g", 4)], [])
         lent = {"x": Grant("x", "acct~child-0~child-1", "g", 1, 1, 0, 0.0)}
         limits = UserLimits(link.borrowed.total, link.ceiling, None)
-        assert _tree_limits(limits, lent, link)["over_limit"]  # not heard from its parent yet
+        assert not _tree_limits(limits, lent, link)["over_limit"]  # a new instance, about to hear its parent
+        link._started_at = now_ms() - link.fresh_for_ms - 1  # ... that never did, for fresh_for_ms
+        assert _tree_limits(limits, lent, link)["over_limit"]
         link._heard_at = now_ms()
         assert not _tree_limits(limits, lent, link)["over_limit"]
+        link._heard_at = now_ms() - link.fresh_for_ms - 1  # heard, then cut off for as long
+        assert _tree_limits(limits, lent, link)["over_limit"]
+        link._heard_at = now_ms()
         link.over_limit = True  # its parent's last reply said the tree is over its limit
         assert _tree_limits(limits, lent, link)["over_limit"]
 

@@ -262,13 +262,13 @@ def _tree_limits(limits: UserLimits, grants: dict[str, Grant], link: ParentLink 
     already read (``resolved``) are not read again; a parent that is a
     child itself is limited by what it holds, not by what it owes, and
     passes on its own parent's word that the tree is over its limit, or
-    says so itself while it has not heard from its parent for a while: a
+    says so itself once it has not heard from its parent for a while: a
     limit lowered at the root otherwise never reached a leaf two levels
     down, which reused its loans under the old limit for good (tree seed
     323: an item started 220 s after the root's limit went to 0)."""
     total, by_group = usage(grants.values())
     if link is not None:
-        over = link.over_limit or link.stale() or over_limit(link.borrowed.total(), total)
+        over = link.over_limit or link.cut_off() or over_limit(link.borrowed.total(), total)
         return {"over_limit": over,
                 "closed_groups": closed_groups(by_group, link.held_ceiling)}
     known = resolved or {}

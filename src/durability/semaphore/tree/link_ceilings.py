@@ -59,6 +59,7 @@ class LinkCeilings:
         self.over_limit = False  #: the parent's last reply said its permits out exceed its limit
         #: when the exchange that brought the parent's last reply was sent (None: none yet): see ``stale``
         self._heard_at: float | None = None
+        self._started_at = now_ms()  #: when this instance's link was made (see ``cut_off``)
         self.closed: set[str] = set()  #: groups the parent's last reply closed (``tree.closed_groups``)
         self._asking: asyncio.Task[None] | None = None  #: the request on its way
         self._ask_leaves_at: float | None = None  #: when the next request leaves (its timer; None: none set)
@@ -145,6 +146,15 @@ class LinkCeilings:
         permits asks at least every half of it (``ensure_exchanges``), so
         one that can reach its parent never goes stale."""
         return self._heard_at is None or now_ms() - self._heard_at > self.fresh_for_ms
+
+    def cut_off(self) -> bool:
+        """No word from the parent for ``fresh_for_ms``, since the child last
+        heard from it or since this instance started: what a holder in the
+        middle tells its own children as the tree being over its limit
+        (``holder/tree_place._tree_limits``). Unlike ``stale``, not a new
+        instance that has yet to hear: every restart of a middle would make
+        its leaves give back all they hold, to have it lent again."""
+        return now_ms() - (self._heard_at if self._heard_at is not None else self._started_at) > self.fresh_for_ms
 
     def ceiling(self, group: str) -> int:
         """What the child may hand out in ``group`` this round: what it
