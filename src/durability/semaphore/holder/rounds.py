@@ -3,8 +3,9 @@
 Lives here: when the next round runs (``round_wait_ms`` from now, a
 period after the last, on a tree's beat, and, for a new instance
 restarted while busy, not before the clients whose requests failed with
-the old one are back: ``rejoin_wait_ms``), a round when the start rate
-allows more to start, a round for the parked line
+the old one are back: ``rejoin_wait_ms``; a tree instance's first period
+off the beat), a round when the start rate allows more to start, a round
+when claims counted for a parked client's demand lapse, a round for the parked line
 now or later, a round for a tree's child its parent just lent more, a
 round's rows written with what it took off the parked line (put back if
 the write fails), the round's fair-share policy, its demand by group,
