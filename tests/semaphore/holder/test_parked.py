@@ -7,6 +7,7 @@ import math
 import pytest
 from hypothesis import given, strategies as st
 
+from durability._common.clock import now_ms
 from durability.semaphore.holder.parked import ParkedRequests, holdings, next_wake_at, silent_holders
 from durability.semaphore.holder.pure.allocation import Grant
 from durability.semaphore.holder.pure.leases import Lease
@@ -186,3 +187,77 @@ def test_a_round_calls_the_client_whose_sync_started_it_only_once_its_entry_is_u
     calls = parked.served({"a": granted("a", 1)}, asked=set(), synced="a")
     assert [call[0] for call in calls] == ["a"]  # a's entry is used up: called, its answer says what waits
     assert parked.served({"c": granted("c", 1)}, asked={"c"}) == []  # not in line
+
+
+def test_an_answer_saying_it_heard_of_grants_the_line_counted_for_its_demand_brings_a_round():
+    # A new instance's line counts the claims of a grant an earlier one made,
+    # still claimable, as serving a's demand (a may not know of it). a's
+    # answer says it heard of that grant: those claims served items already
+    # admitted, and the item it still asks for waits for new permits. Same
+    # demand, but news: without it, that item waited for a's fallback or a
+    # sweep (campaign tree seed 9610).
+    news = []
+
+    async def on_news(more, gave_back):
+        news.append((more, gave_back))
+
+    parked = ParkedRequests(None, "k", None, "p", news=on_news, take_reports=lambda answer: False,
+                            wake_after_ms=60_000, listing=lambda client: {}, first_listing=lambda ids: set())
+    parked.park(request("a", ("g", 1, 100), heard_up_to=1_000.0))
+    version = parked.line.version_of("a")
+    asyncio.run(parked._on_reply("a", version, request("a", ("g", 1, 100), heard_up_to=1_000.0)))
+    assert news == [(False, False)]  # nothing more to serve: no round
+    asyncio.run(parked._on_reply("a", version, request("a", ("g", 1, 100), heard_up_to=9_000.0)))
+    assert news[-1] == (True, False)
+    asyncio.run(parked._on_reply("a", parked.line.version_of("a"), request("a", heard_up_to=19_000.0)))
+    assert news[-1] == (False, False)  # nothing asked for: nothing to serve
+
+
+def test_a_new_instance_leaves_to_its_deadline_calls_the_clients_of_an_earlier_ones_grants_it_has_not_heard():
+    # b holds a grant an earlier instance made, still claimable: the new
+    # instance calls b at its claim deadline, and b's answer says what it
+    # heard (the round for lapsed claims leaves b to it). c spoke since the
+    # start: not called, so that round looks at c's demand. a's grant is
+    # past its deadline: taken as known.
+    class Scheduler:
+        def schedule(self, *args):
+            pass
+
+        def cancel(self, *args):
+            pass
+
+    async def on_news(more, gave_back):
+        pass
+
+    parked = ParkedRequests(None, "k", Scheduler(), "p", news=on_news, take_reports=lambda answer: False,
+                            wake_after_ms=60_000, listing=lambda client: {}, first_listing=lambda ids: set())
+    now = now_ms()
+    grants = [Grant("ga", "a", "g", 1, 1, 0, now - 1_000), Grant("gb", "b", "g", 1, 1, 0, now + 60_000),
+              Grant("gc", "c", "g", 1, 1, 0, now + 60_000)]
+    parked.restore([], {}, grants)
+    assert parked.called_at_deadline() == {"b", "c"}
+    parked.park(request("c", ("g", 1, 100)))
+    assert parked.called_at_deadline() == {"b"}
+
+
+def test_the_round_for_lapsed_claims_leaves_out_the_clients_called_at_that_deadline():
+    from types import SimpleNamespace
+
+    from durability.semaphore.holder import rounds
+
+    now = now_ms()
+    grants = {"gb": Grant("gb", "b", "g", 1, 1, 0, now + 5_000), "gc": Grant("gc", "c", "g", 1, 1, 0, now + 7_000)}
+    line = [request(client, ("g", 1, 100), claims=True) for client in ("b", "c")]  # each heard of nothing
+    set_for = []
+
+    def holder(called):
+        parked = SimpleNamespace(line=SimpleNamespace(requests=lambda: line), called_at_deadline=lambda: called)
+        return SimpleNamespace(_parked=parked, tree=SimpleNamespace(is_child=lambda client_id: False),
+                               books=SimpleNamespace(grants=lambda: grants),
+                               scheduler=SimpleNamespace(schedule_by=lambda *args: set_for.append(args[2])))
+
+    rounds._round_when_claims_lapse(holder(set()), now)
+    rounds._round_when_claims_lapse(holder({"b"}), now)
+    rounds._round_when_claims_lapse(holder({"b", "c"}), now)
+    lapsed = rounds.CLAIM_LAPSED_MS
+    assert set_for == [now + 5_000 + lapsed, now + 7_000 + lapsed]  # b's deadline, then c's; none for both called

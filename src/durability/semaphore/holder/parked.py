@@ -183,6 +183,12 @@ class ParkedRequests:
         else:
             self._scheduler.schedule(self._participant, WAKE, due)
 
+    def called_at_deadline(self) -> set[str]:
+        """The clients this instance calls at the claim deadline of a grant an
+        earlier instance made (``restore``), not heard from since it started:
+        their answers say what they heard, and bring a round (``_more``)."""
+        return {client_id for client_id in self._unconfirmed if client_id not in self._heard_at}
+
     def name_of(self, client_id: str) -> str | None:
         """The name of the client's object, as its requests (or its rows) gave it."""
         return self._names.get(client_id)
@@ -306,6 +312,12 @@ def _served(outcome: ClientOutcome) -> dict[str, int]:
 
 
 def _more(now: Request, before: Request) -> bool:
-    """Does ``now`` ask for more than ``before`` did, in some group?"""
+    """Does ``now`` ask for more than ``before`` did, in some group, or say
+    it heard of grants made after those ``before`` said? A round counts the
+    claims of grants a client may not know of as serving its demand
+    (``pure.news.unheard_grants``); heard of, they served items already
+    admitted, and the demand it still has waits for new permits."""
+    if now.demand and now.heard_up_to > before.heard_up_to:
+        return True
     counts = {d.group: d.count for d in before.demand}
     return any(d.count > counts.get(d.group, 0) for d in now.demand)
