@@ -235,9 +235,9 @@ def test_a_new_instance_leaves_to_its_deadline_calls_the_clients_of_an_earlier_o
     grants = [Grant("ga", "a", "g", 1, 1, 0, now - 1_000), Grant("gb", "b", "g", 1, 1, 0, now + 60_000),
               Grant("gc", "c", "g", 1, 1, 0, now + 60_000)]
     parked.restore([], {}, grants)
-    assert parked.called_at_deadline() == {"b", "c"}
+    assert parked.called_at_deadline() == {"b": now + 60_000, "c": now + 60_000}
     parked.park(request("c", ("g", 1, 100)))
-    assert parked.called_at_deadline() == {"b"}
+    assert parked.called_at_deadline() == {"b": now + 60_000}
 
 
 def test_the_round_for_lapsed_claims_leaves_out_the_clients_called_at_that_deadline():
@@ -246,7 +246,8 @@ def test_the_round_for_lapsed_claims_leaves_out_the_clients_called_at_that_deadl
     from durability.semaphore.holder import rounds
 
     now = now_ms()
-    grants = {"gb": Grant("gb", "b", "g", 1, 1, 0, now + 5_000), "gc": Grant("gc", "c", "g", 1, 1, 0, now + 7_000)}
+    grants = {"gb": Grant("gb", "b", "g", 1, 1, 0, now + 5_000), "gc": Grant("gc", "c", "g", 1, 1, 0, now + 7_000),
+              "gb2": Grant("gb2", "b", "g", 1, 1, 0, now + 9_000)}
     line = [request(client, ("g", 1, 100), claims=True) for client in ("b", "c")]  # each heard of nothing
     set_for = []
 
@@ -256,8 +257,11 @@ def test_the_round_for_lapsed_claims_leaves_out_the_clients_called_at_that_deadl
                                books=SimpleNamespace(grants=lambda: grants),
                                scheduler=SimpleNamespace(schedule_by=lambda *args: set_for.append(args[2])))
 
-    rounds._round_when_claims_lapse(holder(set()), now)
-    rounds._round_when_claims_lapse(holder({"b"}), now)
-    rounds._round_when_claims_lapse(holder({"b", "c"}), now)
+    rounds._round_when_claims_lapse(holder({}), now)
+    rounds._round_when_claims_lapse(holder({"b": now + 5_000}), now)
+    rounds._round_when_claims_lapse(holder({"b": now + 9_000}), now)  # its call comes at its later grant's deadline
+    rounds._round_when_claims_lapse(holder({"b": now + 9_000, "c": now + 7_000}), now)
     lapsed = rounds.CLAIM_LAPSED_MS
-    assert set_for == [now + 5_000 + lapsed, now + 7_000 + lapsed]  # b's deadline, then c's; none for both called
+    # b's first deadline; c's; b's first again (before b's call); then b's
+    # first still, c called at its own.
+    assert set_for == [now + 5_000 + lapsed, now + 7_000 + lapsed, now + 5_000 + lapsed, now + 5_000 + lapsed]

@@ -183,11 +183,12 @@ class ParkedRequests:
         else:
             self._scheduler.schedule(self._participant, WAKE, due)
 
-    def called_at_deadline(self) -> set[str]:
-        """The clients this instance calls at the claim deadline of a grant an
-        earlier instance made (``restore``), not heard from since it started:
-        their answers say what they heard, and bring a round (``_more``)."""
-        return {client_id for client_id in self._unconfirmed if client_id not in self._heard_at}
+    def called_at_deadline(self) -> dict[str, float]:
+        """The clients this instance calls about grants an earlier instance
+        made (``restore``), not heard from since it started, with when: the
+        latest claim deadline of those grants. Their answers say what they
+        heard, and bring a round (``_more``)."""
+        return {client_id: at for client_id, at in self._unconfirmed.items() if client_id not in self._heard_at}
 
     def name_of(self, client_id: str) -> str | None:
         """The name of the client's object, as its requests (or its rows) gave it."""
@@ -318,6 +319,8 @@ def _more(now: Request, before: Request) -> bool:
     (``pure.news.unheard_grants``); heard of, they served items already
     admitted, and the demand it still has waits for new permits."""
     if now.demand and now.heard_up_to > before.heard_up_to:
+        # (Also when two rounds served it before its answer to the first
+        # call: one round more, a period after the last.)
         return True
     counts = {d.group: d.count for d in before.demand}
     return any(d.count > counts.get(d.group, 0) for d in now.demand)

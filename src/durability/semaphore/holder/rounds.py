@@ -261,13 +261,15 @@ def _round_when_claims_lapse(holder: DurabilitySemaphore, now: float) -> None:
         return
     # (A tree's child asks again by itself until a reply lists what it holds,
     # as the restarted holder's own listing calls leave it to: see ``ParentLink``.
-    # A client those calls reach at that deadline answers with what it heard,
-    # which brings a round: one at the deadline too would hand its demand new
-    # permits beside a grant it may be using.)
+    # A client those calls reach answers with what it heard, which brings a
+    # round: one at the same deadline too would hand its demand new permits
+    # beside a grant it may be using. Grants whose deadlines come before
+    # that call still get theirs.)
     called = holder._parked.called_at_deadline()
-    requests = [r for r in holder._parked.line.requests()
-                if not holder.tree.is_child(r.client_id) and r.client_id not in called]
-    at = claims_lapse_at(requests, holder.books.grants().values(), now)
+    requests = [r for r in holder._parked.line.requests() if not holder.tree.is_child(r.client_id)]
+    grants = [g for g in holder.books.grants().values()
+              if g.client_id not in called or g.claim_deadline < called[g.client_id]]
+    at = claims_lapse_at(requests, grants, now)
     if at is not None:
         holder.scheduler.schedule_by(PARTICIPANT, ROUND, at + CLAIM_LAPSED_MS)
 
