@@ -506,6 +506,31 @@ def test_a_new_instance_its_own_alarm_starts_leaves_that_alarm_alone(runtime):
     assert writes == 1 and alarm == 60_000  # set for "later" as the run ends, not for "p" as it started
 
 
+def test_an_alarm_a_new_instance_set_as_its_early_alarm_came_is_not_set_again_by_that_run(runtime):
+    # The alarm comes due with the instance gone, for a timer since put off:
+    # the new instance its delivery starts reads no alarm and sets one for
+    # the later time before the run starts. That alarm is still set when the
+    # run (which finds nothing due) ends: setting it again wrote a row.
+    stub = runtime.env.TIMERS.getByName("t")
+
+    async def scenario():
+        start = runtime.now_ms()
+        await stub.plan("p", 5_000)
+        await stub.put_off("p", 60_000)
+        runtime.evict(stub)
+        host = runtime.host_of(stub)
+        before = alarm_counts(host)
+        await asyncio.sleep(6)
+        early = (*alarm_counts(host, since=before), await stub.runs(), await stub.alarm_time() - start)
+        await asyncio.sleep(55)
+        return early, [(r["key"], round(r["at"] - start)) for r in await stub.runs()]
+
+    (writes, runs, ran, alarm), later = runtime.run(scenario())
+    assert runs == 1 and ran == [] and alarm == 60_000
+    assert writes == 1  # the new instance's, once
+    assert later == [("p", 60_000)]  # and it fires then
+
+
 @pytest.mark.parametrize("key", ["p", "duty-p"])
 def test_a_call_that_starts_an_instance_as_a_lost_alarms_timer_comes_due_still_gets_it_run(runtime, key):
     # The runtime gave up on the alarm; a call starts a new instance just as

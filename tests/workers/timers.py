@@ -41,6 +41,17 @@ class Timers(DurableObject):
         self.scheduler.transaction(change)
         await self.scheduler.sync()
 
+    async def put_off(self, key, in_ms):
+        """A planned timer made due later: its alarm stays where it was (a
+        later time moves no alarm), to fire early and run nothing."""
+        def change():
+            due = time.time() * 1000 + in_ms
+            self.ctx.storage.sql.exec("UPDATE planned SET due_at = ? WHERE key = ?", due, key)
+            self.scheduler.schedule("derived", key, due)
+
+        self.scheduler.transaction(change)
+        await self.scheduler.sync()
+
     async def run_now(self, key, again=0):
         """A derived timer due now that this call runs itself
         (``run_now``), with no alarm set for it; ``again``: times its run

@@ -6,9 +6,8 @@ the message) and ``ParkedLine``: a request parked or taken out
 (``park``), what a round's new grants and leases take off a client's
 demand (``served``), the requests a round sees (``requests``), a reply
 the client sent back to a call (``refresh``), a client whose calls fail
-(``suspend``: kept in line, served no more until it is heard from), the
-clients gone silent past their wait (``silent``), and the line as rows
-keep it (``Waiting``). Must not know: how a round decides, how a client
+(``suspend``: kept in line, served no more until it is heard from), and
+the line as rows keep it (``Waiting``). Must not know: how a round decides, how a client
 is called, storage or the clock (``now`` is handed in).
 
 Why a line of parked requests: a request held open (a long poll) keeps
@@ -44,10 +43,6 @@ class Parked:
     @property
     def client_id(self) -> str:
         return self.request.client_id
-
-    def silent_since(self, now: float) -> bool:
-        """Has the client stayed silent past its wait? It asks again by then if nothing reached it."""
-        return now > self.heard_at + self.request.wait_ms
 
 
 @dataclass(frozen=True)
@@ -188,15 +183,6 @@ class ParkedLine:
         request the round has)."""
         entries = sorted(self._entries.values(), key=lambda e: (e.since, e.client_id))
         return [e.request for e in entries if not e.suspended and e.client_id != leaving_out]
-
-    def silent(self, now: float) -> list[str]:
-        """Clients silent past their wait, oldest first: they should have asked again by now."""
-        return sorted((e.client_id for e in self._entries.values() if e.silent_since(now)),
-                      key=lambda c: self._entries[c].heard_at)
-
-    def next_silence(self) -> float | None:
-        """When the next client falls silent, if nothing is heard from it."""
-        return min((e.heard_at + e.request.wait_ms for e in self._entries.values()), default=None)
 
     # -- rows ------------------------------------------------------------------------
     def waiting(self, client_id: str) -> list[Waiting]:
