@@ -392,7 +392,7 @@ class Shard(DurableObject):
         return done
 
     async def wake(self):
-        await self.scheduler.resume()
+        await self.queue.resume()
 
     async def alarm(self, alarm_info=None):
         await self.scheduler.alarm(alarm_info)

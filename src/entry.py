@@ -626,9 +626,12 @@ class JobShard(DurableObject):
         return [job_id for job_id, result in zip(ids, results) if result["status"] != "pending"]
 
     async def wake(self):
-        """The sweep's call: set the alarm again if the runtime gave up on it.
-        It reads the alarm and writes nothing when the alarm is in place."""
-        await self.scheduler.resume()
+        """The sweep's call: set the alarm again if the runtime gave up on it
+        (it reads the alarm, and writes nothing when the alarm is in place),
+        and an account that may hold permits here with no job waiting asks
+        its holder what it holds: a request each, none on a shard that
+        hibernated since it last asked (docs/queue.md)."""
+        await self.permits.resume()
 
     async def alarm(self, alarm_info=None):
         await self.scheduler.alarm(alarm_info)

@@ -214,6 +214,20 @@ def test_campaign_over_seed_1900():
     outcome = run(scenario)
     assert not outcome.violations, outcome.violations.first
 
+def test_campaign_grants_seed_20755():
+    # A copy of a shard's request reached its holder after the shard had
+    # used and released the grant the original's reply brought: the holder
+    # granted the copy's demand again, in a reply nobody heard. Its call to
+    # the silent shard was on an alarm the runtime gave up on during an
+    # outage, and the shard, its work done, had nothing more to ask: the
+    # permit stayed counted for good (over seed 20860 and under 21153 too).
+    # The sweep now has each key that may hold grants, with nothing waiting,
+    # ask its holder what it holds, which lists that grant: given back.
+    scenario = Scenario(seed=20755, mode='grants', limits=(5,), group_limits=(('capped', 1),), jobs=(Job(at_ms=6198.0, shard=0, key=0, group='wf1', ms=8000), Job(at_ms=19047.9, shard=1, key=0, group='wf1', ms=8000), Job(at_ms=19479.2, shard=0, key=0, group='wf0', ms=8000), Job(at_ms=60201.7, shard=0, key=0, group='wf1', ms=3000), Job(at_ms=60275.8, shard=0, key=0, group='wf1', ms=1000), Job(at_ms=60290.7, shard=2, key=0, group='wf0', ms=200), Job(at_ms=60336.6, shard=2, key=0, group='capped', ms=20000, fails=True), Job(at_ms=60351.4, shard=1, key=0, group='wf0', ms=20000), Job(at_ms=69489.7, shard=0, key=0, group='wf0', ms=8000, cancel_after_ms=6543.8), Job(at_ms=90625.4, shard=2, key=0, group='capped', ms=20000), Job(at_ms=90765.5, shard=2, key=0, group='capped', ms=20000, cancel_after_ms=7881.5), Job(at_ms=90821.1, shard=1, key=0, group='wf1', ms=8000, cancel_after_ms=968.5), Job(at_ms=90930.0, shard=1, key=0, group='capped', ms=1000), Job(at_ms=90997.9, shard=1, key=0, group='wf0', ms=200)), faults=(('duplicate', 0.243),), latency_ms=20.0, keep_done=False, outages=(Outage(kind='holder', index=0, at_ms=33933.5, ms=183146.2),), calls=True)
+    outcome = run(scenario)
+    assert not outcome.violations, outcome.violations.first
+
+
 def test_campaign_tree_seed_3989():
     # A holder in the middle of a tree lent its only permit to a leaf for
     # work its round took as old as the line elsewhere; a reply of its

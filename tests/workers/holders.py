@@ -60,7 +60,8 @@ CONFIG = {
 }
 WORLD = {"running": {}, "violations": [], "max_running": 0, "completed": set(), "admit_calls": 0,
          "started": {}, "starts": {}, "events": [], "requests": [], "syncs": [], "finished_asks": [], "messages": [],
-         "speakers": set(), "calls": [], "call_replies": [], "resumed": []}
+         "speakers": set(), "calls": [], "call_replies": [], "resumed": [],
+         "request_copies": []}  # each request as it reached a holder: a test may deliver a copy late
 
 
 def _label(client_id):
@@ -111,6 +112,8 @@ class Holder(DurableObject):
     async def permits(self, message):
         if isinstance(message, dict) and message.get("type") in ("request", "sync"):
             WORLD[message["type"] + "s"].append((time.time() * 1000, _label(message.get("clientId"))))
+            if message["type"] == "request":
+                WORLD["request_copies"].append(json.loads(json.dumps(message)))
             if isinstance(message.get("clientId"), str):
                 WORLD["speakers"].add(message["clientId"])  # as the wire spells it
         WORLD["messages"].append(message.get("type") if isinstance(message, dict) else None)
@@ -307,6 +310,10 @@ class Shard(DurableObject):
 
     async def semaphore_reply(self, key, reply):
         return await self.queue.hear(key, reply)
+
+    async def wake(self):
+        """The sweep's call."""
+        await self.queue.resume()
 
     @staticmethod
     def _server(env):

@@ -489,3 +489,31 @@ def test_a_parked_shard_its_fallback_alarm_wakes_asks_and_sets_the_alarm_once(ru
     hibernated, writes, runs, asked = runtime.run(scenario())
     assert hibernated >= 1 and runs == 1 and len(asked) == 1, asked
     assert writes == 1
+
+
+def test_the_sweep_has_a_key_with_nothing_waiting_hear_and_give_back_a_grant_it_never_heard_of(runtime):
+    # b's item ran and went. A copy of b's request then reaches the holder,
+    # which grants its demand again in a reply nobody hears: a permit counted
+    # for b, who has nothing to ask about. Until the holder's own alarm calls
+    # b (an alarm the runtime may have given up on), only the sweep brings
+    # it back: b's key, which may hold grants and has nothing waiting, asks
+    # what it holds, hears of that grant, and gives it back.
+    config, world = runtime.module.CONFIG, runtime.module.WORLD
+    config["keep_done_ms"] = 0  # (a key's row then says it may hold grants)
+
+    async def scenario():
+        await start(runtime, "b0", 1_000)
+        await asyncio.sleep(3)  # b0 ran and was released
+        copy = world["request_copies"][-1]
+        await holder(runtime).permits(copy)  # the late copy, granted; its reply is heard by nobody
+        counted_after_copy = (await holder(runtime).usage())["outstanding"]
+        await asyncio.sleep(5)
+        counted_before_sweep = (await holder(runtime).usage())["outstanding"]
+        await shard(runtime, "b").wake()
+        await asyncio.sleep(1)
+        return counted_after_copy, counted_before_sweep, (await holder(runtime).usage())["outstanding"]
+
+    after_copy, before_sweep, after_sweep = runtime.run(scenario())
+    assert after_copy == before_sweep == 1  # counted for b, who runs nothing
+    assert after_sweep == 0
+    assert world["violations"] == []

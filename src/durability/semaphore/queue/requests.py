@@ -67,6 +67,34 @@ class KeyRequests:
         due (an enqueue's ask: its timer's alarm was not moved for it)."""
         self.ctx.run_in_this_event(TimerKind.PUMP, key)
 
+    async def hear_idle_keys(self) -> None:
+        """The sweep's ask (``DurabilitySemaphoreQueue.resume``): each key that
+        may hold grants with nothing waiting asks its holder, in this event,
+        what it holds, and its row goes if it holds nothing (as a new
+        instance's keys do at its first ask). A grant this object never
+        heard of (a copy of its request answered after it went on, say) is
+        then listed, and given back: otherwise only the holder's call
+        returns it, and that call is on an alarm the runtime may have given
+        up on. A request per such key and sweep; an object that hibernates
+        between events has none (a new instance's first ask dropped them)."""
+        ctx, memory = self.ctx, self.ctx.memory
+        # (A new instance's keys ask by themselves, first_ask: see _derive_timers.)
+        keys = [key for key in ctx.store.registered_keys()
+                if not ctx.demand(key) and key not in memory.asking and key not in memory.first_ask]
+        if not keys:
+            return
+
+        def mark() -> None:
+            for key in keys:
+                memory.unheard.add(key)
+                memory.first_ask.add(key)
+                ctx.server.ask_now(key)
+                ctx.pump_at(key, now_ms(), earlier_only=True, in_this_event=True)
+
+        await ctx.commit(mark)
+        for key in keys:
+            self.ask_in_this_event(key)
+
     def claim_local(self, key: str, now: float, *, admits_after: bool = False) -> None:
         """Draw, for queued items, from this object's leases, then claim
         permits it already holds unclaimed (``admits_after``: as for

@@ -306,10 +306,14 @@ class DurabilitySemaphoreQueue(QueueReleases):
         start one for a minute or more."""
         await self.ctx.own_work_done(timeout_s)
 
+    async def resume(self) -> None:
+        """The sweep's call: the alarm set again if lost, and idle keys ask what they hold (``hear_idle_keys``)."""
+        await self.scheduler.resume()
+        await self.requests.hear_idle_keys()
+
     async def hand_in_admitted(self) -> None:
-        """Hand ``admit()`` now a new instance's admitted items (``resumed``), not at its
-        next reply, sync or alarm: before a word about their work that must find them
-        known (a queue consumer's report)."""
+        """Hand ``admit()`` now a new instance's admitted items (``resumed``), not at its next reply,
+        sync or alarm: before a word about their work that must find them known (a consumer's report)."""
         await self.admission.admit_pending_safely()
 
     async def cancel(self, item_id: str) -> bool:
