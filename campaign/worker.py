@@ -419,8 +419,9 @@ class Default(WorkerEntrypoint):
 
     async def scheduled(self, controller, env, ctx):
         """The sweep (a Cron Trigger every minute), as the example Worker's:
-        every shard resumes work whose alarm the runtime gave up on. Holders
-        are not swept: every shard with work waiting calls its holder."""
+        every shard resumes work whose alarm the runtime gave up on, and its
+        idle keys that may hold grants ask what they hold. Holders are not
+        swept: every shard with work waiting calls its holder."""
         for stub in [env.SHARD.getByName(f"s{i}") for i in range(CONFIG["shards"])]:
             try:
                 await stub.wake()
