@@ -484,10 +484,11 @@ def alarm_counts(host, since=(0, 0)):
     return host.stats.alarm_writes - since[0], host.stats.alarm_invocations - since[1]
 
 
-def alarm_into_a_new_instance(runtime, setup):
+def alarm_into_a_new_instance(runtime, setup, then_s=0):
     """``setup(stub)`` plans timers; the instance goes, and 6 s on (the first
     alarm, at 5 s, delivered to a new instance): (alarms set, alarm runs,
-    (key, ms from the start) of the runs, the alarm's time from the start)."""
+    (key, ms from the start) of the runs, the alarm's time from the start),
+    and the runs again ``then_s`` later."""
     stub = runtime.env.TIMERS.getByName("t")
 
     async def scenario():
@@ -497,8 +498,10 @@ def alarm_into_a_new_instance(runtime, setup):
         host = runtime.host_of(stub)
         before = alarm_counts(host)
         await asyncio.sleep(6)
-        return (*alarm_counts(host, since=before), [(r["key"], round(r["at"] - start)) for r in await stub.runs()],
-                await stub.alarm_time() - start)
+        early = (*alarm_counts(host, since=before), [(r["key"], round(r["at"] - start)) for r in await stub.runs()],
+                 await stub.alarm_time() - start)
+        await asyncio.sleep(then_s)
+        return early, [(r["key"], round(r["at"] - start)) for r in await stub.runs()]
 
     return runtime.run(scenario())
 
@@ -511,7 +514,7 @@ def test_a_new_instance_its_own_alarm_starts_leaves_that_alarm_alone(runtime):
         await stub.plan("p", 5_000)
         await stub.plan("later", 60_000)
 
-    writes, runs, ran, alarm = alarm_into_a_new_instance(runtime, setup)
+    (writes, runs, ran, alarm), _ = alarm_into_a_new_instance(runtime, setup)
     assert ran == [("p", 5_000)] and runs == 1
     assert writes == 1 and alarm == 60_000  # set for "later" as the run ends, not for "p" as it started
 
@@ -525,15 +528,31 @@ def test_an_alarm_a_new_instance_set_as_its_early_alarm_came_is_not_set_again_by
         await stub.plan("p", 5_000)
         await stub.put_off("p", 60_000)
 
-    writes, runs, ran, alarm = alarm_into_a_new_instance(runtime, setup)
+    (writes, runs, ran, alarm), later = alarm_into_a_new_instance(runtime, setup, then_s=55)
     assert runs == 1 and ran == [] and alarm == 60_000
     assert writes == 1  # the new instance's, once
+    assert later == [("p", 60_000)]  # and it fires then
 
-    async def later():
-        await asyncio.sleep(55)
-        return [r["key"] for r in await runtime.env.TIMERS.getByName("t").runs()]
 
-    assert runtime.run(later()) == ["p"]  # and it fires then
+@pytest.mark.parametrize("forward_info", [True, False])
+def test_a_run_that_fails_after_the_schedulers_part_leaves_every_timer_its_alarm(runtime, forward_info):
+    # The run sets the alarm for the next timer as it ends, then the object's
+    # own code fails: the runtime retries the run sooner, in place of that
+    # alarm. The retry must not take the alarm the failed run set for one
+    # still in place (it was kept on a new instance's first run only).
+    stub = runtime.env.TIMERS.getByName("t")
+
+    async def scenario():
+        start = runtime.now_ms()
+        await stub.plan("p", 5_000)
+        await stub.plan("later", 60_000)
+        await stub.fail_after_next_alarm(forward_info)
+        await stub.schedule("now", 0)
+        await asyncio.sleep(70)
+        return {r["key"]: round(r["at"] - start, -3) for r in await stub.runs()}
+
+    ran = runtime.run(scenario())
+    assert ran.get("p") == 5_000 and ran.get("later") == 60_000, ran
 
 
 @pytest.mark.parametrize("key", ["p", "duty-p"])

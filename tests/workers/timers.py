@@ -7,6 +7,9 @@ from workers import DurableObject
 
 from durability import Backoff, DurabilityOutbox, DurabilityScheduler
 
+#: the next alarm runs that fail after the scheduler's part, and whether it is handed the alarm's info
+FAIL_AFTER_ALARM = {"runs": 0, "forward": True}
+
 
 class Timers(DurableObject):
     def __init__(self, ctx, env):
@@ -191,8 +194,17 @@ class Timers(DurableObject):
         inbox = self.env.INBOX.getByName("inbox")
         await inbox.receive([m.body for m in messages])
 
+    async def fail_after_next_alarm(self, forward_info=True):
+        """The next alarm run fails after the scheduler's part is done (the
+        object's own code raising), handing the scheduler the alarm's info
+        or not (``def alarm(self)`` works too)."""
+        FAIL_AFTER_ALARM.update(runs=1, forward=forward_info)
+
     async def alarm(self, alarm_info=None):
-        await self.scheduler.alarm(alarm_info)
+        await self.scheduler.alarm(alarm_info if FAIL_AFTER_ALARM["forward"] else None)
+        if FAIL_AFTER_ALARM["runs"] > 0:
+            FAIL_AFTER_ALARM["runs"] -= 1
+            raise RuntimeError("the object's own code failed after the scheduler's run")
 
 
 class Inbox(DurableObject):

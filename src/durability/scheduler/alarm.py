@@ -262,7 +262,8 @@ class DurabilityScheduler(AlarmDispatch, AlarmResume):
                 if earliest is None or (self._armed not in (None, _UNKNOWN) and self._armed <= earliest):
                     return
                 # Recorded before the await: an alarm that fires meanwhile
-                # resets it to None, which the next pass then sees.
+                # resets it to None (but for one set later than it in a new
+                # instance: _armed_since_delivery), which the next pass sees.
                 self._note_armed(earliest)
                 try:
                     await self.sql.set_alarm(earliest)
@@ -270,17 +271,22 @@ class DurabilityScheduler(AlarmDispatch, AlarmResume):
                     self._armed = _UNKNOWN
                     raise
 
-    def _set_since_delivery(self, now: float) -> bool:
-        """Is the alarm this instance set one for later than the run starting
-        now, so not the one that fired? A new instance started by an alarm's
-        delivery reads no alarm and, when its rows' earliest timer is later
-        (put off since that alarm was set), sets it before the run starts
-        (``resume``); production keeps an alarm set while one runs.
-        Forgotten, it was set again at the run's end: a row for nothing
-        (0.01 rows a job on the demo's workload). An alarm fires at or
-        after its time: one more than ``DELIVERY_MS`` ahead did not fire now."""
+    def _armed_since_delivery(self, now: float) -> bool:
+        """Did this new instance set the alarm for a later timer after the
+        alarm now running was taken for delivery? A new instance that an
+        alarm's delivery starts reads no alarm (``getAlarm`` is null while
+        one runs) and, when its rows' earliest timer is later (put off since
+        that alarm was set), sets it before the run starts (``resume``); an
+        alarm set while one runs stays set after it. Were ``_armed`` reset,
+        the run's end would set the same alarm again: a row for nothing
+        (0.01 rows a job on the demo's workload). Only on an instance's first
+        run: after a run that failed once the scheduler's part was done (the
+        object's own code raising), the runtime retries sooner in place of
+        the alarm that run set, and a retry that kept it left its timer with
+        no alarm. ``DELIVERY_MS`` of slack: an alarm starts within it of its
+        time, so one set further ahead is not the one that fired."""
         armed = self._armed
-        return armed not in (None, _UNKNOWN) and armed > now + DELIVERY_MS
+        return self._alarm_runs == 0 and armed not in (None, _UNKNOWN) and armed > now + DELIVERY_MS
 
     async def alarm(self, alarm_info: Any = None) -> None:
         """The object's ``alarm()`` delegates here: run due timers, then re-arm.
@@ -291,7 +297,7 @@ class DurabilityScheduler(AlarmDispatch, AlarmResume):
         slowest handler and a fresh alarm.
         """
         started = now_ms()
-        if not self._set_since_delivery(started):
+        if not self._armed_since_delivery(started):
             self._armed = None  # the alarm that fired is spent
         self._alarm_runs += 1
         self._dispatching = True  # from here: no sync and no resume() moves the alarm under this run
