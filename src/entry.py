@@ -627,10 +627,10 @@ class JobShard(DurableObject):
 
     async def wake(self):
         """The sweep's call: set the alarm again if the runtime gave up on it
-        (it reads the alarm, and writes nothing when the alarm is in place),
-        and an account that may hold permits here with no job waiting asks
-        its holder what it holds: a request each, none on a shard that
-        hibernated since it last asked (docs/queue.md)."""
+        (it reads the alarm), and an account whose row says it may hold
+        permits here, with no job waiting, asks its holder what it holds: a
+        request and a row or two the first sweep after its last use, nothing
+        on a shard that hibernated since (docs/queue.md)."""
         await self.permits.resume()
 
     async def alarm(self, alarm_info=None):

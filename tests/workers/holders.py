@@ -9,6 +9,8 @@ extra, for leases provisioned "over").
 """
 
 import asyncio
+import contextlib
+import copy
 import dataclasses
 import json
 import random
@@ -113,7 +115,8 @@ class Holder(DurableObject):
         if isinstance(message, dict) and message.get("type") in ("request", "sync"):
             WORLD[message["type"] + "s"].append((time.time() * 1000, _label(message.get("clientId"))))
             if message["type"] == "request":
-                WORLD["request_copies"].append(json.loads(json.dumps(message)))
+                with contextlib.suppress(TypeError):  # (a hostile message may hold what copies not)
+                    WORLD["request_copies"].append(copy.deepcopy(message))
             if isinstance(message.get("clientId"), str):
                 WORLD["speakers"].add(message["clientId"])  # as the wire spells it
         WORLD["messages"].append(message.get("type") if isinstance(message, dict) else None)

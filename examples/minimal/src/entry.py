@@ -95,8 +95,8 @@ class TaskShard(DurableObject):
         return [task_id for task_id, result in zip(ids, results) if result["status"] != "pending"]
 
     async def wake(self):
-        """The sweep's call: sets the alarm again if the runtime gave up on it (writes nothing if not),
-        and a key that may hold permits with no task waiting asks its holder what it holds."""
+        """The sweep's call: sets the alarm again if the runtime gave up on it (writes nothing if
+        not); with keep_done_ms=0 an idle key would also ask its holder what it holds (docs/queue.md)."""
         await self.permits.resume()
 
     async def alarm(self, alarm_info=None):

@@ -491,7 +491,25 @@ def test_a_parked_shard_its_fallback_alarm_wakes_asks_and_sets_the_alarm_once(ru
     assert writes == 1
 
 
-def test_the_sweep_has_a_key_with_nothing_waiting_hear_and_give_back_a_grant_it_never_heard_of(runtime):
+async def counted_until_the_sweep(runtime):
+    """A late copy of b's last request reaches the holder, which grants it
+    again in a reply nobody hears; 5 s on, b's sweep. The holder's count
+    after the copy, before the sweep and after it, and b's hibernations."""
+    world = runtime.module.WORLD
+    host = runtime.host_of(shard(runtime, "b"))
+    hibernated = host.stats.hibernations
+    await holder(runtime).permits(world["request_copies"][-1])
+    counted = [(await holder(runtime).usage())["outstanding"]]
+    await asyncio.sleep(5)
+    counted.append((await holder(runtime).usage())["outstanding"])
+    await shard(runtime, "b").wake()
+    await asyncio.sleep(1)
+    counted.append((await holder(runtime).usage())["outstanding"])
+    return counted, host.stats.hibernations - hibernated
+
+
+@pytest.mark.parametrize("calls", [True, False])
+def test_the_sweep_has_a_key_with_nothing_waiting_hear_and_give_back_a_grant_it_never_heard_of(runtime, calls):
     # b's item ran and went. A copy of b's request then reaches the holder,
     # which grants its demand again in a reply nobody hears: a permit counted
     # for b, who has nothing to ask about. Until the holder's own alarm calls
@@ -499,21 +517,34 @@ def test_the_sweep_has_a_key_with_nothing_waiting_hear_and_give_back_a_grant_it_
     # it back: b's key, which may hold grants and has nothing waiting, asks
     # what it holds, hears of that grant, and gives it back.
     config, world = runtime.module.CONFIG, runtime.module.WORLD
-    config["keep_done_ms"] = 0  # (a key's row then says it may hold grants)
+    config.update(keep_done_ms=0, calls=calls)  # (a key's row then says it may hold grants)
 
     async def scenario():
         await start(runtime, "b0", 1_000)
         await asyncio.sleep(3)  # b0 ran and was released
-        copy = world["request_copies"][-1]
-        await holder(runtime).permits(copy)  # the late copy, granted; its reply is heard by nobody
-        counted_after_copy = (await holder(runtime).usage())["outstanding"]
-        await asyncio.sleep(5)
-        counted_before_sweep = (await holder(runtime).usage())["outstanding"]
-        await shard(runtime, "b").wake()
-        await asyncio.sleep(1)
-        return counted_after_copy, counted_before_sweep, (await holder(runtime).usage())["outstanding"]
+        return await counted_until_the_sweep(runtime)
 
-    after_copy, before_sweep, after_sweep = runtime.run(scenario())
-    assert after_copy == before_sweep == 1  # counted for b, who runs nothing
-    assert after_sweep == 0
+    counted, hibernated = runtime.run(scenario())
+    assert hibernated == 0  # (a new instance would ask by itself)
+    assert counted == [1, 1, 0]  # counted for b, who runs nothing, until the sweep
+    assert world["violations"] == []
+
+
+def test_the_sweep_asks_for_a_key_a_holders_call_served_in_a_new_instance(runtime):
+    # b's new instance never asked: the holder's call started it and served
+    # its only item. Its key, heard of and with nothing waiting, still asks
+    # at the sweep.
+    config, world = runtime.module.CONFIG, runtime.module.WORLD
+    config["keep_done_ms"] = 0
+
+    async def scenario():
+        await waits_behind_a(runtime, a_ms=5_000)  # b0 parked behind a0
+        runtime.evict(shard(runtime, "b"))
+        await wait_started(runtime, "b0")  # a call to b's new instance
+        await asyncio.sleep(3)
+        return await counted_until_the_sweep(runtime)
+
+    counted, hibernated = runtime.run(scenario())
+    assert hibernated == 0
+    assert counted == [1, 1, 0]
     assert world["violations"] == []

@@ -78,9 +78,9 @@ class KeyRequests:
         up on. A request per such key and sweep; an object that hibernates
         between events has none (a new instance's first ask dropped them)."""
         ctx, memory = self.ctx, self.ctx.memory
-        # (A new instance's keys ask by themselves, first_ask: see _derive_timers.)
+        # (An unheard key with nothing waiting asks by itself, at once: see _derive_timers.)
         keys = [key for key in ctx.store.registered_keys()
-                if not ctx.demand(key) and key not in memory.asking and key not in memory.first_ask]
+                if not ctx.demand(key) and key not in memory.asking and key not in memory.unheard]
         if not keys:
             return
 
@@ -91,7 +91,7 @@ class KeyRequests:
                 ctx.server.ask_now(key)
                 ctx.pump_at(key, now_ms(), earlier_only=True, in_this_event=True)
 
-        await ctx.commit(mark)
+        await ctx.update(mark)  # (memory and timers only)
         for key in keys:
             self.ask_in_this_event(key)
 
