@@ -75,8 +75,10 @@ class KeyRequests:
         heard of (a copy of its request answered after it went on, say) is
         then listed, and given back: otherwise only the holder's call
         returns it, and that call is on an alarm the runtime may have given
-        up on. A request per such key and sweep; an object that hibernates
-        between events has none (a new instance's first ask dropped them)."""
+        up on. Keys have rows only with ``keep_done_ms`` 0. A request (and
+        its row's delete) at the first sweep after a key's last use, none
+        after until it is used again (a key holding grants asks each sweep);
+        none on a new instance, whose keys ask by themselves."""
         ctx, memory = self.ctx, self.ctx.memory
         # (An unheard key with nothing waiting asks by itself, at once: see _derive_timers.)
         keys = [key for key in ctx.store.registered_keys()
